@@ -1,0 +1,388 @@
+"""`tfrun`: submit training jobs, watch them, cancel them. One function per verb."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Coroutine
+from pathlib import Path
+from typing import Any, Callable, NoReturn, Optional, TypeVar
+
+import click
+from rich.console import Console
+
+from tfrun import __version__
+from tfrun.client import render
+from tfrun.client.connection import connect_local
+from tfrun.client.errors import TfrunError
+from tfrun.constants import (
+    DEFAULT_GRACE_S,
+    EXIT_DAEMON,
+    EXIT_FAILURE,
+    EXIT_LOST,
+    EXIT_NO_SUCH_JOB,
+    EXIT_OK,
+    EXIT_USAGE,
+    SIGNAL_EXIT_BASE,
+)
+from tfrun.paths import Layout
+from tfrun.protocol import (
+    Cancel,
+    CancelReply,
+    Channel,
+    ErrorCode,
+    GetJob,
+    Job,
+    JobList,
+    JobReply,
+    JobState,
+    ListJobs,
+    LogChunk,
+    LogEnd,
+    ProtocolError,
+    ReadLog,
+    RemoteError,
+    Submit,
+    Wait,
+    validate_name,
+    write_message,
+)
+
+T = TypeVar("T")
+
+_REMOTE_EXIT = {
+    ErrorCode.NO_SUCH_JOB: EXIT_NO_SUCH_JOB,
+    ErrorCode.INVALID_INPUT: EXIT_USAGE,
+    ErrorCode.BAD_REQUEST: EXIT_USAGE,
+}
+# How long `logs -f` keeps trying to reach a daemon that went away (e.g. restarted) before giving up.
+_RECONNECT_FOR_S = 30.0
+
+EXIT_CODES_HELP = f"""\b
+Exit codes:
+  wait, logs -f, submit -f   the job's own exit code; 128+N if a signal N killed it; {EXIT_LOST} if lost
+  {EXIT_OK}                          success
+  {EXIT_FAILURE}                          the verb could not do all it was asked (e.g. cancel of an ended job)
+  {EXIT_USAGE}                          bad usage or bad input (missing script, bad --env, invalid name)
+  {EXIT_NO_SUCH_JOB}                          no such job
+  {EXIT_DAEMON}                        tfrund cannot be reached or started, or speaks another protocol
+"""
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"tfrun: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one verb's conversation with the daemon; every failure becomes one line and an exit code."""
+    try:
+        return asyncio.run(coro)
+    except TfrunError as exc:
+        _fail(exc.message, exc.exit_code)
+    except RemoteError as exc:
+        _fail(exc.message, _REMOTE_EXIT.get(exc.code, EXIT_DAEMON))
+    except ProtocolError as exc:
+        _fail(f"talking to tfrund failed: {exc}", EXIT_DAEMON)
+    except ConnectionError as exc:
+        _fail(f"lost the connection to tfrund: {exc.strerror or exc}", EXIT_DAEMON)
+    except KeyboardInterrupt:
+        sys.exit(SIGNAL_EXIT_BASE + 2)
+    except BrokenPipeError:
+        # Our reader (e.g. `| head`) went away: stop quietly, as `cat` would.
+        sys.stderr.close()
+        sys.exit(SIGNAL_EXIT_BASE + 13)
+
+
+async def _channel() -> Channel:
+    return await connect_local(Layout.from_env())
+
+
+async def _with_channel(action: Callable[[Channel], Awaitable[T]]) -> T:
+    channel = await _channel()
+    try:
+        return await action(channel)
+    finally:
+        channel.writer.close()
+
+
+def job_exit_code(state: str, exit_code: Optional[int]) -> int:
+    """What `wait` and `logs -f` exit with: the job's code, as a shell would report it."""
+    if state == JobState.LOST:
+        return EXIT_LOST
+    if exit_code is not None:
+        return exit_code
+    return EXIT_OK if state == JobState.SUCCEEDED else EXIT_FAILURE
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=False)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}, epilog=EXIT_CODES_HELP)
+@click.version_option(__version__, prog_name="tfrun")
+def main() -> None:
+    """Run training scripts detached on a GPU box, follow their logs, and never lose a job.
+
+    With no host configured, tfrun drives a daemon (tfrund) on this machine, starting it on demand;
+    its state lives in TFRUN_HOME (default ~/.local/state/tfrun). Jobs keep running when the client
+    goes away and when the daemon itself stops.
+
+    \b
+    Examples:
+      tfrun submit train.py --epochs 5     run train.py from a snapshot of its folder; prints the job id
+      tfrun submit -f train.py             ... and follow its output; exit with its exit code
+      tfrun ps                             jobs that have not ended (-a: all)
+      tfrun logs -f 3                      follow job 3's output until it ends
+      tfrun cancel 3                       SIGTERM, then SIGKILL after 10 s (--grace)
+    """
+
+
+# -- submit -------------------------------------------------------------------------------------------------
+
+
+def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or "\0" in pair:
+            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--env")
+        env[key] = value
+    return env
+
+
+def _locate(script: str, workdir: Optional[Path]) -> tuple[Path, str]:
+    """(absolute work dir, script path relative to it), or a usage error that says what is wrong."""
+    path = Path(script).absolute()
+    if not path.exists():
+        raise click.BadParameter(f"{script}: no such file", param_hint="SCRIPT")
+    if not path.is_file():
+        raise click.BadParameter(f"{script}: not a file", param_hint="SCRIPT")
+    root = (workdir or path.parent).absolute()
+    if not root.is_dir():
+        raise click.BadParameter(f"{root}: not a directory", param_hint="--workdir")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise click.BadParameter(f"{root}: not readable", param_hint="--workdir")
+    relative = os.path.relpath(path, root)
+    if relative.startswith(".."):
+        raise click.BadParameter(f"{script} is not inside the work dir {root}", param_hint="SCRIPT")
+    return root, relative
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--name", help="A name to refer to the job by (the newest job of a name wins).")
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path),
+    help="Folder to snapshot and run in (default: the script's folder). SCRIPT must be inside it.",
+)
+@click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set a variable for the job; repeatable.")
+@click.option(
+    "--python",
+    metavar="PATH",
+    help="Interpreter for a .py script (default: the daemon's job_python setting, else python3 on its PATH).",
+)
+@click.option("-f", "--follow", is_flag=True, help="Follow the job's output and exit with its exit code.")
+@click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON instead of its id.")
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def submit(
+    name: Optional[str],
+    workdir: Optional[Path],
+    env_pairs: tuple[str, ...],
+    python: Optional[str],
+    follow: bool,
+    as_json: bool,
+    script: str,
+    args: tuple[str, ...],
+) -> None:
+    """Run SCRIPT [ARGS]... as a detached job, from a snapshot of its work dir.
+
+    The work dir is copied into the job's folder first, so editing your files afterwards never changes
+    a queued or running job. A .py script runs with the job interpreter; anything else is executed
+    directly (it must be executable). Everything after SCRIPT goes to the script untouched, even
+    options: put tfrun's own options before SCRIPT.
+
+    The job's environment has PYTHONUNBUFFERED=1, TFRUN_JOB_ID, TFRUN_JOB_DIR and TFRUN_CHECKPOINT_DIR
+    (a folder of its own for checkpoints) on top of the daemon's environment and your --env.
+    """
+    if name is not None and validate_name(name):
+        raise click.BadParameter(str(validate_name(name)), param_hint="--name")
+    env = _parse_env(env_pairs)
+    root, relative = _locate(script, workdir)
+    if python is not None and os.sep in python:
+        python = str(Path(python).absolute())
+    request = Submit(workdir=str(root), script=relative, args=list(args), name=name, env=env, python=python)
+
+    async def conversation(channel: Channel) -> int:
+        reply = await channel.request(request)
+        assert isinstance(reply, JobReply)
+        job = reply.job
+        if as_json:
+            click.echo(render.to_json(job))
+        elif follow:
+            click.echo(f"job {job.id} submitted", err=True)
+        else:
+            click.echo(job.id)
+        if not follow:
+            return EXIT_OK
+        return await _follow(channel, str(job.id))
+
+    sys.exit(_run(_with_channel(conversation)))
+
+
+# -- looking at jobs ----------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("-a", "--all", "show_all", is_flag=True, help="Include jobs that have ended.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job records.")
+def ps(show_all: bool, as_json: bool) -> None:
+    """List jobs that have not ended (with -a, every job)."""
+
+    async def conversation(channel: Channel) -> list[Job]:
+        reply = await channel.request(ListJobs(all=show_all))
+        assert isinstance(reply, JobList)
+        return reply.jobs
+
+    jobs = _run(_with_channel(conversation))
+    if as_json:
+        click.echo(render.to_json(jobs))
+    else:
+        render.job_table(jobs, _console())
+
+
+async def _get(channel: Channel, ref: str) -> Job:
+    reply = await channel.request(GetJob(job=ref))
+    assert isinstance(reply, JobReply)
+    return reply.job
+
+
+@main.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON.")
+def status(job: str, as_json: bool) -> None:
+    """Show one job: state, exit code, times, folders. JOB is an id or a name."""
+    record = _run(_with_channel(lambda channel: _get(channel, job)))
+    if as_json:
+        click.echo(render.to_json(record))
+    else:
+        render.job_detail(record, _console())
+
+
+@main.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON.")
+def wait(job: str, as_json: bool) -> None:
+    """Wait until JOB ends, then exit with its exit code (128+N for signal N, 255 if lost)."""
+
+    async def conversation(channel: Channel) -> Job:
+        reply = await channel.request(Wait(job=job))
+        assert isinstance(reply, JobReply)
+        return reply.job
+
+    record = _run(_with_channel(conversation))
+    if as_json:
+        click.echo(render.to_json(record))
+    else:
+        code = "-" if record.exit_code is None else record.exit_code
+        click.echo(f"job {record.id} {record.state} (exit code {code})", err=True)
+    sys.exit(job_exit_code(record.state, record.exit_code))
+
+
+@main.command()
+@click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 86400),
+    default=DEFAULT_GRACE_S,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON result per job.")
+def cancel(jobs: tuple[str, ...], grace: float, as_json: bool) -> None:
+    """Stop jobs: SIGTERM to each job's process group, SIGKILL to whatever is left after --grace.
+
+    Returns once every job named has ended, with nothing of it left running.
+    """
+
+    async def conversation(channel: Channel) -> CancelReply:
+        reply = await channel.request(Cancel(jobs=list(jobs), grace=grace))
+        assert isinstance(reply, CancelReply)
+        return reply
+
+    results = _run(_with_channel(conversation)).results
+    if as_json:
+        click.echo(render.to_json(results))
+    for result in results:
+        if not as_json:
+            click.echo(result.message, err=not result.ok)
+    if any(r.id is None for r in results):
+        sys.exit(EXIT_NO_SUCH_JOB)
+    sys.exit(EXIT_OK if all(r.ok for r in results) else EXIT_FAILURE)
+
+
+# -- logs ---------------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends; exit with its exit code.")
+def logs(job: str, follow: bool) -> None:
+    """Print JOB's output (stdout and stderr, as the job wrote them)."""
+    if follow:
+        sys.exit(_run(_follow_fresh(job)))
+
+    async def conversation(channel: Channel) -> int:
+        await _stream_log(channel, job, 0, follow=False)
+        return EXIT_OK
+
+    sys.exit(_run(_with_channel(conversation)))
+
+
+async def _stream_log(channel: Channel, job: str, offset: int, follow: bool) -> tuple[int, LogEnd]:
+    """Write the log to stdout from `offset`; return the offset reached and the final LogEnd."""
+    out = sys.stdout.buffer
+    await write_message(channel.writer, ReadLog(job=job, offset=offset, follow=follow))
+    while True:
+        msg = await channel.receive()
+        if isinstance(msg, LogChunk):
+            if msg.offset != offset:
+                raise ProtocolError(f"log chunk at byte {msg.offset}, expected {offset}")
+            out.write(msg.data)
+            out.flush()
+            offset += len(msg.data)
+        elif isinstance(msg, LogEnd):
+            return offset, msg
+        else:
+            raise ProtocolError(f"unexpected {msg.TYPE!r} while reading a log")
+
+
+async def _follow(channel: Channel, job: str) -> int:
+    """Follow on an open channel, carrying on through a new connection if the daemon goes away."""
+    offset = 0
+    while True:
+        try:
+            offset, end = await _stream_log(channel, job, offset, follow=True)
+            return job_exit_code(end.state, end.exit_code)
+        except (ConnectionError, ProtocolError, asyncio.IncompleteReadError):
+            channel.writer.close()
+            channel = await _reconnect()  # resumes at `offset`: no gap, no duplicate
+
+
+async def _follow_fresh(job: str) -> int:
+    return await _follow(await _channel(), job)
+
+
+async def _reconnect() -> Channel:
+    """A new channel, retried for a while: the daemon may be restarting (the job runs on regardless)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _RECONNECT_FOR_S
+    while True:
+        try:
+            return await _channel()
+        except (OSError, TfrunError, ProtocolError):
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.5)

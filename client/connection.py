@@ -1,0 +1,56 @@
+"""Reaching a daemon: the local one on its Unix socket, started on demand (the embedded default)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from tfrun.client.errors import TfrunError
+from tfrun.constants import EXIT_DAEMON, MAX_HEADER_BYTES
+from tfrun.paths import Layout
+from tfrun.protocol import Channel
+
+
+async def connect_local(layout: Layout, autostart: bool = True) -> Channel:
+    """A channel to the daemon of `layout`, starting it first if none answers and `autostart` allows."""
+    try:
+        return await _open(layout)
+    except (FileNotFoundError, ConnectionRefusedError):
+        if not autostart:
+            raise TfrunError(f"tfrund is not running (home {layout.home}); start it with `tfrund start`", EXIT_DAEMON) from None
+    await start_local_daemon()
+    try:
+        return await _open(layout)
+    except OSError as exc:
+        raise TfrunError(f"tfrund started but cannot be reached at {layout.socket}: {exc.strerror or exc}", EXIT_DAEMON) from None
+
+
+async def _open(layout: Layout) -> Channel:
+    reader, writer = await asyncio.open_unix_connection(str(layout.socket), limit=MAX_HEADER_BYTES + 1)
+    try:
+        return await Channel.open(reader, writer)
+    except BaseException:
+        writer.close()
+        raise
+
+
+async def start_local_daemon() -> None:
+    """Run `tfrund start` with this Python (the same tfrun install); it returns once the daemon answers.
+
+    `tfrund start` serialises racing starters on a lock, so twenty clients starting at once get one daemon.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tfrun.runner",
+        "start",
+        "--quiet",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        lines = err.decode(errors="replace").strip().splitlines()
+        reason = lines[-1].removeprefix("tfrund: error: ") if lines else f"exit code {proc.returncode}"
+        raise TfrunError(f"cannot start tfrund: {reason}", EXIT_DAEMON)

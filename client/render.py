@@ -1,0 +1,108 @@
+"""How jobs look on a terminal (rich tables) and to scripts (JSON)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import time
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from tfrun.protocol import Job, JobState
+
+_STATE_STYLE = {
+    JobState.QUEUED: "yellow",
+    JobState.RUNNING: "cyan",
+    JobState.SUCCEEDED: "green",
+    JobState.FAILED: "red",
+    JobState.CANCELLED: "magenta",
+    JobState.LOST: "red",
+}
+
+
+def to_json(value: Any) -> str:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    elif isinstance(value, list):
+        value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
+    return json.dumps(value, indent=2)
+
+
+def duration(seconds: Optional[float]) -> str:
+    """`1h02m`, `3m07s`, `12.3s`: short and sortable by eye."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    return f"{hours // 24}d{hours % 24:02d}h"
+
+
+def runtime(job: Job) -> Optional[float]:
+    if job.started_at is None:
+        return None
+    return (job.finished_at or time.time()) - job.started_at
+
+
+def when(timestamp: Optional[float]) -> str:
+    return "-" if timestamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def command_line(job: Job) -> str:
+    return shlex.join([job.script, *job.args])
+
+
+def job_table(jobs: list[Job], console: Console) -> None:
+    if not jobs:
+        console.print("no jobs", style="dim")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("ID", "NAME", "STATE", "EXIT", "STARTED", "RUNTIME", "COMMAND"):
+        table.add_column(column, no_wrap=column != "COMMAND", overflow="fold")
+    for job in jobs:
+        table.add_row(  # Text, not markup: a name like "[red]" is shown as typed
+            str(job.id),
+            Text(job.name or "-"),
+            Text(job.state, style=_STATE_STYLE.get(job.state, "")),
+            "-" if job.exit_code is None else str(job.exit_code),
+            when(job.started_at),
+            duration(runtime(job)),
+            Text(command_line(job)),
+        )
+    console.print(table)
+
+
+def job_detail(job: Job, console: Console) -> None:
+    rows = [
+        ("id", str(job.id)),
+        ("name", job.name or "-"),
+        ("state", job.state),
+        ("exit code", "-" if job.exit_code is None else str(job.exit_code)),
+        ("signal", "-" if job.signal is None else str(job.signal)),
+        ("reason", job.reason or "-"),
+        ("command", shlex.join(job.command)),
+        ("pid", "-" if job.pid is None else str(job.pid)),
+        ("created", when(job.created_at)),
+        ("started", when(job.started_at)),
+        ("finished", when(job.finished_at)),
+        ("runtime", duration(runtime(job))),
+        ("workdir", job.workdir),
+        ("log", job.log_path),
+        ("checkpoints", job.checkpoint_dir),
+    ]
+    rows += [(f"env {k}", v) for k, v in sorted(job.env.items())]
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for key, value in rows:
+        table.add_row(key, Text(value))
+    console.print(table)

@@ -1,0 +1,235 @@
+"""`tfrund`: the daemon's own commands (run, start, stop, status, dial-stdio)."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, NoReturn, Optional
+
+import click
+
+from tfrun import __version__
+from tfrun.constants import DAEMON_START_TIMEOUT_S, EXIT_FAILURE, EXIT_OK
+from tfrun.paths import Layout
+from tfrun.protocol import Channel, DaemonInfo, DaemonStatus, Message, Ok, ProtocolError, RemoteError, Shutdown
+from tfrun.runner.config import Config, ConfigError
+from tfrun.runner.daemon import AlreadyRunning, Daemon, DaemonError, acquire_lock, install_job_pythonpath, lock_holder, prepare_dirs
+from tfrun.runner.store import Store, StoreError
+
+
+def _fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
+    click.echo(f"tfrund: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tfrund")
+def main() -> None:
+    """tfrund, the tfrun daemon: runs jobs that outlive it, serves `tfrun` on a Unix socket.
+
+    Its state lives in TFRUN_HOME (default: $XDG_STATE_HOME/tfrun, i.e. ~/.local/state/tfrun): the
+    SQLite job store, one folder per job, the socket (in a 0700 folder) and its log. You rarely call it
+    yourself: `tfrun` starts it on demand, and in the container its entrypoint runs `tfrund run`.
+    """
+
+
+@main.command()
+def run() -> None:
+    """Run the daemon in the foreground (for supervisors and containers); Ctrl-C or SIGTERM stops it.
+
+    Jobs keep running when it stops; the next daemon re-adopts them.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s tfrund[%(process)d] %(levelname)s %(message)s")
+    layout = Layout.from_env()
+    try:
+        prepare_dirs(layout)
+        lock = acquire_lock(layout)
+        config = Config.load(layout)
+        store = Store(layout.database)
+        layout.jobs_dir.mkdir(exist_ok=True)
+        install_job_pythonpath(layout)
+    except AlreadyRunning as exc:
+        _fail(str(exc))
+    except (DaemonError, StoreError, ConfigError) as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"{exc.filename or layout.home}: {exc.strerror or exc}")
+    try:
+        asyncio.run(Daemon(layout, config, store).serve())
+    finally:
+        store.close()
+        lock.close()
+
+
+@main.command()
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
+def start(quiet: bool) -> None:
+    """Start the daemon in the background and return once it accepts connections.
+
+    Does nothing if one already runs for this TFRUN_HOME. Clients that race to start it get one daemon.
+    """
+    pid = ensure_started(Layout.from_env())
+    if not quiet:
+        click.echo(f"tfrund running (pid {pid})")
+
+
+def ensure_started(layout: Layout) -> int:
+    """The pid of this home's daemon, started now if none answers. Exits with a message on failure."""
+    try:
+        prepare_dirs(layout)
+    except (DaemonError, OSError) as exc:
+        _fail(str(exc))
+    with open(layout.start_lock, "a") as start_lock:
+        fcntl.flock(start_lock, fcntl.LOCK_EX)  # released when the file closes, even if we crash
+        info = _status(layout)
+        if info is not None:
+            return info.pid
+        with open(layout.daemon_log, "ab") as daemon_log:
+            log_offset = daemon_log.tell()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tfrun.runner", "run"],
+                stdin=subprocess.DEVNULL,
+                stdout=daemon_log,
+                stderr=daemon_log,
+                start_new_session=True,
+                cwd="/",
+            )
+        deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            info = _status(layout)
+            if info is not None:
+                return info.pid
+            if proc.poll() is not None:
+                _fail(_last_error(layout, log_offset) or f"tfrund exited with code {proc.returncode}")
+            time.sleep(0.05)
+        _fail(f"tfrund did not answer within {DAEMON_START_TIMEOUT_S:g}s; see {layout.daemon_log}")
+
+
+def _last_error(layout: Layout, offset: int) -> Optional[str]:
+    """The daemon's own error line, from what it wrote to its log since `offset`."""
+    try:
+        with open(layout.daemon_log, "rb") as f:
+            f.seek(offset)
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.startswith("tfrund: error: "):
+            return line[len("tfrund: error: ") :]
+    return lines[-1] if lines else None
+
+
+async def _ask(layout: Layout, msg: Message) -> Message:
+    reader, writer = await asyncio.open_unix_connection(str(layout.socket))
+    try:
+        channel = await Channel.open(reader, writer)
+        return await channel.request(msg)
+    finally:
+        writer.close()
+
+
+def _status(layout: Layout) -> Optional[DaemonInfo]:
+    """The running daemon's status, or None if none answers on the socket."""
+    try:
+        reply = asyncio.run(_ask(layout, DaemonStatus()))
+    except (OSError, ProtocolError):
+        return None
+    except RemoteError as exc:
+        _fail(exc.message)
+    return reply if isinstance(reply, DaemonInfo) else None
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+def status(as_json: bool) -> None:
+    """Say whether the daemon runs: pid, socket, version, jobs by state. Exit code 1 if it does not."""
+    layout = Layout.from_env()
+    info = _status(layout)
+    if info is None:
+        if as_json:
+            click.echo(json.dumps({"running": False, "home": str(layout.home), "socket": str(layout.socket)}))
+        else:
+            click.echo(f"tfrund is not running (home {layout.home})")
+        sys.exit(EXIT_FAILURE)
+    record: dict[str, Any] = {
+        "running": True,
+        "pid": info.pid,
+        "version": info.version,
+        "protocol": info.protocol,
+        "home": info.home,
+        "socket": info.socket,
+        "started_at": info.started_at,
+        "jobs": info.jobs,
+    }
+    if as_json:
+        click.echo(json.dumps(record))
+        return
+    counts = ", ".join(f"{n} {state}" for state, n in info.jobs.items() if n) or "no jobs"
+    click.echo(f"tfrund {info.version} running, pid {info.pid}, protocol {info.protocol}")
+    click.echo(f"home:   {info.home}\nsocket: {info.socket}\njobs:   {counts}")
+
+
+@main.command()
+@click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait before sending SIGTERM.")
+def stop(timeout: float) -> None:
+    """Stop the daemon. Running jobs keep running; the next daemon re-adopts them."""
+    layout = Layout.from_env()
+    pid = lock_holder(layout)
+    if pid is None:
+        click.echo("tfrund is not running")
+        return
+    try:
+        reply = asyncio.run(_ask(layout, Shutdown()))
+        if isinstance(reply, Ok):
+            click.echo(reply.message)
+    except (OSError, ProtocolError, RemoteError):
+        os.kill(pid, signal.SIGTERM)  # the socket is gone or garbled: the lock still names the daemon
+    deadline = time.monotonic() + timeout
+    while lock_holder(layout) is not None:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+        time.sleep(0.05)
+    sys.exit(EXIT_OK)
+
+
+@main.command("dial-stdio")
+def dial_stdio() -> None:
+    """Bridge stdin and stdout to the daemon's socket, starting the daemon if needed.
+
+    For clients that reach the box by running a command over SSH when socket forwarding is refused.
+    """
+    layout = Layout.from_env()
+    ensure_started(layout)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(layout.socket))
+    except OSError as exc:
+        _fail(f"cannot connect to {layout.socket}: {exc.strerror or exc}")
+
+    def upstream() -> None:
+        try:
+            while data := os.read(0, 1 << 16):
+                sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the daemon hung up; the main thread sees it and exits
+
+    threading.Thread(target=upstream, daemon=True).start()
+    try:
+        while data := sock.recv(1 << 16):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(1, view) :]
+    except OSError:
+        pass  # whoever reads our stdout went away
+    sys.exit(EXIT_OK)

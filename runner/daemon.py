@@ -1,0 +1,189 @@
+"""tfrund's main loop: hold the home's lock, reconcile, serve the protocol on the Unix socket.
+
+One daemon per TFRUN_HOME: it holds an flock on run/tfrund.lock for its whole life, so a second one
+refuses to start, and a crashed one's lock vanishes with it (no stale pid file to clean up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import IO, Optional
+
+import tfrun
+from tfrun.constants import MAX_HEADER_BYTES
+from tfrun.paths import Layout
+from tfrun.protocol import (
+    PROTOCOL_VERSION,
+    Error,
+    ErrorCode,
+    Hello,
+    Message,
+    ProtocolError,
+    daemon_hello,
+    mismatch_message,
+    read_message,
+    write_message,
+)
+from tfrun.runner.config import Config
+from tfrun.runner.handlers import HANDLERS, RequestError
+from tfrun.runner.store import Store
+from tfrun.runner.supervisor import Supervisor
+
+log = logging.getLogger("tfrund")
+
+_HELLO_TIMEOUT_S = 10.0
+
+
+class DaemonError(Exception):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+class AlreadyRunning(DaemonError):
+    pass
+
+
+def prepare_dirs(layout: Layout) -> None:
+    """Create the home and the 0700 socket folder; refuse a socket folder that another user owns."""
+    layout.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for folder in {layout.run_dir, layout.socket.parent}:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if folder.stat().st_uid != os.getuid():
+            raise DaemonError(f"{folder} belongs to another user; point TFRUN_HOME elsewhere")
+        folder.chmod(0o700)
+
+
+def acquire_lock(layout: Layout) -> IO[str]:
+    """Take the home's lock and write our pid into it, or raise AlreadyRunning naming the holder."""
+    handle = open(layout.lock, "a+")  # noqa: SIM115 - held open for the daemon's life
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise AlreadyRunning(f"tfrund (pid {holder}) is already running for {layout.home}") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def lock_holder(layout: Layout) -> Optional[int]:
+    """The pid of the daemon holding the lock, or None if no daemon holds it."""
+    try:
+        with open(layout.lock) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = handle.read().strip()
+                return int(text) if text.isdigit() else None
+            return None
+    except FileNotFoundError:
+        return None
+
+
+def install_job_pythonpath(layout: Layout) -> None:
+    """Make `tfrun.jobs` importable in every job: a folder with only that code, for the job's PYTHONPATH.
+
+    Copied, not linked to this install, so that the job's interpreter never sees the daemon's packages.
+    """
+    package = Path(tfrun.__file__).parent
+    fresh = layout.job_pythonpath.with_name(layout.job_pythonpath.name + ".new")
+    shutil.rmtree(fresh, ignore_errors=True)
+    (fresh / "tfrun").mkdir(parents=True)
+    shutil.copy2(package / "__init__.py", fresh / "tfrun" / "__init__.py")
+    shutil.copytree(package / "jobs", fresh / "tfrun" / "jobs", ignore=shutil.ignore_patterns("__pycache__"))
+    old = layout.job_pythonpath.with_name(f"{layout.job_pythonpath.name}.old.{os.getpid()}")
+    if layout.job_pythonpath.exists():
+        os.rename(layout.job_pythonpath, old)
+    os.rename(fresh, layout.job_pythonpath)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class Daemon:
+    def __init__(self, layout: Layout, config: Config, store: Store) -> None:
+        self.layout = layout
+        self.config = config
+        self.store = store
+        self.supervisor = Supervisor(layout, store)
+        self.started_at = time.time()
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def serve(self, ready: Optional[IO[str]] = None) -> None:
+        """Reconcile, listen, and serve until asked to stop. `ready` gets a line once clients may connect."""
+        self.supervisor.reconcile()
+        await self.supervisor.resume_queued()
+        socket_path = self.layout.socket
+        socket_path.unlink(missing_ok=True)  # left by a daemon that died; we hold the lock, so it is stale
+        server = await asyncio.start_unix_server(self._connection, path=str(socket_path), limit=MAX_HEADER_BYTES + 1)
+        socket_path.chmod(0o600)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        monitor = asyncio.create_task(self.supervisor.monitor())
+        log.info("tfrund %s (pid %d) serving %s", tfrun.__version__, os.getpid(), socket_path)
+        if ready is not None:
+            ready.write(f"ready {os.getpid()}\n")
+            ready.flush()
+        try:
+            await self._stopping.wait()
+        finally:
+            server.close()
+            monitor.cancel()
+            socket_path.unlink(missing_ok=True)
+            log.info("tfrund (pid %d) stopped; running jobs keep running", os.getpid())
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One client: the version handshake, then requests until it hangs up."""
+
+        async def send(msg: Message) -> None:
+            await write_message(writer, msg)
+
+        try:
+            hello = await asyncio.wait_for(read_message(reader), _HELLO_TIMEOUT_S)
+            if not isinstance(hello, Hello):
+                await send(Error(ErrorCode.BAD_REQUEST, "expected a hello frame first: is this a tfrun client?"))
+                return
+            if hello.protocol != PROTOCOL_VERSION:
+                await send(Error(ErrorCode.VERSION_MISMATCH, mismatch_message(hello, daemon_hello())))
+                return
+            await send(daemon_hello())
+            while True:
+                msg = await read_message(reader)
+                if msg is None:
+                    return
+                handler = HANDLERS.get(type(msg))
+                if handler is None:
+                    await send(Error(ErrorCode.BAD_REQUEST, f"{msg.TYPE!r} is not a request"))
+                    return
+                try:
+                    await handler(self, msg, send)
+                except RequestError as exc:
+                    await send(Error(exc.code, exc.message))
+        except ProtocolError as exc:
+            await _try_send(writer, Error(ErrorCode.BAD_REQUEST, str(exc)))
+        except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            pass
+        except Exception as exc:
+            log.exception("request failed")
+            await _try_send(writer, Error(ErrorCode.INTERNAL, f"tfrund internal error: {exc}"))
+        finally:
+            writer.close()
+
+
+async def _try_send(writer: asyncio.StreamWriter, msg: Message) -> None:
+    try:
+        await write_message(writer, msg)
+    except (ConnectionError, RuntimeError):
+        pass

@@ -1,0 +1,51 @@
+"""The files of one job's folder, shared by the daemon and the shim. Standard library only.
+
+    spec.json     what to run (written by the daemon before the shim starts; read by the shim)
+    work/         the snapshot of the user's work dir, the job's cwd
+    output.log    stdout and stderr of the job, appended by the job itself (O_APPEND)
+    shim.json     the shim's and the job's identities (written by the shim once the job runs)
+    cancel.json   a cancel request with its grace period (written by the daemon, read by the shim)
+    exit.json     how the job ended (written by the shim once nothing of the job is left)
+    shim.log      the shim's own complaints, if any
+
+Every JSON file is written to a temporary name and renamed, so a reader sees all of it or nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+SPEC = "spec.json"
+WORK = "work"
+OUTPUT = "output.log"
+SHIM = "shim.json"
+CANCEL = "cancel.json"
+EXIT = "exit.json"
+SHIM_LOG = "shim.log"
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Atomically replace `path` with `data`: write a temporary file, fsync it, rename it over."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Optional[dict[str, Any]]:
+    """The object in `path`; None if the file is missing. Raises ValueError if it is not a JSON object."""
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data

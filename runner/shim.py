@@ -1,0 +1,218 @@
+"""The shim: one small process per job, the job's parent, that outlives tfrund (after conmon and containerd-shim).
+
+`python -m tfrun.runner.shim JOB_DIR`, started by the daemon in a new session. It forks once, so the
+daemon can reap its first process at once and the shim lives on as nobody's child; then it starts the job
+in a process group of its own with stdout and stderr on the job's log file (no pipe that a dead daemon
+could leave full), waits for it, and writes exit.json once nothing of the job is left.
+
+Cancel is SIGTERM to the shim: it signals the job's group and every other descendant, waits the grace
+period from cancel.json, then SIGKILLs what is left. The shim owns that timer, so a daemon that dies in the
+middle of a cancel does not stop the escalation. Descendants that leave the group (setsid, double fork)
+are still found: the shim is their subreaper.
+
+Standard library only, and no more of it than needed: it starts once per job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from tfrun.runner import jobdir
+from tfrun.runner.process import Identity, descendants
+
+_PR_SET_CHILD_SUBREAPER = 36
+_HANDLED = (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP)
+_DEFAULT_GRACE_S = 10.0
+
+
+def _become_subreaper() -> None:
+    """Orphans of the job get reparented to us instead of init, so we can find and reap them."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux, or no prctl: the process group still covers well-behaved jobs
+
+
+class Shim:
+    def __init__(self, job_dir: Path, spec: dict[str, Any]) -> None:
+        self.job_dir = job_dir
+        self.spec = spec
+        self.job_pid = 0
+        self.started_at = 0.0
+        self.status: Optional[int] = None  # the job leader's wait status, once reaped
+        self.exited_at: Optional[float] = None
+        self.deadline: Optional[float] = None  # when to SIGKILL what is left
+        self.killed = False
+        self.cancelled = False
+
+    def start(self) -> None:
+        """Start the job with its output on the log file; on failure, record it as the job's exit."""
+        log = os.open(self.job_dir / jobdir.OUTPUT, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            proc = subprocess.Popen(
+                self.spec["command"],
+                cwd=self.spec["cwd"],
+                env=self.spec["env"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # own session and process group: the group is the job
+                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED),
+            )
+        except OSError as exc:
+            os.write(log, f"tfrun: cannot start {self.spec['command'][0]}: {exc.strerror}\n".encode())
+            self._write_exit(code=127, sig=None, started=time.time(), error=f"cannot start: {exc.strerror}")
+            raise SystemExit(0) from None
+        finally:
+            os.close(log)
+        self.job_pid = proc.pid
+        proc.returncode = 0  # we reap it ourselves below; stop Popen's destructor from trying
+        self.started_at = time.time()
+        me, job = Identity.of(os.getpid()), Identity.of(self.job_pid)
+        jobdir.write_json(
+            self.job_dir / jobdir.SHIM,
+            {
+                "shim_pid": os.getpid(),
+                "shim_start": me.start if me else None,
+                "boot_id": me.boot if me else None,
+                "job_pid": self.job_pid,
+                "job_start": job.start if job else None,
+                "started_at": self.started_at,
+            },
+        )
+
+    def run(self) -> None:
+        """Wait for the job and everything it started; handle cancel; record the exit."""
+        while True:
+            timeout = None if self.deadline is None else max(0.0, self.deadline - time.time())
+            if self.status is not None:
+                timeout = 0.05 if timeout is None else min(timeout, 0.05)  # poll leftovers we did not start
+            if timeout is None:
+                info: Optional[signal.struct_siginfo] = signal.sigwaitinfo(_HANDLED)
+            else:
+                info = signal.sigtimedwait(_HANDLED, timeout) if timeout > 0 else None
+            if info is not None and info.si_signo == signal.SIGTERM:
+                self._cancel()
+            self._reap()
+            if self.deadline is not None and time.time() >= self.deadline and not self.killed:
+                self._signal_all(signal.SIGKILL)
+                self.killed = True
+            if self.status is not None and not self._anything_left():
+                break
+            if self.status is not None and self.deadline is None:
+                # The job ended but left processes behind: they belong to it, so they go too.
+                self._signal_all(signal.SIGTERM)
+                self.deadline = time.time() + self._grace()
+        code, sig = _decode(self.status if self.status is not None else 0)
+        self._write_exit(code=code, sig=sig, started=self.started_at)
+
+    def _cancel(self) -> None:
+        if self.cancelled:
+            return
+        self.cancelled = True
+        self._signal_all(signal.SIGTERM)
+        self.deadline = time.time() + self._grace()
+
+    def _grace(self) -> float:
+        try:
+            request = jobdir.read_json(self.job_dir / jobdir.CANCEL) or {}
+        except ValueError:
+            request = {}
+        grace = request.get("grace", self.spec.get("grace", _DEFAULT_GRACE_S))
+        return float(grace) if isinstance(grace, (int, float)) else _DEFAULT_GRACE_S
+
+    def _reap(self) -> None:
+        """Collect every child that ended: the job, and orphans the subreaper inherited."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.job_pid:
+                self.status = status
+                self.exited_at = time.time()
+
+    def _anything_left(self) -> bool:
+        try:
+            os.killpg(self.job_pid, 0)
+            return True
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return True
+        return bool(descendants(os.getpid()))
+
+    def _signal_all(self, sig: int) -> None:
+        """`sig` to the job's process group and to every descendant, in or out of that group."""
+        try:
+            os.killpg(self.job_pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in descendants(os.getpid()):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _write_exit(self, code: int, sig: Optional[int], started: float, error: Optional[str] = None) -> None:
+        jobdir.write_json(
+            self.job_dir / jobdir.EXIT,
+            {
+                "exit_code": code,
+                "signal": sig,
+                "started_at": started,
+                "finished_at": self.exited_at or time.time(),
+                "ended_at": time.time(),
+                "cancelled": self.cancelled,
+                "error": error,
+            },
+        )
+
+
+def _decode(status: int) -> tuple[int, Optional[int]]:
+    """(exit code as a shell reports it, signal number or None) from a wait status."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return 128 + sig, sig
+    return os.WEXITSTATUS(status), None
+
+
+def main(argv: list[str]) -> None:
+    job_dir = Path(argv[1])
+    spec = jobdir.read_json(job_dir / jobdir.SPEC)
+    if spec is None:
+        raise SystemExit(f"tfrun shim: no {jobdir.SPEC} in {job_dir}")
+    # Block the signals we handle before forking, so none is lost between here and sigtimedwait.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+    ready_r, ready_w = os.pipe()
+    if os.fork() > 0:
+        # The daemon's child: report whether the job started, then exit so the daemon can reap us.
+        os.close(ready_w)
+        ok = os.read(ready_r, 1)
+        os._exit(0 if ok == b"1" else 1)
+    os.close(ready_r)
+    _become_subreaper()
+    shim = Shim(job_dir, spec)
+    try:
+        shim.start()
+    except SystemExit:
+        os.write(ready_w, b"1")  # the failure to start is recorded in exit.json: the daemon reads it there
+        raise
+    os.write(ready_w, b"1")
+    os.close(ready_w)
+    shim.run()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,226 @@
+"""The job store: one SQLite database per daemon (WAL, schema versioned with `user_version`).
+
+The database is the daemon's memory of jobs; the job folders hold the facts the shim writes (shim.json,
+exit.json), so the store can always be brought up to date from them after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from tfrun.protocol import Job, JobState
+from tfrun.runner import jobdir
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,  -- AUTOINCREMENT: an id is never reused
+        name TEXT,
+        state TEXT NOT NULL,
+        spec TEXT NOT NULL,            -- JSON: source (the work dir snapshotted), script, args, command, env
+        job_dir TEXT NOT NULL,
+        checkpoint_dir TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        started_at REAL,
+        finished_at REAL,
+        exit_code INTEGER,
+        signal INTEGER,
+        pid INTEGER,
+        shim_pid INTEGER,
+        shim_start INTEGER,
+        boot_id TEXT,
+        reason TEXT
+    );
+    CREATE INDEX jobs_state ON jobs(state);
+    CREATE INDEX jobs_name ON jobs(name, id);
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        job_id INTEGER NOT NULL REFERENCES jobs(id),
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        detail TEXT
+    );
+    CREATE INDEX events_job ON events(job_id, id);
+    """,
+}
+
+
+class StoreError(Exception):
+    """The database cannot be used; the message says which file and what to do."""
+
+
+@dataclass
+class JobRow:
+    """A job as stored, with the supervision fields a client never sees."""
+
+    id: int
+    name: Optional[str]
+    state: str
+    spec: dict[str, Any]
+    job_dir: str
+    checkpoint_dir: str
+    created_at: float
+    started_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    pid: Optional[int] = None
+    shim_pid: Optional[int] = None
+    shim_start: Optional[int] = None
+    boot_id: Optional[str] = None
+    reason: Optional[str] = None
+
+    @property
+    def final(self) -> bool:
+        return self.state in JobState.FINAL
+
+    def public(self) -> Job:
+        """The record as the protocol shows it to a client."""
+        return Job(
+            id=self.id,
+            name=self.name,
+            state=self.state,
+            script=self.spec["script"],
+            args=self.spec["args"],
+            command=self.spec["command"],
+            workdir=str(Path(self.job_dir) / jobdir.WORK),
+            env=self.spec["env"],
+            job_dir=self.job_dir,
+            log_path=str(Path(self.job_dir) / jobdir.OUTPUT),
+            checkpoint_dir=self.checkpoint_dir,
+            created_at=self.created_at,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            exit_code=self.exit_code,
+            signal=self.signal,
+            pid=self.pid,
+            reason=self.reason,
+        )
+
+
+_COLUMNS = [
+    "id", "name", "state", "spec", "job_dir", "checkpoint_dir", "created_at", "started_at", "finished_at",
+    "exit_code", "signal", "pid", "shim_pid", "shim_start", "boot_id", "reason",
+]  # fmt: skip
+_UPDATABLE = set(_COLUMNS) - {"id", "spec", "created_at"}
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.db = sqlite3.connect(str(path), isolation_level=None, timeout=10)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"{path} is not a usable tfrun database ({exc}); move it aside to start afresh, "
+                "or point TFRUN_HOME elsewhere"
+            ) from None
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} was written by a newer tfrund (schema {version}, this one knows "
+                f"{SCHEMA_VERSION}); upgrade tfrun on this machine"
+            )
+        if version == 0:
+            tables = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
+            if tables:
+                raise StoreError(
+                    f"{self.path} is an SQLite database but not tfrun's; move it aside or point TFRUN_HOME "
+                    "elsewhere"
+                )
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            self.db.executescript(f"BEGIN IMMEDIATE;\n{_MIGRATIONS[step]}\nPRAGMA user_version={step};\nCOMMIT;")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def create_job(self, name: Optional[str], spec: dict[str, Any], jobs_dir: Path, checkpoint_root: Path) -> JobRow:
+        """Insert a queued job and create its folder; an id whose folder already exists is skipped."""
+        while True:
+            now = time.time()
+            cur = self.db.execute(
+                "INSERT INTO jobs (name, state, spec, job_dir, checkpoint_dir, created_at) VALUES (?,?,?,?,?,?)",
+                (name, JobState.QUEUED, json.dumps(spec), "", "", now),
+            )
+            job_id = int(cur.lastrowid or 0)
+            job_dir = jobs_dir / str(job_id)
+            try:
+                job_dir.mkdir(parents=True)
+            except FileExistsError:
+                # Left by an earlier database: never write into it; AUTOINCREMENT moves past this id.
+                self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+                continue
+            checkpoint_dir = checkpoint_root / str(job_id)
+            self.db.execute(
+                "UPDATE jobs SET job_dir=?, checkpoint_dir=? WHERE id=?", (str(job_dir), str(checkpoint_dir), job_id)
+            )
+            self.add_event(job_id, "submitted")
+            row = self.get(job_id)
+            assert row is not None
+            return row
+
+    def update(self, job_id: int, **values: Any) -> None:
+        unknown = set(values) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"not updatable: {sorted(unknown)}")
+        assignments = ", ".join(f"{k}=?" for k in values)
+        self.db.execute(f"UPDATE jobs SET {assignments} WHERE id=?", (*values.values(), job_id))
+
+    def delete(self, job_id: int) -> None:
+        """Forget a job that never started (its submission failed half way)."""
+        self.db.execute("DELETE FROM events WHERE job_id=?", (job_id,))
+        self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+
+    def add_event(self, job_id: int, kind: str, detail: Optional[str] = None) -> None:
+        self.db.execute(
+            "INSERT INTO events (job_id, at, kind, detail) VALUES (?,?,?,?)", (job_id, time.time(), kind, detail)
+        )
+
+    def events(self, job_id: int) -> list[tuple[float, str, Optional[str]]]:
+        rows = self.db.execute("SELECT at, kind, detail FROM events WHERE job_id=? ORDER BY id", (job_id,))
+        return [(r["at"], r["kind"], r["detail"]) for r in rows]
+
+    def get(self, job_id: int) -> Optional[JobRow]:
+        row = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return _row(row) if row else None
+
+    def find(self, ref: str) -> Optional[JobRow]:
+        """A job by id ("12") or by name (the newest job of that name)."""
+        if ref.isdigit():
+            return self.get(int(ref))
+        row = self.db.execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE name=? ORDER BY id DESC LIMIT 1", (ref,)
+        ).fetchone()
+        return _row(row) if row else None
+
+    def list(self, include_final: bool) -> list[JobRow]:
+        where = "" if include_final else f"WHERE state NOT IN ({', '.join('?' * len(JobState.FINAL))})"
+        params = () if include_final else JobState.FINAL
+        rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs {where} ORDER BY id", params)
+        return [_row(r) for r in rows]
+
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(JobState.ALL, 0)
+        for state, n in self.db.execute("SELECT state, count(*) FROM jobs GROUP BY state"):
+            counts[state] = n
+        return counts
+
+
+def _row(row: sqlite3.Row) -> JobRow:
+    values = dict(zip(_COLUMNS, row))
+    values["spec"] = json.loads(values["spec"])
+    return JobRow(**values)

@@ -1,0 +1,250 @@
+"""Starting jobs through shims, noticing how they end, re-adopting them after a restart, cancelling them.
+
+The daemon is never a job's parent: it starts a shim (which forks away at once) and from then on learns
+everything from the job's folder (shim.json, exit.json) and from /proc. That is what lets a job outlive
+the daemon, and what lets a new daemon pick up where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from tfrun.constants import EXIT_LOST, MONITOR_INTERVAL_S
+from tfrun.paths import Layout
+from tfrun.protocol import JobState
+from tfrun.runner import jobdir
+from tfrun.runner.process import Identity, boot_id
+from tfrun.runner.store import JobRow, Store
+
+log = logging.getLogger("tfrund")
+
+
+class Supervisor:
+    def __init__(self, layout: Layout, store: Store) -> None:
+        self.layout = layout
+        self.store = store
+        self._starting: set[int] = set()
+        self._final_events: dict[int, asyncio.Event] = {}
+
+    # -- starting -----------------------------------------------------------------------------------------
+
+    async def start(self, row: JobRow, env: dict[str, str], grace: float) -> None:
+        """Write the job's spec and start its shim; return once the job runs (or failed to start)."""
+        jobdir.write_json(
+            Path(row.job_dir) / jobdir.SPEC,
+            {"command": row.spec["command"], "cwd": str(Path(row.job_dir) / jobdir.WORK), "env": env, "grace": grace},
+        )
+        await self.launch(row)
+
+    async def launch(self, row: JobRow) -> None:
+        """Start the shim of a job whose spec is written."""
+        self._starting.add(row.id)
+        try:
+            await self._spawn_shim(Path(row.job_dir))
+            self.check(row.id)
+            row = self.store.get(row.id) or row
+            if row.state == JobState.QUEUED:  # the shim died before the job started
+                self.mark_failed(row, f"its shim failed to start; see {Path(row.job_dir) / jobdir.SHIM_LOG}")
+        finally:
+            self._starting.discard(row.id)
+
+    async def resume_queued(self) -> None:
+        """At daemon start: launch jobs accepted by a daemon that died before starting them."""
+        for row in self.store.list(include_final=False):
+            if row.state != JobState.QUEUED:
+                continue
+            if (Path(row.job_dir) / jobdir.SPEC).exists():
+                log.info("job %d: starting it (accepted before the last daemon stopped)", row.id)
+                await self.launch(row)
+            else:
+                self.mark_failed(row, "the daemon stopped while preparing it")
+
+    async def _spawn_shim(self, job_dir: Path) -> None:
+        with open(job_dir / jobdir.SHIM_LOG, "ab") as shim_log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tfrun.runner.shim",
+                str(job_dir),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=shim_log,
+                cwd=str(job_dir),
+                start_new_session=True,
+            )
+        # The shim's first process exits as soon as its forked self has started the job.
+        await proc.wait()
+
+    # -- learning how jobs are doing ----------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """At daemon start: bring every unfinished job up to date with what happened while we were away."""
+        current_boot = boot_id()
+        for row in self.store.list(include_final=False):
+            if row.boot_id and row.boot_id != current_boot:
+                self._lose(row, "the machine rebooted while it ran")
+            else:
+                self.check(row.id, adopting=True)
+
+    def active(self) -> list[int]:
+        """Jobs the monitor must watch: not final, and not being started right now."""
+        return [r.id for r in self.store.list(include_final=False) if r.id not in self._starting]
+
+    def check(self, job_id: int, adopting: bool = False) -> None:
+        """Look at one unfinished job's folder and processes, and record what is found."""
+        row = self.store.get(job_id)
+        if row is None or row.final:
+            return
+        job_dir = Path(row.job_dir)
+        try:
+            exit_info = jobdir.read_json(job_dir / jobdir.EXIT)
+            shim = jobdir.read_json(job_dir / jobdir.SHIM)
+        except ValueError as exc:
+            self._lose(row, f"its record is unreadable: {exc}")
+            return
+        if exit_info is not None:
+            self._finish(row, exit_info)
+            return
+        if shim is None:
+            if row.state == JobState.QUEUED:
+                return  # not started yet: the caller of start() or the queue owns it
+            self._lose(row, "its shim left no record")
+            return
+        identity = _shim_identity(shim)
+        if identity is None:
+            self._lose(row, "its shim record is incomplete")
+            return
+        if row.shim_pid is None or row.state == JobState.QUEUED:
+            self._record_start(row, shim)
+            if adopting:
+                log.info("job %d: re-adopted (shim pid %d)", row.id, identity.pid)
+                self.store.add_event(row.id, "adopted", f"shim pid {identity.pid}")
+        if identity.alive():
+            return
+        # The shim is gone. It writes exit.json before it exits, so look once more before calling it lost.
+        try:
+            exit_info = jobdir.read_json(job_dir / jobdir.EXIT)
+        except ValueError as exc:
+            self._lose(row, f"its exit record is unreadable: {exc}")
+            return
+        if exit_info is not None:
+            self._finish(row, exit_info)
+        else:
+            self._stop_orphan(shim)
+            self._lose(row, f"its shim (pid {identity.pid}) ended without recording an exit status")
+
+    def _record_start(self, row: JobRow, shim: dict[str, Any]) -> None:
+        self.store.update(
+            row.id,
+            state=JobState.RUNNING,
+            pid=shim.get("job_pid"),
+            shim_pid=shim.get("shim_pid"),
+            shim_start=shim.get("shim_start"),
+            boot_id=shim.get("boot_id"),
+            started_at=shim.get("started_at"),
+        )
+        self.store.add_event(row.id, "started", f"pid {shim.get('job_pid')}")
+
+    def _finish(self, row: JobRow, exit_info: dict[str, Any]) -> None:
+        code = exit_info.get("exit_code")
+        code = code if isinstance(code, int) else 255
+        sig = exit_info.get("signal") if isinstance(exit_info.get("signal"), int) else None
+        if exit_info.get("cancelled"):
+            state = JobState.CANCELLED
+        elif code == 0:
+            state = JobState.SUCCEEDED
+        else:
+            state = JobState.FAILED
+        self.store.update(
+            row.id,
+            state=state,
+            exit_code=code,
+            signal=sig,
+            started_at=row.started_at or exit_info.get("started_at"),
+            finished_at=exit_info.get("finished_at"),
+            reason=exit_info.get("error") or row.reason,
+        )
+        self.store.add_event(row.id, "finished", f"{state}, exit code {code}")
+        log.info("job %d: %s (exit code %d)", row.id, state, code)
+        self._notify_final(row.id)
+
+    def _lose(self, row: JobRow, reason: str) -> None:
+        self.store.update(row.id, state=JobState.LOST, exit_code=EXIT_LOST, finished_at=time.time(), reason=reason)
+        self.store.add_event(row.id, "lost", reason)
+        log.warning("job %d: lost: %s", row.id, reason)
+        self._notify_final(row.id)
+
+    def _stop_orphan(self, shim: dict[str, Any]) -> None:
+        """A job whose shim was killed runs unsupervised: nobody could record its end, so stop it."""
+        pid, start = shim.get("job_pid"), shim.get("job_start")
+        if isinstance(pid, int) and isinstance(start, int) and Identity(pid, start, boot_id()).alive():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def mark_failed(self, row: JobRow, reason: str) -> None:
+        """A job that never got as far as a shim."""
+        self.store.update(row.id, state=JobState.FAILED, finished_at=time.time(), reason=reason)
+        self.store.add_event(row.id, "failed", reason)
+        self._notify_final(row.id)
+
+    async def monitor(self) -> None:
+        """Forever: look at every unfinished job. Cheap: a stat or two and a read of /proc per job."""
+        while True:
+            for job_id in self.active():
+                try:
+                    self.check(job_id)
+                except Exception:  # one odd job folder must not stop the watch over the others
+                    log.exception("job %d: check failed", job_id)
+            await asyncio.sleep(MONITOR_INTERVAL_S)
+
+    # -- waiting and cancelling ---------------------------------------------------------------------------
+
+    def _notify_final(self, job_id: int) -> None:
+        event = self._final_events.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    async def wait_final(self, job_id: int) -> JobRow:
+        """The job's row once it is final."""
+        while True:
+            row = self.store.get(job_id)
+            assert row is not None
+            if row.final:
+                return row
+            event = self._final_events.setdefault(job_id, asyncio.Event())
+            await event.wait()
+
+    async def cancel(self, row: JobRow, grace: float) -> JobRow:
+        """SIGTERM the job through its shim, which SIGKILLs it after `grace`; return its final row."""
+        while row.id in self._starting:
+            await asyncio.sleep(0.05)
+        row = self.store.get(row.id) or row
+        if row.final:
+            return row
+        job_dir = Path(row.job_dir)
+        self.store.add_event(row.id, "cancel", f"grace {grace:g}s")
+        jobdir.write_json(job_dir / jobdir.CANCEL, {"grace": grace, "requested_at": time.time()})
+        shim = jobdir.read_json(job_dir / jobdir.SHIM)
+        identity = _shim_identity(shim) if shim else None
+        if identity is None:
+            self.store.update(row.id, state=JobState.CANCELLED, finished_at=time.time(), reason="cancelled before it started")
+            self._notify_final(row.id)
+        elif identity.alive():
+            os.kill(identity.pid, signal.SIGTERM)
+        return await self.wait_final(row.id)
+
+
+def _shim_identity(shim: dict[str, Any]) -> Optional[Identity]:
+    pid, start, boot = shim.get("shim_pid"), shim.get("shim_start"), shim.get("boot_id")
+    if isinstance(pid, int) and isinstance(start, int) and isinstance(boot, str):
+        return Identity(pid, start, boot)
+    return None

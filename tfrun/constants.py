@@ -1,0 +1,35 @@
+"""Numbers and names that the client, the daemon and the shim must agree on, in one place."""
+
+from __future__ import annotations
+
+# Exit codes of the `tfrun` and `tfrund` commands. A verb that follows a job (`wait`, `logs -f`,
+# `submit --follow`) exits with the job's own code instead; these are for tfrun's own outcomes.
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the verb ran but what it was asked did not happen (e.g. `tfrund status`: not running)
+EXIT_USAGE = 2  # bad options or bad input (click uses 2 for usage errors too)
+EXIT_NO_SUCH_JOB = 3
+EXIT_DAEMON = 125  # the daemon cannot be reached or started, or speaks another protocol (like docker's 125)
+EXIT_LOST = 255  # the job was lost: its shim vanished without recording an exit status
+SIGNAL_EXIT_BASE = 128  # a job killed by signal N exits as 128+N, as a shell reports it
+
+# Cancellation: SIGTERM to the job's process group, then SIGKILL after this many seconds.
+DEFAULT_GRACE_S = 10.0
+MAX_GRACE_S = 24 * 3600.0
+
+# Wire limits: one frame's JSON header, and the raw bytes that may follow it.
+MAX_HEADER_BYTES = 16 << 20  # a `ps --all` of many thousand jobs is one frame
+MAX_PAYLOAD_BYTES = 4 << 20
+LOG_CHUNK_BYTES = 256 << 10
+
+# How often the daemon looks at running jobs and growing logs when nothing woke it up earlier.
+MONITOR_INTERVAL_S = 0.2
+FOLLOW_POLL_S = 0.1
+
+# Limits on what a request may carry.
+MAX_ARGS = 4096
+MAX_ENV = 1024
+MAX_STRING = 64 << 10
+MAX_NAME = 128
+
+# Seconds a client waits for a daemon it started to accept connections.
+DAEMON_START_TIMEOUT_S = 30.0

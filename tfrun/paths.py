@@ -1,0 +1,86 @@
+"""Where one daemon's files live. Every path derives from TFRUN_HOME, so isolated daemons run side by side.
+
+The client uses this to find the local daemon's socket; the daemon uses it for everything it owns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# sockaddr_un.sun_path holds 108 bytes on Linux, including the terminating NUL.
+_MAX_SOCKET_PATH = 107
+
+
+def default_home() -> Path:
+    """TFRUN_HOME, else the XDG state directory: a daemon's jobs and database are state, not config."""
+    explicit = os.environ.get("TFRUN_HOME")
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state).expanduser().absolute() / "tfrun"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The files of the daemon whose state lives in `home`."""
+
+    home: Path
+
+    @classmethod
+    def from_env(cls) -> Layout:
+        return cls(default_home())
+
+    @property
+    def run_dir(self) -> Path:
+        """The 0700 directory holding the socket: only its owner may connect."""
+        return self.home / "run"
+
+    @property
+    def socket(self) -> Path:
+        """The daemon's Unix socket; a short path under /tmp when the natural one would not fit."""
+        natural = self.run_dir / "tfrund.sock"
+        if len(os.fsencode(natural)) <= _MAX_SOCKET_PATH:
+            return natural
+        digest = hashlib.sha256(os.fsencode(self.home)).hexdigest()[:16]
+        return Path("/tmp") / f"tfrun-{os.getuid()}" / f"{digest}.sock"
+
+    @property
+    def database(self) -> Path:
+        return self.home / "tfrun.db"
+
+    @property
+    def lock(self) -> Path:
+        """Held (flock) by the one daemon serving this home for as long as it runs."""
+        return self.run_dir / "tfrund.lock"
+
+    @property
+    def start_lock(self) -> Path:
+        """Held by whoever is starting a daemon, so that racing clients start just one."""
+        return self.run_dir / "start.lock"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.home / "tfrund.log"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.home / "jobs"
+
+    @property
+    def config_file(self) -> Path:
+        return self.home / "config.toml"
+
+    @property
+    def default_checkpoint_root(self) -> Path:
+        return self.home / "checkpoints"
+
+    @property
+    def job_pythonpath(self) -> Path:
+        """A folder holding only `tfrun.jobs`, put on every job's PYTHONPATH."""
+        return self.home / "pythonpath"
+
+    def job_dir(self, job_id: int) -> Path:
+        return self.jobs_dir / str(job_id)

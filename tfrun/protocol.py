@@ -1,0 +1,519 @@
+"""The whole wire format between `tfrun` and `tfrund`, in one file.
+
+A connection carries frames. A frame is one line of JSON (the header, at most MAX_HEADER_BYTES) naming
+its message type in "type"; a message with a `data: bytes` field sends those bytes raw right after the
+header, their length in the header's "size", so log bytes cross without base64 or re-encoding.
+
+A conversation: the client sends `Hello`, the daemon answers `Hello` (or `Error` with code
+"version_mismatch"); then the client sends requests, one at a time, each answered by one response, except
+`ReadLog`, answered by any number of `LogChunk` and one `LogEnd`. Either side may close after a response.
+
+Every message is checked on the way in against the types declared here, with bounded sizes, so a
+malformed or hostile frame is refused with an `Error` instead of reaching a handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional, Protocol, TypeVar, Union
+
+from tfrun import __version__
+from tfrun.constants import MAX_ARGS, MAX_ENV, MAX_HEADER_BYTES, MAX_NAME, MAX_PAYLOAD_BYTES, MAX_STRING
+
+# Bump on any change a peer of the previous version would misread. Both sides refuse a mismatch.
+PROTOCOL_VERSION = 1
+
+
+class JobState:
+    """The states a job moves through. The last four are final: the job's processes are all gone."""
+
+    QUEUED = "queued"  # recorded, its shim not yet running
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # exited 0
+    FAILED = "failed"  # exited non-zero, was killed by a signal, or could not start
+    CANCELLED = "cancelled"  # ended after `tfrun cancel`
+    LOST = "lost"  # its shim vanished without recording an exit status (e.g. the machine rebooted)
+
+    ALL = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST)
+    FINAL = (SUCCEEDED, FAILED, CANCELLED, LOST)
+
+
+class ErrorCode:
+    """Machine-readable reasons in `Error.code`; the message says the same to a person."""
+
+    VERSION_MISMATCH = "version_mismatch"
+    BAD_REQUEST = "bad_request"
+    NO_SUCH_JOB = "no_such_job"
+    INVALID_INPUT = "invalid_input"  # well-formed, but cannot be done (missing script, unreadable folder)
+    INTERNAL = "internal"
+
+
+class ProtocolError(Exception):
+    """A frame that cannot be read as a message of this protocol."""
+
+
+class Message:
+    """Base of every message; subclasses are dataclasses registered under their TYPE."""
+
+    TYPE: ClassVar[str] = ""
+
+
+_REGISTRY: dict[str, type[Message]] = {}
+M = TypeVar("M", bound=type[Message])
+
+
+def _message(tag: str) -> typing.Callable[[M], M]:
+    """Register a message class under its wire tag."""
+
+    def register(cls: M) -> M:
+        cls.TYPE = tag
+        _REGISTRY[tag] = cls
+        return cls
+
+    return register
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Shared records
+
+
+@dataclass
+class Job:
+    """Everything a client may see of a job. Secrets never go here: `env` holds what the user passed."""
+
+    id: int
+    state: str
+    script: str
+    args: list[str]
+    command: list[str]  # the argv the shim runs
+    workdir: str  # the snapshot the job runs in
+    job_dir: str
+    log_path: str
+    checkpoint_dir: str
+    created_at: float
+    name: Optional[str] = None
+    env: dict[str, str] = field(default_factory=dict)
+    started_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    exit_code: Optional[int] = None  # as a shell reports it: the code, or 128+N for signal N
+    signal: Optional[int] = None
+    pid: Optional[int] = None
+    reason: Optional[str] = None  # why it failed to start, was lost, or was cancelled
+
+
+@dataclass
+class CancelResult:
+    """What `Cancel` did to one of the jobs named."""
+
+    job: str
+    ok: bool
+    message: str
+    id: Optional[int] = None
+    state: Optional[str] = None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Handshake
+
+
+@_message("hello")
+@dataclass
+class Hello(Message):
+    """First frame each way. `role` is "client" or "daemon"; `version` is the package version."""
+
+    protocol: int
+    version: str
+    role: str
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Requests (client to daemon)
+
+
+@_message("submit")
+@dataclass
+class Submit(Message):
+    """Run `script` from a snapshot of `workdir`, a folder on the daemon's machine.
+
+    `script` is relative to `workdir`. A `.py` script runs under `python` (the daemon's default job
+    interpreter when None); anything else is executed directly.
+    """
+
+    workdir: str
+    script: str
+    args: list[str] = field(default_factory=list)
+    name: Optional[str] = None
+    env: dict[str, str] = field(default_factory=dict)
+    python: Optional[str] = None
+
+
+@_message("list")
+@dataclass
+class ListJobs(Message):
+    """Jobs that are not final, or every job with `all`."""
+
+    all: bool = False
+
+
+@_message("get")
+@dataclass
+class GetJob(Message):
+    """One job by id or name (a name means the newest job of that name)."""
+
+    job: str
+
+
+@_message("cancel")
+@dataclass
+class Cancel(Message):
+    """SIGTERM each job's process group, SIGKILL after `grace` seconds; answered once all have ended."""
+
+    jobs: list[str]
+    grace: Optional[float] = None
+
+
+@_message("wait")
+@dataclass
+class Wait(Message):
+    """Answered with the job's record once it is final."""
+
+    job: str
+
+
+@_message("read_log")
+@dataclass
+class ReadLog(Message):
+    """The job's output from byte `offset`; with `follow`, keep sending until the job ends."""
+
+    job: str
+    offset: int = 0
+    follow: bool = False
+
+
+@_message("daemon_status")
+@dataclass
+class DaemonStatus(Message):
+    """Ask for `DaemonInfo`."""
+
+
+@_message("shutdown")
+@dataclass
+class Shutdown(Message):
+    """Stop the daemon. Jobs keep running; the next daemon re-adopts them."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Responses (daemon to client)
+
+
+@_message("error")
+@dataclass
+class Error(Message):
+    code: str
+    message: str
+
+
+@_message("job")
+@dataclass
+class JobReply(Message):
+    job: Job
+
+
+@_message("jobs")
+@dataclass
+class JobList(Message):
+    jobs: list[Job]
+
+
+@_message("cancelled")
+@dataclass
+class CancelReply(Message):
+    results: list[CancelResult]
+
+
+@_message("log_chunk")
+@dataclass
+class LogChunk(Message):
+    """Bytes of the job's log starting at byte `offset` of the file."""
+
+    offset: int
+    data: bytes
+
+
+@_message("log_end")
+@dataclass
+class LogEnd(Message):
+    """No more bytes: `offset` is the end of the log; the job's final state when it has ended."""
+
+    offset: int
+    state: str
+    exit_code: Optional[int] = None
+
+
+@_message("daemon_info")
+@dataclass
+class DaemonInfo(Message):
+    pid: int
+    version: str
+    protocol: int
+    home: str
+    socket: str
+    started_at: float
+    jobs: dict[str, int]  # count of jobs by state
+
+
+@_message("ok")
+@dataclass
+class Ok(Message):
+    message: str = ""
+
+
+Request = Union[Submit, ListJobs, GetJob, Cancel, Wait, ReadLog, DaemonStatus, Shutdown]
+
+
+def client_hello() -> Hello:
+    return Hello(protocol=PROTOCOL_VERSION, version=__version__, role="client")
+
+
+def daemon_hello() -> Hello:
+    return Hello(protocol=PROTOCOL_VERSION, version=__version__, role="daemon")
+
+
+def mismatch_message(client: Hello, daemon: Hello) -> str:
+    """One sentence naming both ends' versions and the way out."""
+    return (
+        f"protocol mismatch: tfrun {client.version} speaks protocol {client.protocol}, "
+        f"tfrund {daemon.version} speaks protocol {daemon.protocol}; install the same tfrun version on "
+        "both sides (pip install -U tfrun), then restart the daemon with `tfrund stop`"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checking values against the declared types
+
+
+def _check(value: Any, tp: Any, where: str) -> Any:
+    """Return `value` converted to `tp`, or raise ProtocolError saying which field is wrong."""
+    origin = typing.get_origin(tp)
+    if origin is Union:
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        inner = [o for o in options if o is not type(None)]
+        return _check(value, inner[0], where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ProtocolError(f"{where}: expected a list")
+        if len(value) > MAX_ARGS:
+            raise ProtocolError(f"{where}: more than {MAX_ARGS} items")
+        (item,) = typing.get_args(tp)
+        return [_check(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected an object")
+        if len(value) > MAX_ENV:
+            raise ProtocolError(f"{where}: more than {MAX_ENV} entries")
+        _, item = typing.get_args(tp)
+        return {_check(k, str, f"{where} key"): _check(v, item, f"{where}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{where}: expected true or false")
+        return value
+    if tp is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ProtocolError(f"{where}: expected an integer")
+        return value
+    if tp is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ProtocolError(f"{where}: expected a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"{where}: expected a string")
+        if len(value) > MAX_STRING:
+            raise ProtocolError(f"{where}: longer than {MAX_STRING} characters")
+        return value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected an object")
+        return tp(**_fields(tp, value, where))
+    raise TypeError(f"unsupported field type {tp!r}")  # a mistake in this file, not in the peer
+
+
+def _fields(cls: type[Any], raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """The checked constructor arguments of dataclass `cls` found in `raw`, less any raw-bytes field.
+
+    Unknown keys are ignored, so that a peer may add optional fields without bumping the protocol.
+    """
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if hints[f.name] is bytes:
+            continue  # the payload, which the reader fills in
+        if f.name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f"{where}: missing field {f.name!r}")
+            continue
+        kwargs[f.name] = _check(raw[f.name], hints[f.name], f"{where}.{f.name}")
+    return kwargs
+
+
+def _bytes_field(cls: type[Any]) -> Optional[str]:
+    """The name of the class's raw-bytes field, if it has one."""
+    for name, tp in typing.get_type_hints(cls).items():
+        if tp is bytes:
+            return name
+    return None
+
+
+def validate_name(name: str) -> Optional[str]:
+    """Why `name` cannot name a job, or None. Names must never be mistaken for ids."""
+    if not name or len(name) > MAX_NAME:
+        return f"a job name has 1 to {MAX_NAME} characters"
+    if name.isdigit():
+        return "a job name cannot be all digits (it would read as a job id)"
+    if any(c.isspace() or not c.isprintable() for c in name):
+        return "a job name cannot contain spaces or control characters"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Encoding and decoding frames
+
+
+def encode(msg: Message) -> bytes:
+    """The frame for `msg`: its JSON header line, then its raw bytes if it carries any."""
+    body = {"type": msg.TYPE}
+    payload = b""
+    for f in dataclasses.fields(msg):  # type: ignore[arg-type]
+        value = getattr(msg, f.name)
+        if isinstance(value, bytes):
+            payload = value
+            body["size"] = len(value)
+        else:
+            body[f.name] = _plain(value)
+    header = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    return header + payload
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def decode_header(line: bytes) -> tuple[type[Message], dict[str, Any], int]:
+    """Parse a header line into (class, checked constructor arguments, payload size still to read)."""
+    try:
+        raw = json.loads(line)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"frame is not JSON: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+        raise ProtocolError("frame has no message type")
+    cls = _REGISTRY.get(raw["type"])
+    if cls is None:
+        raise ProtocolError(f"unknown message type {raw['type'][:64]!r}")
+    size = 0
+    if _bytes_field(cls):
+        size = raw.get("size", 0)
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_PAYLOAD_BYTES:
+            raise ProtocolError("payload size out of range")
+    return cls, _fields(cls, raw, cls.TYPE), size
+
+
+class Reader(Protocol):
+    """What both asyncio's StreamReader and asyncssh's SSHReader offer."""
+
+    async def readuntil(self, separator: bytes = ...) -> bytes: ...
+
+    async def readexactly(self, n: int) -> bytes: ...
+
+
+class Writer(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
+async def read_message(reader: Reader) -> Optional[Message]:
+    """The next message, or None when the peer closed cleanly between frames."""
+    try:
+        line = await reader.readuntil(b"\n")
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise ProtocolError("connection closed in the middle of a frame") from None
+        return None
+    except asyncio.LimitOverrunError:
+        raise ProtocolError(f"frame header longer than {MAX_HEADER_BYTES} bytes") from None
+    except ValueError as exc:  # StreamReader's way of saying the limit was overrun
+        raise ProtocolError(f"bad frame: {exc}") from None
+    if len(line) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"frame header longer than {MAX_HEADER_BYTES} bytes")
+    cls, fields, size = decode_header(line)
+    name = _bytes_field(cls)
+    if name:
+        try:
+            fields[name] = await reader.readexactly(size) if size else b""
+        except asyncio.IncompleteReadError:
+            raise ProtocolError("connection closed in the middle of a payload") from None
+    return cls(**fields)
+
+
+async def write_message(writer: Writer, msg: Message) -> None:
+    writer.write(encode(msg))
+    await writer.drain()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A conversation, as the client side holds it (the tfrun CLI, and tfrund's own status/stop commands)
+
+
+class RemoteError(Exception):
+    """The daemon answered with an `Error`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Channel:
+    """A connection to a daemon after the handshake: requests out, replies in."""
+
+    def __init__(self, reader: Reader, writer: Writer, daemon: Hello) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.daemon = daemon
+
+    @classmethod
+    async def open(cls, reader: Reader, writer: Writer) -> Channel:
+        """Exchange hellos; raise RemoteError with code VERSION_MISMATCH if the versions differ."""
+        mine = client_hello()
+        await write_message(writer, mine)
+        reply = await read_message(reader)
+        if isinstance(reply, Error):
+            raise RemoteError(reply.code, reply.message)
+        if not isinstance(reply, Hello):
+            raise ProtocolError("the other end did not answer like a tfrund")
+        if reply.protocol != PROTOCOL_VERSION:
+            raise RemoteError(ErrorCode.VERSION_MISMATCH, mismatch_message(mine, reply))
+        return cls(reader, writer, reply)
+
+    async def request(self, msg: Message) -> Message:
+        """Send one request and return its one reply."""
+        await write_message(self.writer, msg)
+        return await self.receive()
+
+    async def receive(self) -> Message:
+        reply = await read_message(self.reader)
+        if reply is None:
+            raise ProtocolError("tfrund closed the connection without answering")
+        if isinstance(reply, Error):
+            raise RemoteError(reply.code, reply.message)
+        return reply
