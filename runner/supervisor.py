@@ -123,10 +123,10 @@ class Supervisor:
             return
         if row.shim_pid is None or row.state == JobState.QUEUED:
             self._record_start(row, shim)
+        if identity.alive():
             if adopting:
                 log.info("job %d: re-adopted (shim pid %d)", row.id, identity.pid)
                 self.store.add_event(row.id, "adopted", f"shim pid {identity.pid}")
-        if identity.alive():
             return
         # The shim is gone. It writes exit.json before it exits, so look once more before calling it lost.
         try:

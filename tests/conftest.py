@@ -1,0 +1,176 @@
+"""Fixtures that boot real daemons in temporary homes and drive them through the real commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+
+BIN = Path(sys.executable).parent
+TFRUN = [str(BIN / "tfrun")] if (BIN / "tfrun").exists() else [sys.executable, "-m", "tfrun.client"]
+TFRUND = [str(BIN / "tfrund")] if (BIN / "tfrund").exists() else [sys.executable, "-m", "tfrun.runner"]
+
+
+def processes_of(home: Path) -> list[int]:
+    """Pids of every process that carries TFRUN_HOME=home: the daemon, its shims and their jobs."""
+    marker = f"TFRUN_HOME={home}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Tfrun:
+    """One isolated tfrun installation: its own TFRUN_HOME, driven through the real commands."""
+
+    def __init__(self, home: Path, prefix: Optional[list[str]] = None) -> None:
+        self.home = home
+        self.prefix = prefix or []
+        self.env = dict(os.environ)
+        self.env["TFRUN_HOME"] = str(home)
+        self.env.pop("TFRUN_CHECKPOINT_ROOT", None)
+        self.env.pop("TFRUN_JOB_PYTHON", None)
+
+    def run(self, *args: str, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*self.prefix, *TFRUN, *args], env=self.env, capture_output=True, text=True, timeout=timeout, **kw
+        )
+
+    def daemon(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*self.prefix, *TFRUND, *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def ok(self, *args: str) -> str:
+        result = self.run(*args)
+        assert result.returncode == 0, f"tfrun {' '.join(args)} -> {result.returncode}\n{result.stderr}"
+        return result.stdout
+
+    def submit(self, *args: str) -> int:
+        return int(self.ok("submit", *args).strip())
+
+    def job(self, ref: int | str) -> dict[str, Any]:
+        return json.loads(self.ok("status", "--json", str(ref)))  # type: ignore[no-any-return]
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return json.loads(self.ok("ps", "--all", "--json"))  # type: ignore[no-any-return]
+
+    def log(self, ref: int | str) -> bytes:
+        result = subprocess.run([*TFRUN, "logs", str(ref)], env=self.env, capture_output=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def daemon_pid(self) -> int:
+        result = self.daemon("status", "--json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        return int(json.loads(result.stdout)["pid"])
+
+    def job_dir(self, job_id: int) -> Path:
+        return self.home / "jobs" / str(job_id)
+
+    def shim_pid(self, job_id: int) -> int:
+        shim = wait_for(lambda: _read_json(self.job_dir(job_id) / "shim.json"), what="shim.json")
+        return int(shim["shim_pid"])
+
+    def kill_daemon(self) -> None:
+        """SIGKILL the daemon, as a crash or the OOM killer would, and wait until it is gone."""
+        pid = self.daemon_pid()
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not alive(pid), what="daemon to die")
+
+    def cleanup(self) -> None:
+        self.daemon("stop", timeout=30)
+        for pid in processes_of(self.home):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _read_json(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        return json.loads(path.read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.fixture
+def tf(tmp_path: Path) -> Iterator[Tfrun]:
+    instance = Tfrun(tmp_path / "home")
+    yield instance
+    instance.cleanup()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A work dir for jobs."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    return folder
+
+
+def write_script(folder: Path, name: str, text: str, executable: bool = False) -> Path:
+    path = folder / name
+    path.write_text(text)
+    if executable:
+        path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Path:
+    """A file whose appearance releases jobs written with `gated_job`."""
+    return tmp_path / "gate"
+
+
+def gated_job(lines_before: int, lines_after: int, code: int, gate: Path) -> str:
+    """Python source of a job that prints numbered lines, waits for `gate` to exist, prints more, exits."""
+    return f"""\
+import os, sys, time
+for i in range({lines_before}):
+    print("before", i, "x" * 50)
+while not os.path.exists({str(gate)!r}):
+    time.sleep(0.05)
+for i in range({lines_after}):
+    print("after", i, "y" * 50)
+sys.exit({code})
+"""
+
+
+def have(tool: str) -> bool:
+    return shutil.which(tool) is not None

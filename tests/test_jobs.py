@@ -1,0 +1,155 @@
+"""Submitting, following and waiting for jobs on the local daemon, through the real commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import TFRUN, Tfrun, gated_job, wait_for, write_script
+
+
+def test_submit_follow_exits_with_the_jobs_code_and_passes_arguments_untouched(tf: Tfrun, project: Path) -> None:
+    write_script(project, "train.py", "import sys\nprint('args', sys.argv[1:])\nsys.exit(7)\n")
+    result = tf.run("submit", "--follow", str(project / "train.py"), "--epochs", "3", "-x", "--", "a b")
+    assert result.returncode == 7, result.stderr
+    assert result.stdout == "args ['--epochs', '3', '-x', '--', 'a b']\n"
+    assert "submitted" in result.stderr
+
+
+def test_a_job_sees_its_variables_and_a_checkpoint_folder_of_its_own(tf: Tfrun, project: Path) -> None:
+    write_script(
+        project,
+        "env.py",
+        "import json, os\n"
+        "keys = ['PYTHONUNBUFFERED', 'TFRUN_JOB_ID', 'TFRUN_JOB_DIR', 'TFRUN_CHECKPOINT_DIR', 'MY_VAR', 'OTHER']\n"
+        "print(json.dumps({k: os.environ.get(k) for k in keys}))\n"
+        "print(os.path.isdir(os.environ['TFRUN_CHECKPOINT_DIR']))\n",
+    )
+    job_id = tf.submit("--env", "MY_VAR=a=b c", "--env", "OTHER=", str(project / "env.py"))
+    assert tf.run("wait", str(job_id)).returncode == 0
+    first, second = tf.log(job_id).decode().splitlines()
+    seen = json.loads(first)
+    record = tf.job(job_id)
+    assert seen == {
+        "PYTHONUNBUFFERED": "1",
+        "TFRUN_JOB_ID": str(job_id),
+        "TFRUN_JOB_DIR": record["job_dir"],
+        "TFRUN_CHECKPOINT_DIR": record["checkpoint_dir"],
+        "MY_VAR": "a=b c",
+        "OTHER": "",
+    }
+    assert second == "True"
+    assert record["env"] == {"MY_VAR": "a=b c", "OTHER": ""}
+
+
+def test_later_edits_never_change_a_submitted_job(tf: Tfrun, project: Path, gate: Path) -> None:
+    write_script(project, "data.txt", "original\n")
+    write_script(
+        project,
+        "show.py",
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\nprint(open('data.txt').read(), end='')\n",
+    )
+    job_id = tf.submit(str(project / "show.py"))
+    (project / "data.txt").write_text("edited\n")
+    (project / "show.py").write_text("print('edited script')\n")
+    gate.touch()
+    assert tf.run("wait", str(job_id)).returncode == 0
+    assert tf.log(job_id) == b"original\n"
+
+
+def test_a_script_that_is_not_python_is_executed_directly_from_a_chosen_workdir(tf: Tfrun, project: Path) -> None:
+    sub = project / "scripts"
+    sub.mkdir()
+    write_script(sub, "run.sh", "#!/bin/sh\necho \"cwd=$(basename $(pwd)) args=$*\"\nls scripts\nexit 4\n", executable=True)
+    result = tf.run("submit", "-f", "--workdir", str(project), str(sub / "run.sh"), "one", "--two")
+    assert result.returncode == 4, result.stderr
+    assert result.stdout == "cwd=work args=one --two\nrun.sh\n"
+
+
+def test_jobs_are_found_by_name_and_the_newest_of_a_name_wins(tf: Tfrun, project: Path) -> None:
+    write_script(project, "a.py", "print('first')\n")
+    write_script(project, "b.py", "print('second')\n")
+    first = tf.submit("--name", "exp", str(project / "a.py"))
+    second = tf.submit("--name", "exp", str(project / "b.py"))
+    assert second > first
+    assert tf.run("wait", "exp").returncode == 0
+    assert tf.job("exp")["id"] == second
+    assert tf.log("exp") == b"second\n"
+    assert {j["id"] for j in tf.jobs()} == {first, second}
+
+
+def test_a_job_killed_by_a_signal_exits_like_a_shell_says(tf: Tfrun, project: Path) -> None:
+    write_script(project, "die.py", "import os, signal\nprint('dying', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    result = tf.run("submit", "-f", str(project / "die.py"))
+    assert result.returncode == 128 + signal.SIGKILL
+    record = tf.job(result.stderr.split()[1])
+    assert (record["state"], record["exit_code"], record["signal"]) == ("failed", 137, 9)
+    assert tf.run("wait", str(record["id"])).returncode == 137
+
+
+def test_logs_follow_prints_every_byte_in_order_as_it_comes(tf: Tfrun, project: Path, gate: Path) -> None:
+    write_script(
+        project,
+        "out.py",
+        "import os, sys, time\n"
+        "sys.stdout.buffer.write(b'bin\\xff\\x00\\r50%\\r100%\\n')\n"
+        "print('to stderr', file=sys.stderr)\n"
+        f"while not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+        "print('tail', flush=True)\n",
+    )
+    job_id = tf.submit(str(project / "out.py"))
+    follower = subprocess.Popen(
+        [*TFRUN, "logs", "-f", str(job_id)], env=tf.env, stdout=-1, stderr=-1
+    )
+    wait_for(lambda: b"to stderr" in tf.log(job_id), what="first output")
+    gate.touch()
+    out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0, err
+    assert out == b"bin\xff\x00\r50%\r100%\nto stderr\ntail\n"
+    assert out == (Path(tf.job(job_id)["log_path"])).read_bytes()
+
+
+def test_ps_shows_running_jobs_and_all_with_a(tf: Tfrun, project: Path, gate: Path) -> None:
+    write_script(project, "quick.py", "print('done')\n")
+    write_script(project, "slow.py", gated_job(1, 0, 0, gate))
+    quick = tf.submit(str(project / "quick.py"))
+    tf.ok("wait", str(quick))
+    slow = tf.submit("--name", "[bold]slow", str(project / "slow.py"))
+    table = tf.ok("ps")
+    assert "[bold]slow" in table and "running" in table and "quick.py" not in table
+    assert "quick.py" in tf.ok("ps", "-a")
+    gate.touch()
+    tf.ok("wait", str(slow))
+    assert tf.ok("ps").strip() == "no jobs"
+
+
+def test_submit_json_prints_the_whole_record(tf: Tfrun, project: Path) -> None:
+    write_script(project, "x.py", "pass\n")
+    record = json.loads(tf.ok("submit", "--json", "--name", "rec", str(project / "x.py"), "arg"))
+    assert record["name"] == "rec" and record["args"] == ["arg"] and record["script"] == "x.py"
+    assert record["command"][1:] == ["x.py", "arg"]
+    assert Path(record["workdir"], "x.py").exists()
+
+
+def test_python_option_picks_the_interpreter(tf: Tfrun, project: Path) -> None:
+    write_script(project, "which.py", "import sys\nprint(sys.executable)\n")
+    job_id = tf.submit("--python", sys.executable, str(project / "which.py"))
+    tf.ok("wait", str(job_id))
+    assert tf.log(job_id).decode().strip() == sys.executable
+
+
+def test_a_job_outlives_the_client_that_submitted_it(tf: Tfrun, project: Path, gate: Path) -> None:
+    write_script(project, "long.py", gated_job(3, 2, 0, gate))
+    follower = subprocess.Popen(
+        [*TFRUN, "submit", "-f", str(project / "long.py")], env=tf.env, stdout=-1, stderr=-1
+    )
+    job = wait_for(lambda: tf.jobs(), what="the job")[0]
+    os.kill(follower.pid, signal.SIGKILL)
+    follower.wait()
+    gate.touch()
+    assert tf.run("wait", str(job["id"])).returncode == 0
+    assert tf.log(job["id"]).decode().count("after") == 2

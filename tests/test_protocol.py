@@ -1,0 +1,118 @@
+"""The wire format: every message survives a round trip, and malformed frames are refused, not crashed on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tfrun.protocol import (
+    Cancel,
+    CancelReply,
+    CancelResult,
+    Hello,
+    Job,
+    JobReply,
+    LogChunk,
+    ProtocolError,
+    Submit,
+    decode_header,
+    encode,
+    read_message,
+    validate_name,
+)
+
+
+def read_from(data: bytes) -> object:
+    """The first message in `data`, read as the daemon reads a socket."""
+
+    async def read() -> object:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        return await read_message(reader)
+
+    return asyncio.run(read())
+
+
+def roundtrip(msg: object) -> object:
+    return read_from(encode(msg))  # type: ignore[arg-type]
+
+
+def sample_job() -> Job:
+    return Job(
+        id=7, state="running", script="train.py", args=["--lr", "0.1"], command=["python3", "train.py"],
+        workdir="/w", job_dir="/j", log_path="/j/output.log", checkpoint_dir="/c", created_at=1.5,
+        name="résumé", env={"A": "1"},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        Hello(protocol=1, version="0.1.0", role="client"),
+        Submit(workdir="/w", script="a b/train.py", args=["-x", "--", "ünï"], env={"K": "v=1"}),
+        Cancel(jobs=["3", "name"], grace=0.5),
+        JobReply(sample_job()),
+        CancelReply([CancelResult(job="3", ok=True, message="done", id=3, state="cancelled")]),
+        LogChunk(offset=10, data=b"\xff\x00\r\nloss: 0.1\x1b[0m"),
+        LogChunk(offset=0, data=b""),
+    ],
+)
+def test_every_kind_of_message_round_trips(msg: object) -> None:
+    assert roundtrip(msg) == msg
+
+
+def test_bytes_travel_raw_after_the_header() -> None:
+    frame = encode(LogChunk(offset=3, data=b"\n\n{raw}\n"))
+    header, payload = frame.split(b"\n", 1)
+    assert json.loads(header) == {"type": "log_chunk", "offset": 3, "size": 8}
+    assert payload == b"\n\n{raw}\n"
+
+
+@pytest.mark.parametrize(
+    "line, complaint",
+    [
+        (b"not json\n", "not JSON"),
+        (b"[1, 2]\n", "no message type"),
+        (b'{"type": "launch_missiles"}\n', "unknown message type"),
+        (b'{"type": "submit", "script": "x"}\n', "missing field 'workdir'"),
+        (b'{"type": "submit", "workdir": 5, "script": "x"}\n', "submit.workdir: expected a string"),
+        (b'{"type": "cancel", "jobs": "3"}\n', "expected a list"),
+        (b'{"type": "read_log", "job": "1", "offset": true}\n', "expected an integer"),
+        (b'{"type": "submit", "workdir": "/", "script": "x", "env": {"A": 1}}\n', "expected a string"),
+        (b'{"type": "log_chunk", "offset": 0, "size": -1}\n', "payload size"),
+        (b'{"type": "log_chunk", "offset": 0, "size": 99999999999}\n', "payload size"),
+    ],
+)
+def test_malformed_frames_are_refused_with_a_reason(line: bytes, complaint: str) -> None:
+    with pytest.raises(ProtocolError, match=complaint):
+        decode_header(line)
+
+
+def test_oversized_values_are_refused() -> None:
+    too_many = json.dumps({"type": "submit", "workdir": "/", "script": "x", "args": ["a"] * 5000})
+    with pytest.raises(ProtocolError, match="more than"):
+        decode_header(too_many.encode())
+    too_long = json.dumps({"type": "get", "job": "x" * 100_000})
+    with pytest.raises(ProtocolError, match="longer than"):
+        decode_header(too_long.encode())
+
+
+def test_unknown_fields_are_ignored_so_peers_can_grow() -> None:
+    cls, fields, size = decode_header(b'{"type": "get", "job": "4", "future": [1]}')
+    assert cls.__name__ == "GetJob" and fields == {"job": "4"} and size == 0
+
+
+def test_a_frame_cut_short_is_an_error_but_a_clean_close_is_not() -> None:
+    assert read_from(b"") is None
+    with pytest.raises(ProtocolError, match="middle of a payload"):
+        read_from(encode(LogChunk(offset=0, data=b"12345"))[:-2])
+    with pytest.raises(ProtocolError, match="middle of a frame"):
+        read_from(b'{"type": "get"')
+
+
+@pytest.mark.parametrize("name, ok", [("bert-ft", True), ("12", False), ("a b", False), ("", False), ("x" * 200, False)])
+def test_job_names_never_look_like_ids(name: str, ok: bool) -> None:
+    assert (validate_name(name) is None) is ok

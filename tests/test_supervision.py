@@ -1,0 +1,154 @@
+"""A job outlives its daemon: kill -9 tfrund, restart it, and every job is accounted for truthfully."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import TFRUN, Tfrun, alive, gated_job, wait_for, write_script
+
+
+def test_kill_9_of_the_daemon_with_five_jobs_running_loses_nothing(tf: Tfrun, project: Path, gate: Path) -> None:
+    codes = [0, 1, 2, 7, 42]
+    ids = []
+    for code in codes:
+        write_script(project, f"job{code}.py", gated_job(200, 300, code, gate))
+        ids.append(tf.submit(str(project / f"job{code}.py")))
+    wait_for(lambda: all(tf.log(i).count(b"before") == 200 for i in ids), what="jobs to reach the gate")
+    shims = [tf.shim_pid(i) for i in ids]
+
+    tf.kill_daemon()
+    assert all(alive(pid) for pid in shims), "jobs must survive their daemon"
+
+    tf.daemon("start")
+    assert [j["state"] for j in tf.jobs()] == ["running"] * 5, "a restarted daemon re-adopts running jobs"
+    gate.touch()
+    for job_id, code in zip(ids, codes):
+        assert tf.run("wait", str(job_id)).returncode == code
+        record = tf.job(job_id)
+        assert (record["state"], record["exit_code"]) == ("succeeded" if code == 0 else "failed", code)
+        lines = tf.log(job_id).decode().splitlines()
+        assert lines == [f"before {i} {'x' * 50}" for i in range(200)] + [f"after {i} {'y' * 50}" for i in range(300)]
+    log = (tf.home / "tfrund.log").read_text()
+    assert log.count("re-adopted") == 5
+
+
+def test_a_job_that_ends_while_the_daemon_is_down_is_recorded_at_the_next_start(
+    tf: Tfrun, project: Path, gate: Path
+) -> None:
+    write_script(project, "job.py", gated_job(1, 1, 5, gate))
+    job_id = tf.submit(str(project / "job.py"))
+    tf.shim_pid(job_id)
+    tf.kill_daemon()
+    gate.touch()
+    wait_for(lambda: (tf.job_dir(job_id) / "exit.json").exists(), what="the job to end")
+    record = tf.job(job_id)  # starts a new daemon on demand
+    assert (record["state"], record["exit_code"], record["signal"]) == ("failed", 5, None)
+    assert record["finished_at"] < time.time() and record["finished_at"] >= record["started_at"]
+
+
+def test_a_job_whose_shim_is_killed_is_lost_and_stopped(tf: Tfrun, project: Path) -> None:
+    write_script(project, "forever.py", "import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    job_id = tf.submit(str(project / "forever.py"))
+    shim = tf.shim_pid(job_id)
+    job_pid = tf.job(job_id)["pid"]
+    os.kill(shim, signal.SIGKILL)
+    result = tf.run("wait", str(job_id))
+    assert result.returncode == 255
+    record = tf.job(job_id)
+    assert record["state"] == "lost" and "shim" in record["reason"]
+    wait_for(lambda: not alive(job_pid), what="the unsupervised job to be stopped")
+
+
+def test_records_from_before_a_reboot_are_lost_even_if_the_pid_is_alive(tf: Tfrun, project: Path) -> None:
+    write_script(project, "forever.py", "import time\ntime.sleep(600)\n")
+    job_id = tf.submit(str(project / "forever.py"))
+    tf.shim_pid(job_id)
+    tf.daemon("stop")
+    # What a reboot changes: the boot id. The pid and start time still match a live process here.
+    with sqlite3.connect(tf.home / "tfrun.db") as db:
+        db.execute("UPDATE jobs SET boot_id='an-earlier-boot' WHERE id=?", (job_id,))
+    record = tf.job(job_id)
+    assert record["state"] == "lost" and "rebooted" in record["reason"]
+    assert tf.run("wait", str(job_id)).returncode == 255
+
+
+CANCEL_JOB = """\
+#!/bin/bash
+pids={pids}
+echo $$ >> $pids
+bash -c 'trap "" TERM; echo $$ >> '$pids'; while true; do sleep 0.1; done' &
+sleep 1000 &
+echo $! >> $pids
+setsid bash -c 'trap "" TERM; echo $$ >> '$pids'; sleep 1000' &
+echo started
+wait
+"""
+
+
+def test_cancel_leaves_no_process_of_the_job_alive(tf: Tfrun, project: Path, tmp_path: Path) -> None:
+    pids_file = tmp_path / "pids"
+    write_script(project, "tree.sh", CANCEL_JOB.format(pids=pids_file), executable=True)
+    job_id = tf.submit(str(project / "tree.sh"))
+    wait_for(lambda: pids_file.exists() and len(pids_file.read_text().split()) == 4, what="the process tree")
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert all(alive(p) for p in pids)
+
+    started = time.monotonic()
+    result = tf.run("cancel", "--grace", "1", str(job_id))
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started >= 1.0, "SIGTERM-ignoring processes get the whole grace period"
+    assert [p for p in pids if alive(p)] == []
+    record = tf.job(job_id)
+    assert record["state"] == "cancelled" and record["exit_code"] == 128 + signal.SIGTERM
+    assert "cancelled" in result.stdout
+    assert tf.run("wait", str(job_id)).returncode == 128 + signal.SIGTERM
+
+
+def test_cancel_survives_a_daemon_restart_in_the_middle(tf: Tfrun, project: Path, tmp_path: Path) -> None:
+    """The shim owns the grace timer: killing the daemon mid-cancel does not stop the SIGKILL."""
+    marker = tmp_path / "term"
+    write_script(
+        project,
+        "stubborn.py",
+        f"import signal, time\nsignal.signal(signal.SIGTERM, lambda *a: open({str(marker)!r}, 'w').close())\n"
+        "print('up', flush=True)\nwhile True: time.sleep(0.1)\n",
+    )
+    job_id = tf.submit(str(project / "stubborn.py"))
+    wait_for(lambda: tf.log(job_id) == b"up\n", what="the job to start")
+    job_pid = tf.job(job_id)["pid"]
+    canceller = subprocess.Popen(
+        [*TFRUN, "cancel", "--grace", "2", str(job_id)], env=tf.env
+    )
+    wait_for(marker.exists, what="SIGTERM to reach the job")
+    tf.kill_daemon()
+    canceller.kill()
+    wait_for(lambda: not alive(job_pid), timeout=10, what="SIGKILL after the grace period")
+    record = tf.job(job_id)
+    assert (record["state"], record["exit_code"]) == ("cancelled", 128 + signal.SIGKILL)
+
+
+def test_cancel_of_an_ended_or_unknown_job_says_so(tf: Tfrun, project: Path) -> None:
+    write_script(project, "ok.py", "pass\n")
+    job_id = tf.submit(str(project / "ok.py"))
+    tf.ok("wait", str(job_id))
+    result = tf.run("cancel", str(job_id))
+    assert result.returncode == 1 and "already ended (succeeded)" in result.stderr
+    result = tf.run("cancel", "4242")
+    assert result.returncode == 3 and "no job '4242'" in result.stderr
+
+
+def test_stopping_the_daemon_leaves_jobs_running(tf: Tfrun, project: Path, gate: Path) -> None:
+    write_script(project, "job.py", gated_job(1, 1, 0, gate))
+    job_id = tf.submit(str(project / "job.py"))
+    shim = tf.shim_pid(job_id)
+    result = tf.daemon("stop")
+    assert result.returncode == 0 and "1 running job(s) keep running" in result.stdout
+    assert tf.daemon("status").returncode == 1
+    assert alive(shim)
+    gate.touch()
+    assert tf.run("wait", str(job_id)).returncode == 0
