@@ -1,0 +1,145 @@
+"""Bad input gets one clear line and a documented exit code, never a traceback, and leaves no damage."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import Tfrun, write_script
+
+
+def one_line_error(stderr: str, *expected: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 or lines[0].startswith("Usage:"), stderr
+    assert "Traceback" not in stderr
+    for text in expected:
+        assert text in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    "args, code, expected",
+    [
+        (["submit", "/nonexistent/train.py"], 2, "/nonexistent/train.py: no such file"),
+        (["submit", "--env", "NOEQUALS", "x.py"], 2, "'NOEQUALS' is not NAME=VALUE"),
+        (["submit", "--name", "123", "x.py"], 2, "cannot be all digits"),
+        (["submit", "--name", "a b", "x.py"], 2, "cannot contain spaces"),
+        (["status", "999"], 3, "no job '999'"),
+        (["status", "nosuchname"], 3, "no job 'nosuchname'"),
+        (["logs", "999"], 3, "no job '999'"),
+        (["logs", "-f", "999"], 3, "no job '999'"),
+        (["wait", "999"], 3, "no job '999'"),
+        (["cancel", "--grace", "-1", "1"], 2, "-1"),
+        (["frobnicate"], 2, "No such command"),
+    ],
+)
+def test_bad_input_gets_a_clear_message_and_exit_code(tf: Tfrun, args: list[str], code: int, expected: str) -> None:
+    result = tf.run(*args)
+    assert result.returncode == code, result.stderr
+    one_line_error(result.stderr.split("\n\n")[-1] if "Usage:" in result.stderr else result.stderr, expected)
+
+
+def test_a_script_outside_its_workdir_or_a_workdir_that_is_a_file(tf: Tfrun, project: Path, tmp_path: Path) -> None:
+    write_script(project, "train.py", "pass\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    result = tf.run("submit", "--workdir", str(other), str(project / "train.py"))
+    assert result.returncode == 2 and "is not inside the work dir" in result.stderr
+    result = tf.run("submit", "--workdir", str(project / "train.py"), str(project / "train.py"))
+    assert result.returncode == 2 and "not a directory" in result.stderr
+    result = tf.run("submit", str(project))
+    assert result.returncode == 2 and "not a file" in result.stderr
+
+
+def test_a_script_that_cannot_be_executed_is_refused_before_anything_runs(tf: Tfrun, project: Path) -> None:
+    write_script(project, "run.sh", "#!/bin/sh\necho hi\n")  # not executable
+    result = tf.run("submit", str(project / "run.sh"))
+    assert result.returncode == 2
+    one_line_error(result.stderr, "is not executable", "chmod +x")
+    assert tf.jobs() == []
+
+
+def test_a_missing_interpreter_is_refused(tf: Tfrun, project: Path) -> None:
+    write_script(project, "train.py", "pass\n")
+    result = tf.run("submit", "--python", "/no/such/python", str(project / "train.py"))
+    assert result.returncode == 2
+    one_line_error(result.stderr, "job interpreter /no/such/python does not exist")
+    result = tf.run("submit", "--python", "python-that-does-not-exist", str(project / "train.py"))
+    assert result.returncode == 2 and "is not on the daemon's PATH" in result.stderr
+
+
+def test_a_script_whose_interpreter_line_is_wrong_fails_as_a_job(tf: Tfrun, project: Path) -> None:
+    write_script(project, "bad.sh", "#!/no/such/shell\n", executable=True)
+    result = tf.run("submit", "-f", str(project / "bad.sh"))
+    assert result.returncode == 127
+    assert "tfrun: cannot start ./bad.sh" in result.stdout
+    assert tf.job(1)["state"] == "failed"
+
+
+def _without_dac_override() -> list[str]:
+    """A prefix that makes root obey file permissions, so 'unreadable' means unreadable here too."""
+    if os.getuid() != 0:
+        return []
+    if not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv: root reads everything")
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
+
+
+def test_an_unreadable_work_dir_is_refused(tmp_path: Path, project: Path) -> None:
+    tf = Tfrun(tmp_path / "home", prefix=_without_dac_override())
+    try:
+        write_script(project, "train.py", "pass\n")
+        project.chmod(0o300)  # listable by nobody, enterable by its owner
+        result = tf.run("submit", "--workdir", str(project), str(project / "train.py"))
+        assert result.returncode == 2, result.stderr
+        one_line_error(result.stderr, "not readable")
+    finally:
+        project.chmod(0o755)
+        tf.cleanup()
+
+
+def test_an_unreadable_file_in_the_work_dir_fails_the_submit_and_leaves_no_job(tmp_path: Path, project: Path) -> None:
+    tf = Tfrun(tmp_path / "home", prefix=_without_dac_override())
+    try:
+        write_script(project, "train.py", "pass\n")
+        secret = write_script(project, "secret.bin", "s")
+        secret.chmod(0)
+        result = tf.run("submit", str(project / "train.py"))
+        assert result.returncode == 2, result.stderr
+        one_line_error(result.stderr, "cannot copy work dir", "secret.bin", "Permission denied")
+        assert tf.jobs() == []
+        assert list((tf.home / "jobs").iterdir()) == []
+        secret.chmod(0o644)
+        assert tf.submit(str(project / "train.py")) == 2, "ids are never reused"
+    finally:
+        tf.cleanup()
+
+
+def test_special_files_and_symlinks_in_the_work_dir(tf: Tfrun, project: Path, tmp_path: Path) -> None:
+    os.mkfifo(project / "a-fifo")  # reading it would block forever: it is skipped
+    data = tmp_path / "dataset"
+    data.mkdir()
+    (data / "x.txt").write_text("data\n")
+    (project / "data").symlink_to(os.path.relpath(data, project))  # relative, pointing outside
+    (project / "inner").symlink_to("train.py")  # relative, pointing inside
+    (project / ".git").mkdir()
+    (project / ".git" / "HEAD").write_text("ref")
+    write_script(
+        project,
+        "train.py",
+        "import os\nprint(open('data/x.txt').read().strip(), os.readlink('inner'), "
+        "os.path.exists('a-fifo'), os.path.exists('.git'))\n",
+    )
+    job_id = tf.submit(str(project / "train.py"))
+    assert tf.run("wait", str(job_id)).returncode == 0, tf.log(job_id)
+    assert tf.log(job_id) == b"data train.py False False\n"
+
+
+def test_hostile_file_names_and_arguments(tf: Tfrun, tmp_path: Path) -> None:
+    folder = tmp_path / "my project; rm -rf ~ $(x) 'quoted' ü"
+    folder.mkdir()
+    write_script(folder, "tr ain; echo pwned.py", "import sys\nprint(sys.argv[1:])\n")
+    result = tf.run("submit", "-f", str(folder / "tr ain; echo pwned.py"), "$(id)", "; ls", "`x`", "\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "['$(id)', '; ls', '`x`', '\\n']\n"
