@@ -17,12 +17,16 @@ async def connect_local(layout: Layout, autostart: bool = True) -> Channel:
         return await _open(layout)
     except (FileNotFoundError, ConnectionRefusedError):
         if not autostart:
-            raise TfrunError(f"tfrund is not running (home {layout.home}); start it with `tfrund start`", EXIT_DAEMON) from None
+            raise TfrunError(
+                f"tfrund is not running (home {layout.home}); start it with `tfrund start`", EXIT_DAEMON
+            ) from None
     await start_local_daemon()
     try:
         return await _open(layout)
     except OSError as exc:
-        raise TfrunError(f"tfrund started but cannot be reached at {layout.socket}: {exc.strerror or exc}", EXIT_DAEMON) from None
+        raise TfrunError(
+            f"tfrund started but cannot be reached at {layout.socket}: {exc.strerror or exc}", EXIT_DAEMON
+        ) from None
 
 
 async def _open(layout: Layout) -> Channel:

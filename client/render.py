@@ -28,7 +28,7 @@ def to_json(value: Any) -> str:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
     elif isinstance(value, list):
-        value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
+        value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v for v in value]
     return json.dumps(value, indent=2)
 
 

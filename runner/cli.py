@@ -20,9 +20,26 @@ import click
 from tfrun import __version__
 from tfrun.constants import DAEMON_START_TIMEOUT_S, EXIT_FAILURE, EXIT_OK
 from tfrun.paths import Layout
-from tfrun.protocol import Channel, DaemonInfo, DaemonStatus, Message, Ok, ProtocolError, RemoteError, Shutdown
+from tfrun.protocol import (
+    Channel,
+    DaemonInfo,
+    DaemonStatus,
+    Message,
+    Ok,
+    ProtocolError,
+    RemoteError,
+    Shutdown,
+)
 from tfrun.runner.config import Config, ConfigError
-from tfrun.runner.daemon import AlreadyRunning, Daemon, DaemonError, acquire_lock, install_job_pythonpath, lock_holder, prepare_dirs
+from tfrun.runner.daemon import (
+    AlreadyRunning,
+    Daemon,
+    DaemonError,
+    acquire_lock,
+    install_job_pythonpath,
+    lock_holder,
+    prepare_dirs,
+)
 from tfrun.runner.store import Store, StoreError
 
 

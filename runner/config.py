@@ -1,7 +1,7 @@
 """The daemon's settings: `$TFRUN_HOME/config.toml`, overridden by environment variables.
 
-    checkpoint_root = "/mnt/checkpoints"   # TFRUN_CHECKPOINT_ROOT; each job gets a folder under it
-    job_python = "/usr/bin/python3"        # TFRUN_JOB_PYTHON; runs .py scripts unless --python says
+checkpoint_root = "/mnt/checkpoints"   # TFRUN_CHECKPOINT_ROOT; each job gets a folder under it
+job_python = "/usr/bin/python3"        # TFRUN_JOB_PYTHON; runs .py scripts unless --python says
 """
 
 from __future__ import annotations

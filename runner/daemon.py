@@ -7,6 +7,7 @@ refuses to start, and a crashed one's lock vanishes with it (no stale pid file t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -183,7 +184,5 @@ class Daemon:
 
 
 async def _try_send(writer: asyncio.StreamWriter, msg: Message) -> None:
-    try:
+    with contextlib.suppress(ConnectionError, RuntimeError):
         await write_message(writer, msg)
-    except (ConnectionError, RuntimeError):
-        pass

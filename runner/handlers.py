@@ -6,8 +6,9 @@ import asyncio
 import os
 import shutil
 import sys
+from collections.abc import Awaitable
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from tfrun import __version__
 from tfrun.constants import DEFAULT_GRACE_S, FOLLOW_POLL_S, LOG_CHUNK_BYTES, MAX_GRACE_S

@@ -15,6 +15,7 @@ Standard library only, and no more of it than needed: it starts once per job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -155,15 +156,11 @@ class Shim:
 
     def _signal_all(self, sig: int) -> None:
         """`sig` to the job's process group and to every descendant, in or out of that group."""
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.job_pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
         for pid in descendants(os.getpid()):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def _write_exit(self, code: int, sig: Optional[int], started: float, error: Optional[str] = None) -> None:
         jobdir.write_json(

@@ -139,8 +139,7 @@ class Store:
             tables = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
             if tables:
                 raise StoreError(
-                    f"{self.path} is an SQLite database but not tfrun's; move it aside or point TFRUN_HOME "
-                    "elsewhere"
+                    f"{self.path} is an SQLite database but not tfrun's; move it aside or point TFRUN_HOME elsewhere"
                 )
         for step in range(version + 1, SCHEMA_VERSION + 1):
             self.db.executescript(f"BEGIN IMMEDIATE;\n{_MIGRATIONS[step]}\nPRAGMA user_version={step};\nCOMMIT;")
@@ -166,7 +165,8 @@ class Store:
                 continue
             checkpoint_dir = checkpoint_root / str(job_id)
             self.db.execute(
-                "UPDATE jobs SET job_dir=?, checkpoint_dir=? WHERE id=?", (str(job_dir), str(checkpoint_dir), job_id)
+                "UPDATE jobs SET job_dir=?, checkpoint_dir=? WHERE id=?",
+                (str(job_dir), str(checkpoint_dir), job_id),
             )
             self.add_event(job_id, "submitted")
             row = self.get(job_id)
@@ -187,7 +187,8 @@ class Store:
 
     def add_event(self, job_id: int, kind: str, detail: Optional[str] = None) -> None:
         self.db.execute(
-            "INSERT INTO events (job_id, at, kind, detail) VALUES (?,?,?,?)", (job_id, time.time(), kind, detail)
+            "INSERT INTO events (job_id, at, kind, detail) VALUES (?,?,?,?)",
+            (job_id, time.time(), kind, detail),
         )
 
     def events(self, job_id: int) -> list[tuple[float, str, Optional[str]]]:

@@ -8,6 +8,7 @@ the daemon, and what lets a new daemon pick up where the last one stopped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -39,7 +40,12 @@ class Supervisor:
         """Write the job's spec and start its shim; return once the job runs (or failed to start)."""
         jobdir.write_json(
             Path(row.job_dir) / jobdir.SPEC,
-            {"command": row.spec["command"], "cwd": str(Path(row.job_dir) / jobdir.WORK), "env": env, "grace": grace},
+            {
+                "command": row.spec["command"],
+                "cwd": str(Path(row.job_dir) / jobdir.WORK),
+                "env": env,
+                "grace": grace,
+            },
         )
         await self.launch(row)
 
@@ -185,10 +191,8 @@ class Supervisor:
         """A job whose shim was killed runs unsupervised: nobody could record its end, so stop it."""
         pid, start = shim.get("job_pid"), shim.get("job_start")
         if isinstance(pid, int) and isinstance(start, int) and Identity(pid, start, boot_id()).alive():
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def mark_failed(self, row: JobRow, reason: str) -> None:
         """A job that never got as far as a shim."""
@@ -236,7 +240,12 @@ class Supervisor:
         shim = jobdir.read_json(job_dir / jobdir.SHIM)
         identity = _shim_identity(shim) if shim else None
         if identity is None:
-            self.store.update(row.id, state=JobState.CANCELLED, finished_at=time.time(), reason="cancelled before it started")
+            self.store.update(
+                row.id,
+                state=JobState.CANCELLED,
+                finished_at=time.time(),
+                reason="cancelled before it started",
+            )
             self._notify_final(row.id)
         elif identity.alive():
             os.kill(identity.pid, signal.SIGTERM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -116,10 +117,8 @@ class Tfrun:
     def cleanup(self) -> None:
         self.daemon("stop", timeout=30)
         for pid in processes_of(self.home):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def _read_json(path: Path) -> Optional[dict[str, Any]]:

@@ -157,7 +157,10 @@ def test_a_corrupt_database_is_reported_and_left_untouched(tf: Tfrun) -> None:
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     result = tf.run("ps")
     assert result.returncode == 125
-    assert result.stderr.startswith("tfrun: error: cannot start tfrund: ") and "not a usable tfrun database" in result.stderr
+    assert (
+        result.stderr.startswith("tfrun: error: cannot start tfrund: ")
+        and "not a usable tfrun database" in result.stderr
+    )
     assert len(result.stderr.strip().splitlines()) == 1
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 

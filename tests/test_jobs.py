@@ -51,7 +51,8 @@ def test_later_edits_never_change_a_submitted_job(tf: Tfrun, project: Path, gate
     write_script(
         project,
         "show.py",
-        f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\nprint(open('data.txt').read(), end='')\n",
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+        "print(open('data.txt').read(), end='')\n",
     )
     job_id = tf.submit(str(project / "show.py"))
     (project / "data.txt").write_text("edited\n")
@@ -64,7 +65,12 @@ def test_later_edits_never_change_a_submitted_job(tf: Tfrun, project: Path, gate
 def test_a_script_that_is_not_python_is_executed_directly_from_a_chosen_workdir(tf: Tfrun, project: Path) -> None:
     sub = project / "scripts"
     sub.mkdir()
-    write_script(sub, "run.sh", "#!/bin/sh\necho \"cwd=$(basename $(pwd)) args=$*\"\nls scripts\nexit 4\n", executable=True)
+    write_script(
+        sub,
+        "run.sh",
+        '#!/bin/sh\necho "cwd=$(basename $(pwd)) args=$*"\nls scripts\nexit 4\n',
+        executable=True,
+    )
     result = tf.run("submit", "-f", "--workdir", str(project), str(sub / "run.sh"), "one", "--two")
     assert result.returncode == 4, result.stderr
     assert result.stdout == "cwd=work args=one --two\nrun.sh\n"
@@ -83,7 +89,11 @@ def test_jobs_are_found_by_name_and_the_newest_of_a_name_wins(tf: Tfrun, project
 
 
 def test_a_job_killed_by_a_signal_exits_like_a_shell_says(tf: Tfrun, project: Path) -> None:
-    write_script(project, "die.py", "import os, signal\nprint('dying', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    write_script(
+        project,
+        "die.py",
+        "import os, signal\nprint('dying', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    )
     result = tf.run("submit", "-f", str(project / "die.py"))
     assert result.returncode == 128 + signal.SIGKILL
     record = tf.job(result.stderr.split()[1])
@@ -102,9 +112,7 @@ def test_logs_follow_prints_every_byte_in_order_as_it_comes(tf: Tfrun, project: 
         "print('tail', flush=True)\n",
     )
     job_id = tf.submit(str(project / "out.py"))
-    follower = subprocess.Popen(
-        [*TFRUN, "logs", "-f", str(job_id)], env=tf.env, stdout=-1, stderr=-1
-    )
+    follower = subprocess.Popen([*TFRUN, "logs", "-f", str(job_id)], env=tf.env, stdout=-1, stderr=-1)
     wait_for(lambda: b"to stderr" in tf.log(job_id), what="first output")
     gate.touch()
     out, err = follower.communicate(timeout=60)
@@ -144,9 +152,7 @@ def test_python_option_picks_the_interpreter(tf: Tfrun, project: Path) -> None:
 
 def test_a_job_outlives_the_client_that_submitted_it(tf: Tfrun, project: Path, gate: Path) -> None:
     write_script(project, "long.py", gated_job(3, 2, 0, gate))
-    follower = subprocess.Popen(
-        [*TFRUN, "submit", "-f", str(project / "long.py")], env=tf.env, stdout=-1, stderr=-1
-    )
+    follower = subprocess.Popen([*TFRUN, "submit", "-f", str(project / "long.py")], env=tf.env, stdout=-1, stderr=-1)
     job = wait_for(lambda: tf.jobs(), what="the job")[0]
     os.kill(follower.pid, signal.SIGKILL)
     follower.wait()

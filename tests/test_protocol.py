@@ -113,6 +113,8 @@ def test_a_frame_cut_short_is_an_error_but_a_clean_close_is_not() -> None:
         read_from(b'{"type": "get"')
 
 
-@pytest.mark.parametrize("name, ok", [("bert-ft", True), ("12", False), ("a b", False), ("", False), ("x" * 200, False)])
+@pytest.mark.parametrize(
+    "name, ok", [("bert-ft", True), ("12", False), ("a b", False), ("", False), ("x" * 200, False)]
+)
 def test_job_names_never_look_like_ids(name: str, ok: bool) -> None:
     assert (validate_name(name) is None) is ok

@@ -121,9 +121,7 @@ def test_cancel_survives_a_daemon_restart_in_the_middle(tf: Tfrun, project: Path
     job_id = tf.submit(str(project / "stubborn.py"))
     wait_for(lambda: tf.log(job_id) == b"up\n", what="the job to start")
     job_pid = tf.job(job_id)["pid"]
-    canceller = subprocess.Popen(
-        [*TFRUN, "cancel", "--grace", "2", str(job_id)], env=tf.env
-    )
+    canceller = subprocess.Popen([*TFRUN, "cancel", "--grace", "2", str(job_id)], env=tf.env)
     wait_for(marker.exists, what="SIGTERM to reach the job")
     tf.kill_daemon()
     canceller.kill()

@@ -387,7 +387,7 @@ def validate_name(name: str) -> Optional[str]:
 
 def encode(msg: Message) -> bytes:
     """The frame for `msg`: its JSON header line, then its raw bytes if it carries any."""
-    body = {"type": msg.TYPE}
+    body: dict[str, Any] = {"type": msg.TYPE}
     payload = b""
     for f in dataclasses.fields(msg):  # type: ignore[arg-type]
         value = getattr(msg, f.name)
@@ -439,6 +439,8 @@ class Writer(Protocol):
     def write(self, data: bytes) -> None: ...
 
     async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 async def read_message(reader: Reader) -> Optional[Message]:
