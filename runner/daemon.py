@@ -116,13 +116,15 @@ class Daemon:
         self.store = store
         self.supervisor = Supervisor(layout, store)
         self.started_at = time.time()
-        self._stopping = asyncio.Event()
+        self._stopping: Optional[asyncio.Event] = None  # made in serve(): on 3.9 an Event binds to a loop
 
     def stop(self) -> None:
-        self._stopping.set()
+        if self._stopping is not None:
+            self._stopping.set()
 
-    async def serve(self, ready: Optional[IO[str]] = None) -> None:
-        """Reconcile, listen, and serve until asked to stop. `ready` gets a line once clients may connect."""
+    async def serve(self) -> None:
+        """Reconcile, listen, and serve until asked to stop (Shutdown, SIGTERM or SIGINT)."""
+        self._stopping = asyncio.Event()
         self.supervisor.reconcile()
         await self.supervisor.resume_queued()
         socket_path = self.layout.socket
@@ -134,9 +136,6 @@ class Daemon:
             loop.add_signal_handler(sig, self.stop)
         monitor = asyncio.create_task(self.supervisor.monitor())
         log.info("tfrund %s (pid %d) serving %s", tfrun.__version__, os.getpid(), socket_path)
-        if ready is not None:
-            ready.write(f"ready {os.getpid()}\n")
-            ready.flush()
         try:
             await self._stopping.wait()
         finally:
