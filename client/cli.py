@@ -56,8 +56,10 @@ _REMOTE_EXIT = {
     ErrorCode.INVALID_INPUT: EXIT_USAGE,
     ErrorCode.BAD_REQUEST: EXIT_USAGE,
 }
-# How long `logs -f` keeps trying to reach a daemon that went away (e.g. restarted) before giving up.
+# How long `wait` and `logs -f` keep trying to reach a daemon that went away (e.g. restarted), and how
+# many times in one command they start over on a new connection.
 _RECONNECT_FOR_S = 30.0
+_MAX_RETRIES = 10
 
 EXIT_CODES_HELP = f"""\b
 Exit codes:
@@ -227,7 +229,7 @@ def submit(
             click.echo(job.id)
         if not follow:
             return EXIT_OK
-        return await _follow(channel, str(job.id))
+        return await _follow(str(job.id), channel)
 
     sys.exit(_run(_with_channel(conversation)))
 
@@ -282,7 +284,7 @@ def wait(job: str, as_json: bool) -> None:
         assert isinstance(reply, JobReply)
         return reply.job
 
-    record = _run(_with_channel(conversation))
+    record = _run(_resilient(conversation))
     if as_json:
         click.echo(render.to_json(record))
     else:
@@ -332,47 +334,69 @@ def cancel(jobs: tuple[str, ...], grace: float, as_json: bool) -> None:
 def logs(job: str, follow: bool) -> None:
     """Print JOB's output (stdout and stderr, as the job wrote them)."""
     if follow:
-        sys.exit(_run(_follow_fresh(job)))
+        sys.exit(_run(_follow(job)))
 
     async def conversation(channel: Channel) -> int:
-        await _stream_log(channel, job, 0, follow=False)
+        await _stream_log(channel, job, LogCursor(), follow=False)
         return EXIT_OK
 
     sys.exit(_run(_with_channel(conversation)))
 
 
-async def _stream_log(channel: Channel, job: str, offset: int, follow: bool) -> tuple[int, LogEnd]:
-    """Write the log to stdout from `offset`; return the offset reached and the final LogEnd."""
+class LogCursor:
+    """The next byte of the log to print: where a follower resumes after losing its connection."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+
+async def _stream_log(channel: Channel, job: str, cursor: LogCursor, follow: bool) -> LogEnd:
+    """Write the log to stdout from the cursor, moving it along; return the final LogEnd."""
     out = sys.stdout.buffer
-    await write_message(channel.writer, ReadLog(job=job, offset=offset, follow=follow))
+    await write_message(channel.writer, ReadLog(job=job, offset=cursor.offset, follow=follow))
     while True:
         msg = await channel.receive()
         if isinstance(msg, LogChunk):
-            if msg.offset != offset:
-                raise ProtocolError(f"log chunk at byte {msg.offset}, expected {offset}")
+            if msg.offset != cursor.offset:
+                raise ProtocolError(f"log chunk at byte {msg.offset}, expected {cursor.offset}")
             out.write(msg.data)
             out.flush()
-            offset += len(msg.data)
+            cursor.offset += len(msg.data)
         elif isinstance(msg, LogEnd):
-            return offset, msg
+            return msg
         else:
             raise ProtocolError(f"unexpected {msg.TYPE!r} while reading a log")
 
 
-async def _follow(channel: Channel, job: str) -> int:
-    """Follow on an open channel, carrying on through a new connection if the daemon goes away."""
-    offset = 0
+async def _follow(job: str, channel: Optional[Channel] = None) -> int:
+    """Print the job's output until it ends, resuming at the same byte after a daemon restart."""
+    cursor = LogCursor()
+
+    async def from_cursor(channel: Channel) -> int:
+        end = await _stream_log(channel, job, cursor, follow=True)
+        return job_exit_code(end.state, end.exit_code)
+
+    return await _resilient(from_cursor, channel)
+
+
+async def _resilient(action: Callable[[Channel], Awaitable[T]], channel: Optional[Channel] = None) -> T:
+    """Run `action`; if the daemon goes away in the middle (a crash, a restart), reconnect and run it again.
+
+    Only for actions that are safe to repeat: waiting, and following from the offset already printed.
+    """
+    failures = 0
     while True:
+        if channel is None:
+            channel = await (_channel() if failures == 0 else _reconnect())
         try:
-            offset, end = await _stream_log(channel, job, offset, follow=True)
-            return job_exit_code(end.state, end.exit_code)
+            return await action(channel)
         except (ConnectionError, ProtocolError, asyncio.IncompleteReadError):
+            failures += 1
+            if failures > _MAX_RETRIES:
+                raise
+        finally:
             channel.writer.close()
-            channel = await _reconnect()  # resumes at `offset`: no gap, no duplicate
-
-
-async def _follow_fresh(job: str) -> int:
-    return await _follow(await _channel(), job)
+        channel = None
 
 
 async def _reconnect() -> Channel:

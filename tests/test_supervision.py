@@ -150,3 +150,35 @@ def test_stopping_the_daemon_leaves_jobs_running(tf: Tfrun, project: Path, gate:
     assert alive(shim)
     gate.touch()
     assert tf.run("wait", str(job_id)).returncode == 0
+
+
+def test_wait_and_logs_follow_carry_on_through_a_daemon_crash(tf: Tfrun, project: Path, gate: Path) -> None:
+    """Followers resume at the byte they reached: no gap and no duplicate, compared byte for byte."""
+    write_script(
+        project,
+        "chatty.py",
+        "import hashlib, os, time\n"
+        "i = 0\n"
+        f"while not os.path.exists({str(gate)!r}) or i < 3000:\n"
+        "    print(i, hashlib.sha256(str(i).encode()).hexdigest(), flush=True)\n"
+        "    i += 1\n"
+        "    time.sleep(0.001)\n"
+        "raise SystemExit(3)\n",
+    )
+    job_id = tf.submit(str(project / "chatty.py"))
+    follower = subprocess.Popen([*TFRUN, "logs", "-f", str(job_id)], env=tf.env, stdout=-1, stderr=-1)
+    waiter = subprocess.Popen([*TFRUN, "wait", str(job_id)], env=tf.env, stdout=-1, stderr=-1)
+    wait_for(lambda: tf.log(job_id).count(b"\n") > 500, what="output to flow")
+    first = tf.daemon_pid()
+    tf.kill_daemon()
+    # The reconnecting clients start a new daemon by themselves; kill that one as well.
+    wait_for(lambda: tf.daemon("status").returncode == 0 and tf.daemon_pid() != first, what="a new daemon")
+    tf.kill_daemon()
+    gate.touch()
+    out, err = follower.communicate(timeout=120)
+    assert follower.returncode == 3, err
+    assert waiter.wait(timeout=60) == 3
+    full = (tf.job_dir(job_id) / "output.log").read_bytes()
+    assert out == full
+    lines = full.decode().splitlines()
+    assert [int(line.split()[0]) for line in lines] == list(range(len(lines)))
