@@ -88,7 +88,11 @@ async def submit(daemon: Daemon, req: Submit, send: Send) -> None:
         daemon.store.delete(row.id)  # nothing was started: leave no trace of a job that never was
         shutil.rmtree(job_dir, ignore_errors=True)
         raise _invalid(str(exc)) from None
-    await daemon.supervisor.start(row, _job_env(daemon, row, req.env), DEFAULT_GRACE_S)
+    try:
+        await daemon.supervisor.start(row, _job_env(daemon, row, req.env), DEFAULT_GRACE_S)
+    except OSError as exc:  # e.g. a full disk: the job is recorded as failed, not left queued forever
+        daemon.supervisor.mark_failed(row, f"could not start: {exc}")
+        raise RequestError(ErrorCode.INTERNAL, f"job {row.id} could not start: {exc.strerror or exc}") from None
     started = daemon.store.get(row.id) or row
     await send(JobReply(started.public()))
 

@@ -106,22 +106,16 @@ class Supervisor:
     def check(self, job_id: int, adopting: bool = False) -> None:
         """Look at one unfinished job's folder and processes, and record what is found."""
         row = self.store.get(job_id)
-        if row is None or row.final:
+        if row is None or row.final or self._recorded_end(row):
             return
-        job_dir = Path(row.job_dir)
         try:
-            exit_info = jobdir.read_json(job_dir / jobdir.EXIT)
-            shim = jobdir.read_json(job_dir / jobdir.SHIM)
+            shim = jobdir.read_json(Path(row.job_dir) / jobdir.SHIM)
         except ValueError as exc:
-            self._lose(row, f"its record is unreadable: {exc}")
-            return
-        if exit_info is not None:
-            self._finish(row, exit_info)
+            self._lose(row, f"its shim record is unreadable: {exc}")
             return
         if shim is None:
-            if row.state == JobState.QUEUED:
-                return  # not started yet: the caller of start() or the queue owns it
-            self._lose(row, "its shim left no record")
+            if row.state != JobState.QUEUED:  # a queued job's start is owned by whoever is starting it
+                self._lose(row, "its shim left no record")
             return
         identity = _shim_identity(shim)
         if identity is None:
@@ -135,16 +129,21 @@ class Supervisor:
                 self.store.add_event(row.id, "adopted", f"shim pid {identity.pid}")
             return
         # The shim is gone. It writes exit.json before it exits, so look once more before calling it lost.
-        try:
-            exit_info = jobdir.read_json(job_dir / jobdir.EXIT)
-        except ValueError as exc:
-            self._lose(row, f"its exit record is unreadable: {exc}")
-            return
-        if exit_info is not None:
-            self._finish(row, exit_info)
-        else:
+        if not self._recorded_end(row):
             self._stop_orphan(shim)
             self._lose(row, f"its shim (pid {identity.pid}) ended without recording an exit status")
+
+    def _recorded_end(self, row: JobRow) -> bool:
+        """Finish the job from its exit.json if the shim wrote one; True if the job is now final."""
+        try:
+            exit_info = jobdir.read_json(Path(row.job_dir) / jobdir.EXIT)
+        except ValueError as exc:
+            self._lose(row, f"its exit record is unreadable: {exc}")
+            return True
+        if exit_info is None:
+            return False
+        self._finish(row, exit_info)
+        return True
 
     def _record_start(self, row: JobRow, shim: dict[str, Any]) -> None:
         self.store.update(

@@ -182,3 +182,18 @@ def test_wait_and_logs_follow_carry_on_through_a_daemon_crash(tf: Tfrun, project
     assert out == full
     lines = full.decode().splitlines()
     assert [int(line.split()[0]) for line in lines] == list(range(len(lines)))
+
+
+def test_processes_a_job_leaves_behind_are_stopped_when_it_ends(tf: Tfrun, project: Path, tmp_path: Path) -> None:
+    """The job is its whole process tree: background children do not outlive it, and its code is the main one's."""
+    pids_file = tmp_path / "pids"
+    write_script(
+        project,
+        "leaves.sh",
+        f"#!/bin/bash\nsleep 1000 &\necho $! >> {pids_file}\nsetsid sleep 1000 &\necho $! >> {pids_file}\nexit 6\n",
+        executable=True,
+    )
+    job_id = tf.submit(str(project / "leaves.sh"))
+    assert tf.run("wait", str(job_id)).returncode == 6
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
