@@ -13,9 +13,12 @@ import click
 from rich.console import Console
 
 from tfrun import __version__
-from tfrun.client import render
-from tfrun.client.connection import connect_local
+from tfrun.client import config, render
+from tfrun.client.connection import Target
 from tfrun.client.errors import TfrunError
+from tfrun.client.snapshot import Snapshot, relative_script, scan
+from tfrun.client.transfer import pull as pull_files
+from tfrun.client.transfer import upload
 from tfrun.constants import (
     DEFAULT_GRACE_S,
     EXIT_DAEMON,
@@ -25,8 +28,8 @@ from tfrun.constants import (
     EXIT_OK,
     EXIT_USAGE,
     SIGNAL_EXIT_BASE,
+    UPLOAD_WARN_BYTES,
 )
-from tfrun.paths import Layout
 from tfrun.protocol import (
     Cancel,
     CancelReply,
@@ -87,18 +90,28 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
         _fail(exc.message, _REMOTE_EXIT.get(exc.code, EXIT_DAEMON))
     except ProtocolError as exc:
         _fail(f"talking to tfrund failed: {exc}", EXIT_DAEMON)
+    except StdoutClosed:
+        # Our reader (e.g. `| head`) went away: stop quietly, as `cat` would.
+        sys.stderr.close()
+        sys.exit(SIGNAL_EXIT_BASE + 13)
     except ConnectionError as exc:
         _fail(f"lost the connection to tfrund: {exc.strerror or exc}", EXIT_DAEMON)
     except KeyboardInterrupt:
         sys.exit(SIGNAL_EXIT_BASE + 2)
-    except BrokenPipeError:
-        # Our reader (e.g. `| head`) went away: stop quietly, as `cat` would.
-        sys.stderr.close()
-        sys.exit(SIGNAL_EXIT_BASE + 13)
+
+
+class StdoutClosed(Exception):
+    """Whoever reads our output went away."""
+
+
+def _target() -> Target:
+    """Where this verb's requests go, as its --host options said (see `host_options`)."""
+    target = click.get_current_context().find_object(Target)
+    return target if target is not None else Target()
 
 
 async def _channel() -> Channel:
-    return await connect_local(Layout.from_env())
+    return await _target().connect()
 
 
 async def _with_channel(action: Callable[[Channel], Awaitable[T]]) -> T:
@@ -106,7 +119,45 @@ async def _with_channel(action: Callable[[Channel], Awaitable[T]]) -> T:
     try:
         return await action(channel)
     finally:
-        channel.writer.close()
+        channel.close()
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def host_options(command: F) -> F:
+    """--host and --accept-new-host-key, shared by every verb that talks to a daemon."""
+
+    command = click.option(
+        "--accept-new-host-key",
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_set_accept_new,
+        help="Trust a box's host key the first time it is seen (like StrictHostKeyChecking=accept-new).",
+    )(command)
+    command = click.option(
+        "--host",
+        envvar="TFRUN_HOST",
+        expose_value=False,
+        metavar="HOST",
+        callback=_set_target,
+        help="The box: a configured host (tfrun hosts list), or user@host[:port]. Default: the configured "
+        "default host, else the daemon on this machine ('local').",
+    )(command)
+    return command
+
+
+def _set_accept_new(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+    ctx.meta["accept_new"] = value  # eager: read by _set_target, whatever the order on the command line
+
+
+def _set_target(ctx: click.Context, _: click.Parameter, value: Optional[str]) -> None:
+    try:
+        host = config.resolve(value, config.load())
+    except TfrunError as exc:
+        _fail(exc.message, exc.exit_code)
+    ctx.obj = Target(host, bool(ctx.meta.get("accept_new")))
 
 
 def job_exit_code(state: str, exit_code: Optional[int]) -> int:
@@ -154,22 +205,18 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
-def _locate(script: str, workdir: Optional[Path]) -> tuple[Path, str]:
-    """(absolute work dir, script path relative to it), or a usage error that says what is wrong."""
-    path = Path(script).absolute()
-    if not path.exists():
-        raise click.BadParameter(f"{script}: no such file", param_hint="SCRIPT")
-    if not path.is_file():
-        raise click.BadParameter(f"{script}: not a file", param_hint="SCRIPT")
-    root = (workdir or path.parent).absolute()
-    if not root.is_dir():
-        raise click.BadParameter(f"{root}: not a directory", param_hint="--workdir")
-    if not os.access(root, os.R_OK | os.X_OK):
-        raise click.BadParameter(f"{root}: not readable", param_hint="--workdir")
-    relative = os.path.relpath(path, root)
-    if relative.startswith(".."):
-        raise click.BadParameter(f"{script} is not inside the work dir {root}", param_hint="SCRIPT")
-    return root, relative
+def _snapshot_notes(snap: Snapshot) -> None:
+    """Tell the user about what is not sent, and about a snapshot big enough to be a mistake."""
+    if snap.skipped:
+        shown = ", ".join(snap.skipped[:3]) + (", ..." if len(snap.skipped) > 3 else "")
+        click.echo(f"tfrun: not sent (special files or unusable names): {shown}", err=True)
+    if snap.total_bytes > UPLOAD_WARN_BYTES:
+        largest = ", ".join(f"{e.path} ({render.size(e.size)})" for e in snap.largest(3))
+        click.echo(
+            f"tfrun: warning: the work dir snapshot holds {render.size(snap.total_bytes)} in "
+            f"{len(snap.sources)} files; largest: {largest}. Keep data out of it with .tfrunignore.",
+            err=True,
+        )
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -183,10 +230,12 @@ def _locate(script: str, workdir: Optional[Path]) -> tuple[Path, str]:
 @click.option(
     "--python",
     metavar="PATH",
-    help="Interpreter for a .py script (default: the daemon's job_python setting, else python3 on its PATH).",
+    help="Interpreter for a .py script (default: the host's python setting, else the daemon's job_python, "
+    "else python3 on the daemon's PATH).",
 )
 @click.option("-f", "--follow", is_flag=True, help="Follow the job's output and exit with its exit code.")
 @click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON instead of its id.")
+@host_options
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def submit(
@@ -201,10 +250,12 @@ def submit(
 ) -> None:
     """Run SCRIPT [ARGS]... as a detached job, from a snapshot of its work dir.
 
-    The work dir is copied into the job's folder first, so editing your files afterwards never changes
-    a queued or running job. A .py script runs with the job interpreter; anything else is executed
-    directly (it must be executable). Everything after SCRIPT goes to the script untouched, even
-    options: put tfrun's own options before SCRIPT.
+    The work dir's files are sent to the daemon (only contents it does not hold yet) and the job runs
+    in a copy of its own, so editing your files afterwards never changes a queued or running job.
+    .gitignore and .tfrunignore are honoured, .git is skipped; the git commit and whether the tree was
+    dirty are recorded with the job. A .py script runs with the job interpreter; anything else is
+    executed directly (it must be executable). Everything after SCRIPT goes to the script untouched,
+    even options: put tfrun's own options before SCRIPT.
 
     The job's environment has PYTHONUNBUFFERED=1, TFRUN_JOB_ID, TFRUN_JOB_DIR and TFRUN_CHECKPOINT_DIR
     (a folder of its own for checkpoints) on top of the daemon's environment and your --env.
@@ -212,12 +263,33 @@ def submit(
     if name is not None and validate_name(name):
         raise click.BadParameter(str(validate_name(name)), param_hint="--name")
     env = _parse_env(env_pairs)
-    root, relative = _locate(script, workdir)
-    if python is not None and os.sep in python:
+    target = _target()
+    try:
+        root, relative = relative_script(script, workdir)
+        snap = scan(root, local=target.local)
+    except TfrunError as exc:
+        _fail(exc.message, exc.exit_code)
+    if snap.find(relative) is None:
+        _fail(f"{script} is ignored by .gitignore or .tfrunignore, so it would not be sent", EXIT_USAGE)
+    _snapshot_notes(snap)
+    if python is None and target.host is not None:
+        python = target.host.python
+    elif python is not None and target.local and os.sep in python:
         python = str(Path(python).absolute())
-    request = Submit(workdir=str(root), script=relative, args=list(args), name=name, env=env, python=python)
+    request = Submit(
+        files=snap.entries,
+        script=relative,
+        args=list(args),
+        name=name,
+        env=env,
+        python=python,
+        source=str(root),
+        git_commit=snap.git_commit,
+        git_dirty=snap.git_dirty,
+    )
 
     async def conversation(channel: Channel) -> int:
+        await upload(channel, snap)
         reply = await channel.request(request)
         assert isinstance(reply, JobReply)
         job = reply.job
@@ -238,6 +310,7 @@ def submit(
 
 
 @main.command()
+@host_options
 @click.option("-a", "--all", "show_all", is_flag=True, help="Include jobs that have ended.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job records.")
 def ps(show_all: bool, as_json: bool) -> None:
@@ -262,6 +335,7 @@ async def _get(channel: Channel, ref: str) -> Job:
 
 
 @main.command()
+@host_options
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON.")
 def status(job: str, as_json: bool) -> None:
@@ -274,6 +348,7 @@ def status(job: str, as_json: bool) -> None:
 
 
 @main.command()
+@host_options
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON.")
 def wait(job: str, as_json: bool) -> None:
@@ -294,6 +369,7 @@ def wait(job: str, as_json: bool) -> None:
 
 
 @main.command()
+@host_options
 @click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
 @click.option(
     "--grace",
@@ -329,6 +405,7 @@ def cancel(jobs: tuple[str, ...], grace: float, as_json: bool) -> None:
 
 
 @main.command()
+@host_options
 @click.argument("job")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends; exit with its exit code.")
 def logs(job: str, follow: bool) -> None:
@@ -359,8 +436,11 @@ async def _stream_log(channel: Channel, job: str, cursor: LogCursor, follow: boo
         if isinstance(msg, LogChunk):
             if msg.offset != cursor.offset:
                 raise ProtocolError(f"log chunk at byte {msg.offset}, expected {cursor.offset}")
-            out.write(msg.data)
-            out.flush()
+            try:
+                out.write(msg.data)
+                out.flush()
+            except BrokenPipeError:
+                raise StdoutClosed from None
             cursor.offset += len(msg.data)
         elif isinstance(msg, LogEnd):
             return msg
@@ -395,7 +475,7 @@ async def _resilient(action: Callable[[Channel], Awaitable[T]], channel: Optiona
             if failures > _MAX_RETRIES:
                 raise
         finally:
-            channel.writer.close()
+            channel.close()
         channel = None
 
 
@@ -410,3 +490,138 @@ async def _reconnect() -> Channel:
             if loop.time() > deadline:
                 raise
             await asyncio.sleep(0.5)
+
+
+# -- files back ---------------------------------------------------------------------------------------------
+
+
+@main.command()
+@host_options
+@click.argument("job")
+@click.argument("paths", nargs=-1, metavar="[PATH]...")
+@click.option(
+    "--to",
+    "dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Folder to copy into (created if needed).",
+)
+def pull(job: str, paths: tuple[str, ...], dest: Path) -> None:
+    """Copy files of JOB back: PATH is "checkpoints[/...]" (the job's checkpoint folder, the default),
+    "work/..." (its work dir), or "output.log". Each lands under --to with its last part's name:
+    `tfrun pull 3 work/results` writes ./results/.
+    """
+    wanted = list(paths) or ["checkpoints"]
+
+    async def conversation(channel: Channel) -> tuple[int, int]:
+        return await pull_files(channel, job, wanted, dest)
+
+    dest.mkdir(parents=True, exist_ok=True)
+    files, total = _run(_with_channel(conversation))
+    click.echo(f"pulled {files} file(s), {render.size(total)}, into {dest}", err=True)
+
+
+# -- hosts --------------------------------------------------------------------------------------------------
+
+
+@main.group()
+def hosts() -> None:
+    """The boxes tfrun knows (kept in ~/.config/tfrun/config.toml, or TFRUN_CONFIG)."""
+
+
+@hosts.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the hosts as JSON.")
+def hosts_list(as_json: bool) -> None:
+    """List configured hosts; the default is marked with *."""
+    try:
+        cfg = config.load()
+    except TfrunError as exc:
+        _fail(exc.message, exc.exit_code)
+    if as_json:
+        click.echo(
+            render.to_json({"default_host": cfg.default_host, "hosts": {n: h.as_toml() for n, h in cfg.hosts.items()}})
+        )
+        return
+    if not cfg.hosts:
+        click.echo("no hosts configured; add one with: tfrun hosts add NAME user@host[:port]")
+    for name, host in sorted(cfg.hosts.items()):
+        mark = "*" if name == cfg.default_host else " "
+        extra = "".join(f" {k}={v}" for k, v in sorted(host.env.items()))
+        click.echo(f"{mark} {name}  {host.destination}  tfrund={host.tfrund}{extra}")
+
+
+@hosts.command("add")
+@click.argument("name")
+@click.argument("destination")
+@click.option("--tfrund", "tfrund_command", default="tfrund", show_default=True, help="tfrund's command on the box.")
+@click.option("--python", help="Job interpreter on the box (default: the daemon's).")
+@click.option(
+    "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Environment for tfrund, e.g. TFRUN_HOME."
+)
+@click.option("--accept-new-host-key", is_flag=True, help="Trust the box's host key the first time it is seen.")
+@click.option("--default", "make_default", is_flag=True, help="Make it the default host.")
+def hosts_add(
+    name: str,
+    destination: str,
+    tfrund_command: str,
+    python: Optional[str],
+    env_pairs: tuple[str, ...],
+    accept_new_host_key: bool,
+    make_default: bool,
+) -> None:
+    """Add (or replace) host NAME reached at DESTINATION (user@host[:port], or a Host of ~/.ssh/config)."""
+    if name == config.LOCAL or validate_name(name):
+        raise click.BadParameter(f"{name!r} cannot name a host", param_hint="NAME")
+    try:
+        cfg = config.load()
+        cfg.hosts[name] = config.Host(
+            destination=destination,
+            name=name,
+            tfrund=tfrund_command,
+            python=python,
+            accept_new_host_key=accept_new_host_key,
+            env=_parse_env(env_pairs),
+        )
+        if make_default or cfg.default_host is None:
+            cfg.default_host = name
+        cfg.save()
+    except TfrunError as exc:
+        _fail(exc.message, exc.exit_code)
+    click.echo(f"added {name} ({destination}){' as the default host' if cfg.default_host == name else ''}")
+
+
+@hosts.command("remove")
+@click.argument("name")
+def hosts_remove(name: str) -> None:
+    """Forget host NAME."""
+    try:
+        cfg = config.load()
+    except TfrunError as exc:
+        _fail(exc.message, exc.exit_code)
+    if name not in cfg.hosts:
+        _fail(f"no host {name!r} (see tfrun hosts list)", EXIT_USAGE)
+    del cfg.hosts[name]
+    if cfg.default_host == name:
+        cfg.default_host = None
+    cfg.save()
+    click.echo(f"removed {name}")
+
+
+@hosts.command("check")
+@click.argument("name", required=False, envvar="TFRUN_HOST")
+@click.option("--accept-new-host-key", is_flag=True, help="Trust the box's host key the first time it is seen.")
+def hosts_check(name: Optional[str], accept_new_host_key: bool) -> None:
+    """Check a host step by step: ssh, host key, tfrund and its version, socket forwarding, GPUs."""
+    try:
+        host = config.resolve(name, config.load())
+    except TfrunError as exc:
+        _fail(exc.message, exc.exit_code)
+    if host is None:
+        _fail("no host given and no default host configured", EXIT_USAGE)
+    from tfrun.client import ssh
+
+    ok = _run(
+        ssh.check(host, accept_new_host_key, lambda good, step: click.echo(f"{'ok ' if good else 'FAIL'} {step}"))
+    )
+    sys.exit(EXIT_OK if ok else EXIT_DAEMON)

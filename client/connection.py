@@ -1,14 +1,42 @@
-"""Reaching a daemon: the local one on its Unix socket, started on demand (the embedded default)."""
+"""Reaching a daemon: the local one on its Unix socket (started on demand), or a box's over SSH."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import dataclass
+from typing import Optional
 
+from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON, MAX_HEADER_BYTES
 from tfrun.paths import Layout
 from tfrun.protocol import Channel
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a verb's requests go: a box (`host`), or the local daemon when `host` is None."""
+
+    host: Optional[Host] = None
+    accept_new_host_key: bool = False
+
+    @property
+    def local(self) -> bool:
+        return self.host is None
+
+    async def connect(self) -> Channel:
+        if self.host is None:
+            return await connect_local(Layout.from_env())
+        from tfrun.client import ssh  # asyncssh costs 0.3 s to import: only verbs that go remote pay it
+
+        conn = await ssh.open_ssh(self.host, self.accept_new_host_key)
+        try:
+            channel, _ = await ssh.open_channel(conn, self.host)
+        except BaseException:
+            conn.close()
+            raise
+        return channel
 
 
 async def connect_local(layout: Layout, autostart: bool = True) -> Channel:

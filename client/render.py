@@ -106,3 +106,12 @@ def job_detail(job: Job, console: Console) -> None:
     for key, value in rows:
         table.add_row(key, Text(value))
     console.print(table)
+
+
+def size(n: float) -> str:
+    """Bytes the way `ls -h` shows them: 512 B, 3.4 kB, 1.2 GB."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")

@@ -32,8 +32,9 @@ from tfrun.protocol import (
     read_message,
     write_message,
 )
+from tfrun.runner.blobs import BlobStore
 from tfrun.runner.config import Config
-from tfrun.runner.handlers import HANDLERS, RequestError
+from tfrun.runner.handlers import HANDLERS, Connection, RequestError
 from tfrun.runner.store import Store
 from tfrun.runner.supervisor import Supervisor
 
@@ -115,6 +116,8 @@ class Daemon:
         self.config = config
         self.store = store
         self.supervisor = Supervisor(layout, store)
+        self.blobs = BlobStore(layout.blobs_dir)
+        self._connections = 0
         self.started_at = time.time()
         self._stopping: Optional[asyncio.Event] = None  # made in serve(): on 3.9 an Event binds to a loop
 
@@ -146,31 +149,29 @@ class Daemon:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One client: the version handshake, then requests until it hangs up."""
-
-        async def send(msg: Message) -> None:
-            await write_message(writer, msg)
-
+        self._connections += 1
+        conn = Connection(writer, f"c{os.getpid()}-{self._connections}")
         try:
             hello = await asyncio.wait_for(read_message(reader), _HELLO_TIMEOUT_S)
             if not isinstance(hello, Hello):
-                await send(Error(ErrorCode.BAD_REQUEST, "expected a hello frame first: is this a tfrun client?"))
+                await conn.send(Error(ErrorCode.BAD_REQUEST, "expected a hello frame first: is this a tfrun client?"))
                 return
             if hello.protocol != PROTOCOL_VERSION:
-                await send(Error(ErrorCode.VERSION_MISMATCH, mismatch_message(hello, daemon_hello())))
+                await conn.send(Error(ErrorCode.VERSION_MISMATCH, mismatch_message(hello, daemon_hello())))
                 return
-            await send(daemon_hello())
+            await conn.send(daemon_hello())
             while True:
                 msg = await read_message(reader)
                 if msg is None:
                     return
                 handler = HANDLERS.get(type(msg))
                 if handler is None:
-                    await send(Error(ErrorCode.BAD_REQUEST, f"{msg.TYPE!r} is not a request"))
+                    await conn.send(Error(ErrorCode.BAD_REQUEST, f"{msg.TYPE!r} is not a request"))
                     return
                 try:
-                    await handler(self, msg, send)
+                    await handler(self, msg, conn)
                 except RequestError as exc:
-                    await send(Error(exc.code, exc.message))
+                    await conn.send(Error(exc.code, exc.message))
         except ProtocolError as exc:
             await _try_send(writer, Error(ErrorCode.BAD_REQUEST, str(exc)))
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
@@ -179,6 +180,7 @@ class Daemon:
             log.exception("request failed")
             await _try_send(writer, Error(ErrorCode.INTERNAL, f"tfrund internal error: {exc}"))
         finally:
+            self.blobs.discard(conn.key)
             writer.close()
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Awaitable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from tfrun import __version__
-from tfrun.constants import DEFAULT_GRACE_S, FOLLOW_POLL_S, LOG_CHUNK_BYTES, MAX_GRACE_S
+from tfrun.constants import DEFAULT_GRACE_S, FILE_CHUNK_BYTES, FOLLOW_POLL_S, LOG_CHUNK_BYTES, MAX_GRACE_S
+from tfrun.content import ManifestError, check_manifest, check_relative
 from tfrun.protocol import (
     PROTOCOL_VERSION,
     Cancel,
@@ -20,28 +22,46 @@ from tfrun.protocol import (
     DaemonInfo,
     DaemonStatus,
     ErrorCode,
+    FileChunk,
+    FileEntry,
+    FileList,
     GetJob,
+    HaveBlobs,
     JobList,
     JobReply,
     JobState,
+    ListFiles,
     ListJobs,
     LogChunk,
     LogEnd,
     Message,
+    MissingBlobs,
     Ok,
+    PutBlob,
+    ReadFile,
     ReadLog,
     Shutdown,
     Submit,
     Wait,
     validate_name,
+    write_message,
 )
-from tfrun.runner import jobdir, snapshot
+from tfrun.runner import jobdir
 from tfrun.runner.store import JobRow
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
 
-Send = Callable[[Message], Awaitable[None]]
+
+class Connection:
+    """One client's connection, as a handler sees it: a way to reply, and a key for its partial uploads."""
+
+    def __init__(self, writer: asyncio.StreamWriter, key: str) -> None:
+        self.writer = writer
+        self.key = key
+
+    async def send(self, msg: Message) -> None:
+        await write_message(self.writer, msg)
 
 
 class RequestError(Exception):
@@ -67,57 +87,60 @@ def _invalid(message: str) -> RequestError:
 # -- submit -------------------------------------------------------------------------------------------------
 
 
-async def submit(daemon: Daemon, req: Submit, send: Send) -> None:
-    """Check the request, snapshot the work dir into a new job's folder, start the job's shim."""
-    source = Path(req.workdir)
-    script = _check_submit(req, source)
-    command = _command(daemon, req, script)
+async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
+    """Check the request, build the job's work dir from the uploaded contents, start the job's shim."""
+    script = _check_submit(daemon, req)
     spec: dict[str, Any] = {
-        "source": str(source),
+        "source": req.source,
         "script": str(script),
         "args": req.args,
-        "command": command,
+        "command": _command(daemon, req, script),
         "env": req.env,
+        "git_commit": req.git_commit,
+        "git_dirty": req.git_dirty,
+        "files": len(req.files),
+        "bytes": sum(e.size for e in req.files if e.kind == "file"),
     }
     row = daemon.store.create_job(req.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root)
     job_dir = Path(row.job_dir)
     try:
-        await asyncio.get_running_loop().run_in_executor(None, snapshot.take, source, job_dir / jobdir.WORK)
+        await asyncio.get_running_loop().run_in_executor(None, daemon.blobs.build, req.files, job_dir / jobdir.WORK)
         Path(row.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    except (snapshot.SnapshotError, OSError) as exc:
+    except (ManifestError, OSError) as exc:
         daemon.store.delete(row.id)  # nothing was started: leave no trace of a job that never was
         shutil.rmtree(job_dir, ignore_errors=True)
-        raise _invalid(str(exc)) from None
+        raise _invalid(f"cannot build the work dir: {exc}") from None
     try:
         await daemon.supervisor.start(row, _job_env(daemon, row, req.env), DEFAULT_GRACE_S)
     except OSError as exc:  # e.g. a full disk: the job is recorded as failed, not left queued forever
         daemon.supervisor.mark_failed(row, f"could not start: {exc}")
         raise RequestError(ErrorCode.INTERNAL, f"job {row.id} could not start: {exc.strerror or exc}") from None
     started = daemon.store.get(row.id) or row
-    await send(JobReply(started.public()))
+    await conn.send(JobReply(started.public()))
 
 
-def _check_submit(req: Submit, source: Path) -> PurePosixPath:
-    """The script's path inside the work dir, once everything about the request is known to be sound."""
+def _check_submit(daemon: Daemon, req: Submit) -> PurePosixPath:
+    """The script's path in the snapshot, once everything about the request is known to be sound."""
     if req.name is not None:
         problem = validate_name(req.name)
         if problem:
             raise _invalid(problem)
-    if not source.is_absolute():
-        raise _invalid(f"work dir must be an absolute path, got {req.workdir!r}")
-    if not source.is_dir():
-        raise _invalid(f"work dir {source} does not exist or is not a directory")
-    script = PurePosixPath(req.script)
-    if script.is_absolute() or ".." in script.parts or not script.parts:
-        raise _invalid(f"script {req.script!r} must be a path inside the work dir")
-    path = source / script
-    if not path.is_file():
-        raise _invalid(f"script {path} does not exist or is not a file")
-    if path.suffix != ".py" and not os.access(path, os.X_OK):
-        raise _invalid(f"script {path} is not executable: chmod +x it, or name its interpreter")
     for key, value in req.env.items():
         if not key or "=" in key or "\0" in key or "\0" in value:
             raise _invalid(f"bad environment variable {key!r}: use NAME=VALUE")
+    try:
+        check_manifest(req.files)
+        lacking = daemon.blobs.missing([e.digest for e in req.files if e.kind == "file" and e.digest])
+    except ManifestError as exc:
+        raise _invalid(f"bad file list: {exc}") from None
+    if lacking:
+        raise _invalid(f"{len(lacking)} file content(s) were never uploaded (e.g. {lacking[0][:12]})")
+    entry = next((e for e in req.files if e.path == req.script), None)
+    if entry is None or entry.kind == "dir":
+        raise _invalid(f"script {req.script!r} is not among the files sent (ignored by .gitignore or .tfrunignore?)")
+    script = PurePosixPath(req.script)
+    if script.suffix != ".py" and entry.kind == "file" and not entry.mode & 0o111:
+        raise _invalid(f"script {req.script} is not executable: chmod +x it, or name its interpreter")
     return script
 
 
@@ -153,20 +176,20 @@ def _job_env(daemon: Daemon, row: JobRow, user_env: dict[str, str]) -> dict[str,
 # -- queries ------------------------------------------------------------------------------------------------
 
 
-async def list_jobs(daemon: Daemon, req: ListJobs, send: Send) -> None:
-    await send(JobList([row.public() for row in daemon.store.list(include_final=req.all)]))
+async def list_jobs(daemon: Daemon, req: ListJobs, conn: Connection) -> None:
+    await conn.send(JobList([row.public() for row in daemon.store.list(include_final=req.all)]))
 
 
-async def get_job(daemon: Daemon, req: GetJob, send: Send) -> None:
-    await send(JobReply(_find(daemon, req.job).public()))
+async def get_job(daemon: Daemon, req: GetJob, conn: Connection) -> None:
+    await conn.send(JobReply(_find(daemon, req.job).public()))
 
 
-async def wait(daemon: Daemon, req: Wait, send: Send) -> None:
+async def wait(daemon: Daemon, req: Wait, conn: Connection) -> None:
     row = await daemon.supervisor.wait_final(_find(daemon, req.job).id)
-    await send(JobReply(row.public()))
+    await conn.send(JobReply(row.public()))
 
 
-async def cancel(daemon: Daemon, req: Cancel, send: Send) -> None:
+async def cancel(daemon: Daemon, req: Cancel, conn: Connection) -> None:
     grace = DEFAULT_GRACE_S if req.grace is None else req.grace
     if not 0 <= grace <= MAX_GRACE_S:
         raise _invalid(f"grace must be between 0 and {MAX_GRACE_S:g} seconds")
@@ -180,10 +203,10 @@ async def cancel(daemon: Daemon, req: Cancel, send: Send) -> None:
         row = await daemon.supervisor.cancel(row, grace)
         return CancelResult(ref, True, f"job {row.id} {row.state}", row.id, row.state)
 
-    await send(CancelReply(list(await asyncio.gather(*(one(ref) for ref in req.jobs)))))
+    await conn.send(CancelReply(list(await asyncio.gather(*(one(ref) for ref in req.jobs)))))
 
 
-async def read_log(daemon: Daemon, req: ReadLog, send: Send) -> None:
+async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
     """Send the log from `offset` in chunks; when following, until the job is final and all is sent."""
     row = _find(daemon, req.job)
     if req.offset < 0:
@@ -204,11 +227,11 @@ async def read_log(daemon: Daemon, req: ReadLog, send: Send) -> None:
                 handle.seek(offset)
                 data = handle.read(LOG_CHUNK_BYTES)
             if data:
-                await send(LogChunk(offset=offset, data=data))
+                await conn.send(LogChunk(offset=offset, data=data))
                 offset += len(data)
                 continue
             if current.final or not req.follow:
-                await send(LogEnd(offset=offset, state=current.state, exit_code=current.exit_code))
+                await conn.send(LogEnd(offset=offset, state=current.state, exit_code=current.exit_code))
                 return
             await asyncio.sleep(FOLLOW_POLL_S)
     finally:
@@ -216,11 +239,93 @@ async def read_log(daemon: Daemon, req: ReadLog, send: Send) -> None:
             handle.close()
 
 
+# -- uploads and pulls -------------------------------------------------------------------------------------
+
+
+async def have_blobs(daemon: Daemon, req: HaveBlobs, conn: Connection) -> None:
+    try:
+        await conn.send(MissingBlobs(daemon.blobs.missing(req.digests)))
+    except ManifestError as exc:
+        raise _invalid(str(exc)) from None
+
+
+async def put_blob(daemon: Daemon, req: PutBlob, conn: Connection) -> None:
+    try:
+        daemon.blobs.write_chunk(conn.key, req.digest, req.offset, req.data, req.last)
+    except ManifestError as exc:
+        raise _invalid(str(exc)) from None
+    if req.last:
+        await conn.send(Ok())
+
+
+def _job_path(row: JobRow, path: str) -> tuple[Path, PurePosixPath]:
+    """(the file, its name as a pull writes it) for `path` in the job's namespace, confined to its folders.
+
+    "checkpoints/..." is the job's checkpoint folder; anything else is under the job's own folder.
+    """
+    try:
+        relative = check_relative(path.strip("/"))
+    except ManifestError as exc:
+        raise _invalid(str(exc)) from None
+    if relative.parts[0] == "checkpoints":
+        root, inner = Path(row.checkpoint_dir), relative.parts[1:]
+    else:
+        root, inner = Path(row.job_dir), relative.parts
+    target = root.joinpath(*inner)
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(target)
+    if real != real_root and not real.startswith(real_root + os.sep):
+        raise _invalid(f"{path} leads out of job {row.id}'s folders")
+    if not os.path.lexists(target):
+        raise _invalid(f"job {row.id} has no {path}")
+    return target, PurePosixPath(relative.name)
+
+
+async def list_files(daemon: Daemon, req: ListFiles, conn: Connection) -> None:
+    """Every entry under the path, named from the path's last part down (as `tfrun pull` writes them)."""
+    target, name = _job_path(_find(daemon, req.job), req.path)
+    entries: list[FileEntry] = []
+
+    def add(path: Path, label: PurePosixPath) -> None:
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            entries.append(FileEntry(str(label), "symlink", target=os.readlink(path)))
+        elif stat.S_ISDIR(st.st_mode):
+            entries.append(FileEntry(str(label), "dir", mode=stat.S_IMODE(st.st_mode)))
+            for child in sorted(path.iterdir()):
+                add(child, label / child.name)
+        elif stat.S_ISREG(st.st_mode):
+            entries.append(FileEntry(str(label), "file", mode=stat.S_IMODE(st.st_mode), size=st.st_size))
+
+    add(target, name)
+    await conn.send(FileList(entries))
+
+
+async def read_file(daemon: Daemon, req: ReadFile, conn: Connection) -> None:
+    target, _ = _job_path(_find(daemon, req.job), req.path)
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise _invalid(f"cannot read {req.path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise _invalid(f"{req.path} is not a file")
+        f.seek(req.offset)
+        offset = req.offset
+        while True:
+            data = f.read(FILE_CHUNK_BYTES)
+            last = len(data) < FILE_CHUNK_BYTES
+            await conn.send(FileChunk(offset=offset, last=last, data=data))
+            offset += len(data)
+            if last:
+                return
+
+
 # -- the daemon itself --------------------------------------------------------------------------------------
 
 
-async def daemon_status(daemon: Daemon, req: DaemonStatus, send: Send) -> None:
-    await send(
+async def daemon_status(daemon: Daemon, req: DaemonStatus, conn: Connection) -> None:
+    await conn.send(
         DaemonInfo(
             pid=os.getpid(),
             version=__version__,
@@ -233,13 +338,17 @@ async def daemon_status(daemon: Daemon, req: DaemonStatus, send: Send) -> None:
     )
 
 
-async def shutdown(daemon: Daemon, req: Shutdown, send: Send) -> None:
+async def shutdown(daemon: Daemon, req: Shutdown, conn: Connection) -> None:
     running = daemon.store.counts()[JobState.RUNNING]
-    await send(Ok(f"tfrund (pid {os.getpid()}) stopping; {running} running job(s) keep running"))
+    await conn.send(Ok(f"tfrund (pid {os.getpid()}) stopping; {running} running job(s) keep running"))
     daemon.stop()
 
 
-HANDLERS: dict[type[Message], Callable[[Daemon, Any, Send], Awaitable[None]]] = {
+HANDLERS: dict[type[Message], Callable[[Daemon, Any, Connection], Awaitable[None]]] = {
+    HaveBlobs: have_blobs,
+    PutBlob: put_blob,
+    ListFiles: list_files,
+    ReadFile: read_file,
     Submit: submit,
     ListJobs: list_jobs,
     GetJob: get_job,

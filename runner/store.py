@@ -102,6 +102,11 @@ class JobRow:
             signal=self.signal,
             pid=self.pid,
             reason=self.reason,
+            source=self.spec.get("source"),
+            git_commit=self.spec.get("git_commit"),
+            git_dirty=self.spec.get("git_dirty"),
+            files=self.spec.get("files", 0),
+            bytes=self.spec.get("bytes", 0),
         )
 
 

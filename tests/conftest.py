@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import os
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -57,15 +60,24 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
 
 
 class Tfrun:
-    """One isolated tfrun installation: its own TFRUN_HOME, driven through the real commands."""
+    """One isolated tfrun installation: its own TFRUN_HOME, driven through the real commands.
 
-    def __init__(self, home: Path, prefix: Optional[list[str]] = None) -> None:
+    `client_home` is the client's $HOME (its ~/.ssh, ~/.config/tfrun): tests never touch the real one.
+    """
+
+    def __init__(self, home: Path, prefix: Optional[list[str]] = None, client_home: Optional[Path] = None) -> None:
         self.home = home
         self.prefix = prefix or []
         self.env = dict(os.environ)
         self.env["TFRUN_HOME"] = str(home)
-        self.env.pop("TFRUN_CHECKPOINT_ROOT", None)
-        self.env.pop("TFRUN_JOB_PYTHON", None)
+        for name in ("TFRUN_CHECKPOINT_ROOT", "TFRUN_JOB_PYTHON", "TFRUN_HOST", "TFRUN_CONFIG", "XDG_CONFIG_HOME"):
+            self.env.pop(name, None)
+        self.client_home = client_home or home.parent / "client-home"
+        self.client_home.mkdir(parents=True, exist_ok=True)
+        self.env["HOME"] = str(self.client_home)
+        self.env["XDG_CACHE_HOME"] = str(self.client_home / ".cache")
+        self.env.pop("SSH_AUTH_SOCK", None)
+        self.remote = False
 
     def run(self, *args: str, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -128,9 +140,96 @@ def _read_json(path: Path) -> Optional[dict[str, Any]]:
         return None
 
 
+class Sshd:
+    """A real OpenSSH sshd on 127.0.0.1 with its own host key, letting in one test key (as this user)."""
+
+    def __init__(self, folder: Path, forwarding: bool = True) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.host_key = folder / "host_ed25519"
+        self.user_key = folder / "user_ed25519"
+        for key in (self.host_key, self.user_key):
+            if not key.exists():
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        shutil.copy(f"{self.user_key}.pub", folder / "authorized_keys")
+        self.port = _free_port()
+        config = folder / "sshd_config"
+        config.write_text(
+            f"""Port {self.port}
+ListenAddress 127.0.0.1
+HostKey {self.host_key}
+PidFile {folder / "sshd.pid"}
+AuthorizedKeysFile {folder / "authorized_keys"}
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PubkeyAuthentication yes
+PermitRootLogin prohibit-password
+StrictModes no
+UsePAM no
+AllowStreamLocalForwarding {"yes" if forwarding else "no"}
+LogLevel ERROR
+"""
+        )
+        Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation needs it; the service would make it
+        self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE)
+        wait_for(self._listening, timeout=20, what="sshd to listen")
+
+    def _listening(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"sshd exited: {self.proc.stderr.read() if self.proc.stderr else ''}")
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    @property
+    def known_hosts_line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {Path(f'{self.host_key}.pub').read_text().strip()}\n"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def remote_client(tf: Tfrun, sshd: Sshd, trust: bool = True) -> Tfrun:
+    """Point `tf`'s client at its own daemon through `sshd`: host "box" in its config, TFRUN_HOST=box."""
+    ssh_dir = tf.client_home / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    shutil.copy(sshd.user_key, ssh_dir / "id_ed25519")
+    (ssh_dir / "id_ed25519").chmod(0o600)
+    if trust:
+        (ssh_dir / "known_hosts").write_text(sshd.known_hosts_line)
+    tfrund = shlex.join([sys.executable, "-m", "tfrun.runner"])
+    config = tf.client_home / ".config" / "tfrun" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(
+        f'[hosts.box]\ndestination = "{getpass.getuser()}@127.0.0.1:{sshd.port}"\n'
+        f"tfrund = {json.dumps(tfrund)}\nenv = {{ TFRUN_HOME = {json.dumps(str(tf.home))} }}\n"
+    )
+    tf.env["TFRUN_HOST"] = "box"
+    tf.remote = True
+    return tf
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    if not Path("/usr/sbin/sshd").exists():
+        pytest.skip("openssh-server is not installed (.ci/run installs it)")
+    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def tf(tmp_path: Path) -> Iterator[Tfrun]:
+def tf(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tfrun]:
+    """A tfrun client and daemon; parametrize with "ssh" (indirect) to reach the daemon through sshd."""
     instance = Tfrun(tmp_path / "home")
+    if getattr(request, "param", "local") == "ssh":
+        remote_client(instance, request.getfixturevalue("sshd"))
     yield instance
     instance.cleanup()
 

@@ -11,6 +11,7 @@ from tfrun.protocol import (
     Cancel,
     CancelReply,
     CancelResult,
+    FileEntry,
     Hello,
     Job,
     JobReply,
@@ -52,7 +53,16 @@ def sample_job() -> Job:
     "msg",
     [
         Hello(protocol=1, version="0.1.0", role="client"),
-        Submit(workdir="/w", script="a b/train.py", args=["-x", "--", "ünï"], env={"K": "v=1"}),
+        Submit(
+            files=[
+                FileEntry("a b", "dir", mode=0o755),
+                FileEntry("a b/train.py", "file", size=3, digest="0" * 64),
+                FileEntry("caf\udce9", "symlink", target="/data/\udcff"),  # names that are not UTF-8
+            ],
+            script="a b/train.py",
+            args=["-x", "--", "ünï", "\udcfe"],
+            env={"K": "v=1"},
+        ),
         Cancel(jobs=["3", "name"], grace=0.5),
         JobReply(sample_job()),
         CancelReply([CancelResult(job="3", ok=True, message="done", id=3, state="cancelled")]),
@@ -77,11 +87,12 @@ def test_bytes_travel_raw_after_the_header() -> None:
         (b"not json\n", "not JSON"),
         (b"[1, 2]\n", "no message type"),
         (b'{"type": "launch_missiles"}\n', "unknown message type"),
-        (b'{"type": "submit", "script": "x"}\n', "missing field 'workdir'"),
-        (b'{"type": "submit", "workdir": 5, "script": "x"}\n', "submit.workdir: expected a string"),
+        (b'{"type": "submit", "script": "x"}\n', "missing field 'files'"),
+        (b'{"type": "submit", "files": [], "script": 5}\n', "submit.script: expected a string"),
+        (b'{"type": "submit", "files": [{"path": "a"}], "script": "a"}\n', r"submit.files\[0\]: missing field 'kind'"),
         (b'{"type": "cancel", "jobs": "3"}\n', "expected a list"),
         (b'{"type": "read_log", "job": "1", "offset": true}\n', "expected an integer"),
-        (b'{"type": "submit", "workdir": "/", "script": "x", "env": {"A": 1}}\n', "expected a string"),
+        (b'{"type": "submit", "files": [], "script": "x", "env": {"A": 1}}\n', "expected a string"),
         (b'{"type": "log_chunk", "offset": 0, "size": -1}\n', "payload size"),
         (b'{"type": "log_chunk", "offset": 0, "size": 99999999999}\n', "payload size"),
     ],
@@ -92,7 +103,7 @@ def test_malformed_frames_are_refused_with_a_reason(line: bytes, complaint: str)
 
 
 def test_oversized_values_are_refused() -> None:
-    too_many = json.dumps({"type": "submit", "workdir": "/", "script": "x", "args": ["a"] * 5000})
+    too_many = json.dumps({"type": "cancel", "jobs": ["1"] * (1 << 20 | 1)})
     with pytest.raises(ProtocolError, match="more than"):
         decode_header(too_many.encode())
     too_long = json.dumps({"type": "get", "job": "x" * 100_000})

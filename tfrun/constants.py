@@ -20,13 +20,16 @@ MAX_GRACE_S = 24 * 3600.0
 MAX_HEADER_BYTES = 16 << 20  # a `ps --all` of many thousand jobs is one frame
 MAX_PAYLOAD_BYTES = 4 << 20
 LOG_CHUNK_BYTES = 256 << 10
+FILE_CHUNK_BYTES = 1 << 20  # uploads and pulls
+UPLOAD_WARN_BYTES = 100 << 20  # a work dir snapshot above this gets a warning naming its largest files
 
 # How often the daemon looks at running jobs and growing logs when nothing woke it up earlier.
 MONITOR_INTERVAL_S = 0.2
 FOLLOW_POLL_S = 0.1
 
-# Limits on what a request may carry.
-MAX_ARGS = 4096
+# Limits on what a request may carry. Lists are bounded by the header size too: a work dir of about
+# 100,000 files still fits in one submit.
+MAX_LIST_ITEMS = 1 << 20
 MAX_ENV = 1024
 MAX_STRING = 64 << 10
 MAX_NAME = 128

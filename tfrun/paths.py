@@ -70,6 +70,11 @@ class Layout:
         return self.home / "jobs"
 
     @property
+    def blobs_dir(self) -> Path:
+        """Uploaded file contents, named by SHA-256: what a re-submit does not send again."""
+        return self.home / "blobs"
+
+    @property
     def config_file(self) -> Path:
         return self.home / "config.toml"
 

@@ -5,8 +5,15 @@ its message type in "type"; a message with a `data: bytes` field sends those byt
 header, their length in the header's "size", so log bytes cross without base64 or re-encoding.
 
 A conversation: the client sends `Hello`, the daemon answers `Hello` (or `Error` with code
-"version_mismatch"); then the client sends requests, one at a time, each answered by one response, except
-`ReadLog`, answered by any number of `LogChunk` and one `LogEnd`. Either side may close after a response.
+"version_mismatch"); then the client sends requests, each answered by one response, except `ReadLog`
+(any number of `LogChunk`, then one `LogEnd`) and `ReadFile` (`FileChunk`s, the last one marked). A
+submit uploads first: `HaveBlobs` names the contents of the work dir by SHA-256, the daemon answers
+with the ones it lacks, the client sends those as `PutBlob` chunks (each file's last chunk answered by
+`Ok`, so the client may send many before reading), then `Submit` lists the files. Either side may close
+after a response.
+
+Strings are JSON with non-ASCII escaped, so a file name that is not UTF-8 (held as Python's
+surrogate escapes) crosses intact and becomes the same bytes on the other side.
 
 Every message is checked on the way in against the types declared here, with bounded sizes, so a
 malformed or hostile frame is refused with an `Error` instead of reaching a handler.
@@ -22,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Protocol, TypeVar, Union
 
 from tfrun import __version__
-from tfrun.constants import MAX_ARGS, MAX_ENV, MAX_HEADER_BYTES, MAX_NAME, MAX_PAYLOAD_BYTES, MAX_STRING
+from tfrun.constants import MAX_ENV, MAX_HEADER_BYTES, MAX_LIST_ITEMS, MAX_NAME, MAX_PAYLOAD_BYTES, MAX_STRING
 
 # Bump on any change a peer of the previous version would misread. Both sides refuse a mismatch.
 PROTOCOL_VERSION = 1
@@ -103,6 +110,29 @@ class Job:
     signal: Optional[int] = None
     pid: Optional[int] = None
     reason: Optional[str] = None  # why it failed to start, was lost, or was cancelled
+    source: Optional[str] = None  # the work dir it was snapshotted from, on the client's machine
+    git_commit: Optional[str] = None
+    git_dirty: Optional[bool] = None
+    files: int = 0  # entries in the snapshot
+    bytes: int = 0  # bytes in the snapshot
+
+
+@dataclass
+class FileEntry:
+    """One entry of a work dir snapshot, or of a folder listed for `tfrun pull`.
+
+    `path` is relative and '/'-separated, never absolute, never with '..'; the daemon checks again.
+    """
+
+    path: str
+    kind: str  # "file", "dir" or "symlink"
+    mode: int = 0o644
+    size: int = 0
+    digest: Optional[str] = None  # SHA-256 of a file's content, hex
+    target: Optional[str] = None  # a symlink's target, as it was
+
+
+FILE_KINDS = ("file", "dir", "symlink")
 
 
 @dataclass
@@ -134,21 +164,43 @@ class Hello(Message):
 # Requests (client to daemon)
 
 
+@_message("have_blobs")
+@dataclass
+class HaveBlobs(Message):
+    """Which of these contents (SHA-256, hex) does the daemon lack? Answered by `MissingBlobs`."""
+
+    digests: list[str]
+
+
+@_message("put_blob")
+@dataclass
+class PutBlob(Message):
+    """Bytes of one content, from `offset`; the chunk with `last` is answered by `Ok` once stored."""
+
+    digest: str
+    offset: int
+    last: bool
+    data: bytes
+
+
 @_message("submit")
 @dataclass
 class Submit(Message):
-    """Run `script` from a snapshot of `workdir`, a folder on the daemon's machine.
+    """Run `script` from a snapshot made of `files`, whose contents the daemon holds (see `HaveBlobs`).
 
-    `script` is relative to `workdir`. A `.py` script runs under `python` (the daemon's default job
+    `script` is a path among `files`. A `.py` script runs under `python` (the daemon's default job
     interpreter when None); anything else is executed directly.
     """
 
-    workdir: str
+    files: list[FileEntry]
     script: str
     args: list[str] = field(default_factory=list)
     name: Optional[str] = None
     env: dict[str, str] = field(default_factory=dict)
     python: Optional[str] = None
+    source: Optional[str] = None
+    git_commit: Optional[str] = None
+    git_dirty: Optional[bool] = None
 
 
 @_message("list")
@@ -192,6 +244,26 @@ class ReadLog(Message):
     job: str
     offset: int = 0
     follow: bool = False
+
+
+@_message("list_files")
+@dataclass
+class ListFiles(Message):
+    """Entries under `path` of a job's folder (e.g. "work/out", "output.log") or, when `path` starts with
+    "checkpoints", of its checkpoint folder. Answered by `FileList`."""
+
+    job: str
+    path: str = "checkpoints"
+
+
+@_message("read_file")
+@dataclass
+class ReadFile(Message):
+    """A file's bytes from `offset`, in the same namespace as `ListFiles`; answered by `FileChunk`s."""
+
+    job: str
+    path: str
+    offset: int = 0
 
 
 @_message("daemon_status")
@@ -254,6 +326,26 @@ class LogEnd(Message):
     exit_code: Optional[int] = None
 
 
+@_message("missing_blobs")
+@dataclass
+class MissingBlobs(Message):
+    digests: list[str]
+
+
+@_message("file_list")
+@dataclass
+class FileList(Message):
+    files: list[FileEntry]
+
+
+@_message("file_chunk")
+@dataclass
+class FileChunk(Message):
+    offset: int
+    last: bool
+    data: bytes
+
+
 @_message("daemon_info")
 @dataclass
 class DaemonInfo(Message):
@@ -270,9 +362,6 @@ class DaemonInfo(Message):
 @dataclass
 class Ok(Message):
     message: str = ""
-
-
-Request = Union[Submit, ListJobs, GetJob, Cancel, Wait, ReadLog, DaemonStatus, Shutdown]
 
 
 def client_hello() -> Hello:
@@ -308,8 +397,8 @@ def _check(value: Any, tp: Any, where: str) -> Any:
     if origin is list:
         if not isinstance(value, list):
             raise ProtocolError(f"{where}: expected a list")
-        if len(value) > MAX_ARGS:
-            raise ProtocolError(f"{where}: more than {MAX_ARGS} items")
+        if len(value) > MAX_LIST_ITEMS:
+            raise ProtocolError(f"{where}: more than {MAX_LIST_ITEMS} items")
         (item,) = typing.get_args(tp)
         return [_check(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
@@ -396,7 +485,7 @@ def encode(msg: Message) -> bytes:
             body["size"] = len(value)
         else:
             body[f.name] = _plain(value)
-    header = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    header = json.dumps(body, separators=(",", ":")).encode("ascii") + b"\n"
     return header + payload
 
 
@@ -430,9 +519,9 @@ def decode_header(line: bytes) -> tuple[type[Message], dict[str, Any], int]:
 class Reader(Protocol):
     """What both asyncio's StreamReader and asyncssh's SSHReader offer."""
 
-    async def readuntil(self, separator: bytes = ...) -> bytes: ...
+    async def readuntil(self, separator: Any) -> Any: ...
 
-    async def readexactly(self, n: int) -> bytes: ...
+    async def readexactly(self, n: int) -> Any: ...
 
 
 class Writer(Protocol):
@@ -492,6 +581,17 @@ class Channel:
         self.reader = reader
         self.writer = writer
         self.daemon = daemon
+        self._closers: list[typing.Callable[[], object]] = []
+
+    def on_close(self, closer: typing.Callable[[], object]) -> None:
+        """Also call `closer` (e.g. to end the SSH connection under this channel) when it closes."""
+        self._closers.append(closer)
+
+    def close(self) -> None:
+        self.writer.close()
+        for closer in self._closers:
+            closer()
+        self._closers.clear()
 
     @classmethod
     async def open(cls, reader: Reader, writer: Writer) -> Channel:

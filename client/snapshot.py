@@ -1,0 +1,167 @@
+"""What a submit sends: the work dir's files, as .gitignore and .tfrunignore leave them, named by content.
+
+The same rules hold for the local daemon and for a box over SSH, so a job sees the same files either way.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Optional
+
+import pathspec
+
+from tfrun.client.errors import TfrunError
+from tfrun.constants import EXIT_USAGE
+from tfrun.content import sha256_file
+from tfrun.protocol import FileEntry
+
+# Never sent: version control internals and caches the job regenerates.
+SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
+IGNORE_FILES = (".gitignore", ".tfrunignore")
+
+
+@dataclass
+class Snapshot:
+    root: Path
+    entries: list[FileEntry] = field(default_factory=list)
+    sources: dict[str, Path] = field(default_factory=dict)  # digest -> a local file with that content
+    skipped: list[str] = field(default_factory=list)  # special files and names that cannot be sent
+    git_commit: Optional[str] = None
+    git_dirty: Optional[bool] = None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.entries if e.kind == "file")
+
+    def largest(self, n: int = 5) -> list[FileEntry]:
+        return sorted((e for e in self.entries if e.kind == "file"), key=lambda e: -e.size)[:n]
+
+    def find(self, path: str) -> Optional[FileEntry]:
+        return next((e for e in self.entries if e.path == path), None)
+
+
+class _Ignores:
+    """The ignore files that apply to a folder: its own, its parents' within the snapshot or the git repo."""
+
+    def __init__(self, specs: list[tuple[Path, pathspec.GitIgnoreSpec]]) -> None:
+        self.specs = specs
+
+    def below(self, folder: Path) -> _Ignores:
+        found = [(folder, spec) for spec in _read_specs(folder)]
+        return _Ignores(self.specs + found) if found else self
+
+    def ignored(self, path: Path, is_dir: bool) -> bool:
+        for base, spec in self.specs:
+            relative = path.relative_to(base).as_posix() + ("/" if is_dir else "")
+            if spec.match_file(relative):
+                return True
+        return False
+
+
+def _read_specs(folder: Path) -> list[pathspec.GitIgnoreSpec]:
+    specs = []
+    for name in IGNORE_FILES:
+        try:
+            lines = (folder / name).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        specs.append(pathspec.GitIgnoreSpec.from_lines(lines))
+    return specs
+
+
+def _parent_ignores(root: Path) -> _Ignores:
+    """.gitignore files above the work dir, up to the top of its git repo, still apply to it."""
+    specs: list[tuple[Path, pathspec.GitIgnoreSpec]] = []
+    for parent in root.parents:
+        specs = [(parent, spec) for spec in _read_specs(parent)] + specs
+        if (parent / ".git").exists():
+            return _Ignores(specs)
+    return _Ignores([])
+
+
+def scan(root: Path, local: bool) -> Snapshot:
+    """Walk `root` and name every file by content. `local`: the daemon shares this filesystem, so a
+    relative symlink that points out of the work dir is made absolute and still resolves from the job."""
+    snapshot = Snapshot(root)
+    real_root = root.resolve()
+    try:
+        _walk(root, root, _parent_ignores(root).below(root), snapshot, real_root, local)
+    except OSError as exc:
+        raise TfrunError(f"cannot read {exc.filename or root}: {exc.strerror or exc}", EXIT_USAGE) from None
+    snapshot.git_commit, snapshot.git_dirty = git_state(root)
+    return snapshot
+
+
+def _walk(root: Path, folder: Path, ignores: _Ignores, snapshot: Snapshot, real_root: Path, local: bool) -> None:
+    with os.scandir(folder) as it:
+        children = sorted(it, key=lambda e: e.name)
+    for child in children:
+        path = Path(child.path)
+        st = child.stat(follow_symlinks=False)
+        is_dir = stat.S_ISDIR(st.st_mode)
+        if (is_dir and child.name in SKIPPED_DIRS) or ignores.ignored(path, is_dir):
+            continue
+        relative = path.relative_to(root).as_posix()
+        if "\n" in relative or "\0" in relative:
+            snapshot.skipped.append(relative)
+            continue
+        if is_dir:
+            snapshot.entries.append(FileEntry(relative, "dir", mode=stat.S_IMODE(st.st_mode)))
+            _walk(root, path, ignores.below(path), snapshot, real_root, local)
+        elif stat.S_ISLNK(st.st_mode):
+            snapshot.entries.append(FileEntry(relative, "symlink", target=_link_target(path, real_root, local)))
+        elif stat.S_ISREG(st.st_mode):
+            digest = sha256_file(path)
+            snapshot.sources.setdefault(digest, path)
+            snapshot.entries.append(
+                FileEntry(relative, "file", mode=stat.S_IMODE(st.st_mode), size=st.st_size, digest=digest)
+            )
+        else:
+            snapshot.skipped.append(relative)  # FIFOs, sockets, devices: reading one could block forever
+
+
+def _link_target(path: Path, real_root: Path, local: bool) -> str:
+    target = os.readlink(path)
+    if local and not os.path.isabs(target):
+        resolved = (path.parent / target).resolve()
+        if resolved != real_root and real_root not in resolved.parents:
+            return str(resolved)
+    return target
+
+
+def git_state(root: Path) -> tuple[Optional[str], Optional[bool]]:
+    """(commit, dirty) of the git work tree holding `root`, or (None, None) outside git."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30
+        )
+        if commit.returncode != 0:
+            return None, None
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--", "."], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None, None
+    return commit.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
+
+
+def relative_script(script: str, workdir: Optional[Path]) -> tuple[Path, str]:
+    """(absolute work dir, script path relative to it), or a TfrunError that says what is wrong."""
+    path = Path(script).absolute()
+    if not path.exists():
+        raise TfrunError(f"{script}: no such file", EXIT_USAGE)
+    if not path.is_file():
+        raise TfrunError(f"{script}: not a file", EXIT_USAGE)
+    root = (workdir or path.parent).absolute()
+    if not root.is_dir():
+        raise TfrunError(f"work dir {root}: not a directory", EXIT_USAGE)
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise TfrunError(f"work dir {root}: not readable", EXIT_USAGE)
+    relative = os.path.relpath(path, root)
+    if relative.startswith(".."):
+        raise TfrunError(f"{script} is not inside the work dir {root}", EXIT_USAGE)
+    return root, PurePosixPath(Path(relative)).as_posix()

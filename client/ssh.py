@@ -1,0 +1,234 @@
+"""Reaching a daemon on a box over SSH (asyncssh): host keys checked like OpenSSH, then the daemon's socket.
+
+The fast way is SSH's Unix-socket forwarding straight to tfrund's socket: no remote shell starts. Its path
+is learnt once (through the slow way) and remembered per host. The slow way, taken when forwarding is
+refused (`AllowStreamLocalForwarding no`, a `restrict` key) or the path is not known yet, runs
+`tfrund dial-stdio` over an exec channel; it also starts the daemon if none runs.
+
+asyncssh is imported here only, and this module only by verbs that connect, so `tfrun --help` and local
+verbs never pay for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import asyncssh
+
+from tfrun.client.config import Host
+from tfrun.client.errors import TfrunError
+from tfrun.constants import EXIT_DAEMON
+from tfrun.protocol import Channel, DaemonInfo, DaemonStatus, ProtocolError, RemoteError
+
+_CONNECT_TIMEOUT_S = 20.0
+_DESTINATION = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@/]+)@)?(?P<host>\[[^\]]+\]|[^:/@]+)(?::(?P<port>\d+))?/?$")
+
+
+def parse_destination(destination: str) -> tuple[Optional[str], str, Optional[int]]:
+    """(user, host, port) from `host`, `user@host`, `user@host:port` or `ssh://user@host:port`."""
+    match = _DESTINATION.match(destination)
+    if not match:
+        raise TfrunError(f"cannot read {destination!r} as an ssh destination (user@host:port)", EXIT_DAEMON)
+    port = int(match["port"]) if match["port"] else None
+    return match["user"], match["host"].strip("[]"), port
+
+
+def known_hosts_path() -> Path:
+    return Path.home() / ".ssh" / "known_hosts"
+
+
+class _HostKeyCheck(asyncssh.SSHClient):
+    """Called by asyncssh for a host key that known_hosts does not vouch for: unknown, or changed."""
+
+    def __init__(self, accept_new: bool) -> None:
+        self.accept_new = accept_new
+        self.key: Optional[asyncssh.SSHKey] = None
+        self.changed = False
+        self.where = ""
+
+    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+        self.key = key
+        self.where = host if port == 22 else f"[{host}]:{port}"
+        path = known_hosts_path()
+        if path.exists():
+            trusted = asyncssh.match_known_hosts(str(path), host, addr, port)[0]
+            if trusted:
+                self.changed = True  # known_hosts has another key for this host: never accepted
+                return False
+        if not self.accept_new:
+            return False
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        line = f"{self.where} {key.export_public_key('openssh').decode().strip()}\n"
+        with open(path, "a") as f:
+            f.write(line)
+        return True
+
+
+async def open_ssh(host: Host, accept_new: bool = False) -> asyncssh.SSHClientConnection:
+    """An authenticated SSH connection, or a TfrunError that says what went wrong and what to do."""
+    user, address, port = parse_destination(host.destination)
+    check = _HostKeyCheck(accept_new or host.accept_new_host_key)
+    options: dict[str, Any] = {"client_factory": lambda: check, "connect_timeout": _CONNECT_TIMEOUT_S}
+    if user:
+        options["username"] = user
+    if port:
+        options["port"] = port
+    try:
+        return await asyncssh.connect(address, **options)
+    except asyncssh.HostKeyNotVerifiable:
+        raise TfrunError(_host_key_message(host, check), EXIT_DAEMON) from None
+    except asyncssh.PermissionDenied:
+        raise TfrunError(
+            f"ssh authentication to {host.destination} failed: no key was accepted "
+            "(is it loaded in ssh-agent, or named by IdentityFile in ~/.ssh/config?)",
+            EXIT_DAEMON,
+        ) from None
+    except asyncssh.Error as exc:
+        raise TfrunError(f"ssh to {host.destination} failed: {exc.reason}", EXIT_DAEMON) from None
+    except (OSError, TimeoutError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise TfrunError(f"cannot connect to {host.destination}: {reason}", EXIT_DAEMON) from None
+
+
+def _host_key_message(host: Host, check: _HostKeyCheck) -> str:
+    fingerprint = check.key.get_fingerprint() if check.key else "unknown"
+    if check.changed:
+        return (
+            f"the host key of {check.where} has CHANGED (now {fingerprint}); refusing to connect. If the box "
+            f"was really rebuilt, remove its old key with: ssh-keygen -R '{check.where}'"
+        )
+    return (
+        f"the host key of {check.where} is unknown ({fingerprint}); check it, then accept it once with "
+        f"--accept-new-host-key, or set accept_new_host_key = true for this host"
+    )
+
+
+def _remote_command(host: Host, *args: str) -> str:
+    """The shell command for the box: the host's environment, then tfrund with `args`, all quoted."""
+    env = [f"{k}={v}" for k, v in sorted(host.env.items())]
+    return shlex.join([*(["env", *env] if env else []), *shlex.split(host.tfrund), *args])
+
+
+class SocketCache:
+    """What we learnt of each host's daemon: its socket path, and whether forwarding to it is refused."""
+
+    def __init__(self) -> None:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        self.path = Path(base) / "tfrun" / "hosts.json"
+        try:
+            self.data: dict[str, Any] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.data = {}
+
+    def get(self, key: str) -> dict[str, Any]:
+        entry = self.data.get(key)
+        return entry if isinstance(entry, dict) else {}
+
+    def put(self, key: str, **values: Any) -> None:
+        self.data[key] = {**self.get(key), **values}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f"hosts.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.data))
+        os.replace(tmp, self.path)
+
+
+def _cache_key(host: Host) -> str:
+    return json.dumps([host.destination, host.tfrund, sorted(host.env.items())])
+
+
+async def open_channel(conn: asyncssh.SSHClientConnection, host: Host) -> tuple[Channel, str]:
+    """A channel to the box's daemon, and how it was reached ("socket" or "exec")."""
+    cache = SocketCache()
+    key = _cache_key(host)
+    known = cache.get(key)
+    if known.get("socket") and not known.get("forwarding_refused"):
+        try:
+            reader, writer = await conn.open_unix_connection(known["socket"])
+            channel = await Channel.open(reader, writer)
+            channel.on_close(conn.close)
+            return channel, "socket"
+        except asyncssh.ChannelOpenError as exc:
+            if exc.code == asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED:
+                cache.put(key, forwarding_refused=True)
+        except (ProtocolError, ConnectionError, asyncssh.Error):
+            pass  # a daemon that died or moved: dial-stdio finds or starts the current one
+    channel = await _dial_stdio(conn, host)
+    if not cache.get(key).get("forwarding_refused"):
+        info = await channel.request(DaemonStatus())
+        if isinstance(info, DaemonInfo):
+            cache.put(key, socket=info.socket)
+    return channel, "exec"
+
+
+async def _dial_stdio(conn: asyncssh.SSHClientConnection, host: Host) -> Channel:
+    process = await conn.create_process(_remote_command(host, "dial-stdio"), encoding=None)
+    try:
+        channel = await Channel.open(process.stdout, process.stdin)
+    except (ProtocolError, ConnectionError, asyncssh.Error):
+        process.stdin.write_eof()
+        result = await process.wait()
+        stderr = result.stderr if isinstance(result.stderr, bytes) else b""
+        lines = stderr.decode(errors="replace").strip().splitlines()
+        if result.exit_status == 127:
+            raise TfrunError(
+                f"tfrund was not found on {host.label} ({host.tfrund!r}): install tfrun there "
+                f"(pip install tfrun), or name its path with `tfrun hosts add {host.label} "
+                f"{host.destination} --tfrund /path/to/tfrund`",
+                EXIT_DAEMON,
+            ) from None
+        reason = lines[-1].removeprefix("tfrund: error: ") if lines else f"exit status {result.exit_status}"
+        raise TfrunError(f"tfrund on {host.label} failed: {reason}", EXIT_DAEMON) from None
+    channel.on_close(conn.close)
+    return channel
+
+
+async def run_command(conn: asyncssh.SSHClientConnection, command: str) -> tuple[int, str]:
+    """(exit status, stdout) of a command on the box; for `hosts check`."""
+    result = await conn.run(command, check=False)
+    out = result.stdout if isinstance(result.stdout, str) else ""
+    return int(result.exit_status or 0), out
+
+
+async def check(host: Host, accept_new: bool, report: Callable[[bool, str], None]) -> bool:
+    """`tfrun hosts check`: each step reported as it passes or fails; True if all passed."""
+    try:
+        conn = await open_ssh(host, accept_new)
+    except TfrunError as exc:
+        report(False, f"ssh: {exc.message}")
+        return False
+    try:
+        key = conn.get_server_host_key()
+        fingerprint = key.get_fingerprint() if key else "?"
+        report(
+            True, f"ssh: connected to {host.destination} as {conn.get_extra_info('username')}, host key {fingerprint}"
+        )
+        status, out = await run_command(conn, _remote_command(host, "--version"))
+        if status != 0:
+            report(False, f"tfrund: {host.tfrund!r} not found on the box (exit {status}); install tfrun there")
+            return False
+        report(True, f"tfrund: {out.strip()}")
+        try:
+            channel, _ = await open_channel(conn, host)
+        except (TfrunError, RemoteError) as exc:
+            report(False, f"daemon: {exc}")
+            return False
+        report(True, f"daemon: running, tfrund {channel.daemon.version}, protocol {channel.daemon.protocol}")
+        info = await channel.request(DaemonStatus())
+        assert isinstance(info, DaemonInfo)
+        try:
+            _, writer = await conn.open_unix_connection(info.socket)
+            writer.close()
+            report(True, f"transport: socket forwarding to {info.socket}")
+        except asyncssh.ChannelOpenError as exc:
+            report(True, f"transport: socket forwarding refused ({exc.reason}); using tfrund dial-stdio (slower)")
+        status, out = await run_command(conn, "nvidia-smi -L")
+        gpus = [line for line in out.splitlines() if line.startswith("GPU ")]
+        report(True, f"GPUs: {len(gpus)}" + (f" ({'; '.join(gpus)})" if gpus else " (nvidia-smi found none)"))
+        return True
+    finally:
+        conn.close()

@@ -1,0 +1,179 @@
+"""Moving file bytes: a snapshot's contents up to the daemon, and a job's files back down (`tfrun pull`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TransferSpeedColumn
+
+from tfrun.client.errors import TfrunError
+from tfrun.client.snapshot import Snapshot
+from tfrun.constants import EXIT_USAGE, FILE_CHUNK_BYTES
+from tfrun.content import ManifestError, check_manifest
+from tfrun.protocol import (
+    Channel,
+    FileChunk,
+    FileEntry,
+    FileList,
+    HaveBlobs,
+    ListFiles,
+    MissingBlobs,
+    Ok,
+    ProtocolError,
+    PutBlob,
+    ReadFile,
+    write_message,
+)
+
+_PROGRESS_AFTER_S = 1.0  # a transfer shorter than this shows no bar
+
+
+class _LazyProgress:
+    """A progress bar on stderr that appears only once the work has taken more than a second."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total = total
+        self.label = label
+        self.done = 0
+        self.started = time.monotonic()
+        self.bar: Optional[Progress] = None
+        self.task = TaskID(0)
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self.bar is None and sys.stderr.isatty() and time.monotonic() - self.started > _PROGRESS_AFTER_S:
+            self.bar = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                transient=True,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=self.total, completed=self.done)
+        elif self.bar is not None:
+            self.bar.update(self.task, completed=self.done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+async def upload(channel: Channel, snapshot: Snapshot) -> tuple[int, int]:
+    """Send the contents the daemon lacks; return (files sent, bytes sent)."""
+    digests = sorted(snapshot.sources)
+    reply = await channel.request(HaveBlobs(digests))
+    if not isinstance(reply, MissingBlobs):
+        raise ProtocolError(f"expected missing_blobs, got {reply.TYPE}")
+    missing = reply.digests
+    sizes = {e.digest: e.size for e in snapshot.entries if e.digest}
+    progress = _LazyProgress(sum(sizes.get(d, 0) for d in missing), "uploading")
+
+    async def send() -> int:
+        sent = 0
+        for digest in missing:
+            path = snapshot.sources.get(digest)
+            if path is None:
+                raise ProtocolError(f"daemon asked for unknown content {digest[:12]}")
+            with open(path, "rb") as f:
+                offset = 0
+                while True:
+                    data = f.read(FILE_CHUNK_BYTES)
+                    last = len(data) < FILE_CHUNK_BYTES
+                    await write_message(channel.writer, PutBlob(digest, offset, last, data))
+                    offset += len(data)
+                    sent += len(data)
+                    progress.advance(len(data))
+                    if last:
+                        break
+        return sent
+
+    async def acknowledged() -> None:
+        for _ in missing:
+            if not isinstance(await channel.receive(), Ok):
+                raise ProtocolError("expected ok for an uploaded file")
+
+    try:
+        sent, _ = await asyncio.gather(send(), acknowledged())
+    finally:
+        progress.close()
+    return len(missing), sent
+
+
+async def pull(channel: Channel, job: str, paths: list[str], dest: Path) -> tuple[int, int]:
+    """Copy `paths` of the job's folder into `dest`; return (files, bytes). Never writes outside `dest`."""
+    entries: list[FileEntry] = []
+    remote: dict[str, str] = {}  # local relative path -> the path to ask the daemon for
+    for path in paths:
+        reply = await channel.request(ListFiles(job=job, path=path))
+        if not isinstance(reply, FileList):
+            raise ProtocolError(f"expected file_list, got {reply.TYPE}")
+        base = os.path.dirname(path.strip("/"))
+        for entry in reply.files:
+            remote[entry.path] = f"{base}/{entry.path}" if base else entry.path
+        entries.extend(reply.files)
+    try:
+        ordered = check_manifest(_with_parents(entries))
+    except ManifestError as exc:
+        raise TfrunError(f"refusing what the daemon listed: {exc}", EXIT_USAGE) from None
+    progress = _LazyProgress(sum(e.size for e in ordered if e.kind == "file"), "pulling")
+    files = total = 0
+    try:
+        for entry in ordered:
+            target = dest / entry.path
+            if entry.kind == "dir":
+                if target.is_symlink() or (target.exists() and not target.is_dir()):
+                    raise TfrunError(f"{target} exists and is not a folder", EXIT_USAGE)
+                target.mkdir(parents=True, exist_ok=True)
+            elif entry.kind == "file":
+                total += await _fetch(channel, job, remote[entry.path], entry, target, progress)
+                files += 1
+    finally:
+        progress.close()
+    return files, total
+
+
+def _with_parents(entries: list[FileEntry]) -> list[FileEntry]:
+    """The entries, with a folder entry for each parent that the listing implies, once each."""
+    seen = {e.path for e in entries}
+    result = list(entries)
+    for entry in entries:
+        parent = os.path.dirname(entry.path)
+        while parent and parent not in seen:
+            seen.add(parent)
+            result.append(FileEntry(parent, "dir", mode=0o755))
+            parent = os.path.dirname(parent)
+    unique: dict[str, FileEntry] = {}
+    for entry in result:
+        unique.setdefault(entry.path, entry)
+    return list(unique.values())
+
+
+async def _fetch(channel: Channel, job: str, path: str, entry: FileEntry, target: Path, progress: _LazyProgress) -> int:
+    """Stream one file into a temporary sibling of `target`, then rename it over (never through a link)."""
+    tmp = target.with_name(f".{target.name}.tfrun-pull")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    size = 0
+    try:
+        with os.fdopen(fd, "wb") as out:
+            await write_message(channel.writer, ReadFile(job=job, path=path))
+            while True:
+                chunk = await channel.receive()
+                if not isinstance(chunk, FileChunk) or chunk.offset != size:
+                    raise ProtocolError("file chunks out of order")
+                out.write(chunk.data)
+                size += len(chunk.data)
+                progress.advance(len(chunk.data))
+                if chunk.last:
+                    break
+        os.chmod(tmp, (entry.mode & 0o777) | 0o600)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return size

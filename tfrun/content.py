@@ -1,0 +1,69 @@
+"""Content addressing and path confinement, shared by both sides of an upload or a pull.
+
+Whoever writes files that the other side named checks the names here first: the daemon building a
+job's work dir from a client's manifest, and the client writing what `tfrun pull` brings back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path, PurePosixPath
+
+from tfrun.protocol import FILE_KINDS, FileEntry
+
+_HEX = frozenset("0123456789abcdef")
+
+
+class ManifestError(Exception):
+    """A list of files that cannot be written safely; the message names the entry."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def valid_digest(digest: str) -> bool:
+    return len(digest) == 64 and set(digest) <= _HEX
+
+
+def check_relative(path: str) -> PurePosixPath:
+    """`path` as a plain relative path (no '..', '.', empty parts, NUL or leading '/'), or ManifestError."""
+    pure = PurePosixPath(path)
+    if (
+        not path
+        or path != str(pure)
+        or pure.is_absolute()
+        or any(part in ("", ".", "..") for part in pure.parts)
+        or "\0" in path
+    ):
+        raise ManifestError(f"{path!r}: not a plain relative path")
+    return pure
+
+
+def check_manifest(files: list[FileEntry]) -> list[FileEntry]:
+    """The entries in creation order (parents first), or ManifestError for any entry that could escape.
+
+    Every parent of an entry must itself be a "dir" entry, so nothing is ever written through a symlink,
+    a file, or a folder the list did not create.
+    """
+    kinds: dict[str, str] = {}
+    for entry in files:
+        if entry.kind not in FILE_KINDS:
+            raise ManifestError(f"{entry.path!r}: unknown kind {entry.kind!r}")
+        check_relative(entry.path)
+        if entry.path in kinds:
+            raise ManifestError(f"{entry.path!r}: listed twice")
+        if entry.kind == "file" and entry.digest is not None and not valid_digest(entry.digest):
+            raise ManifestError(f"{entry.path!r}: not a SHA-256 digest")
+        if entry.kind == "symlink" and (not entry.target or "\0" in entry.target):
+            raise ManifestError(f"{entry.path!r}: a symlink needs a target")
+        kinds[entry.path] = entry.kind
+    for entry in files:
+        for parent in PurePosixPath(entry.path).parents[:-1]:
+            if kinds.get(str(parent)) != "dir":
+                raise ManifestError(f"{entry.path!r}: its folder {str(parent)!r} is not a listed folder")
+    return sorted(files, key=lambda e: (len(PurePosixPath(e.path).parts), e.path))
