@@ -98,6 +98,10 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
         _fail(f"lost the connection to tfrund: {exc.strerror or exc}", EXIT_DAEMON)
     except KeyboardInterrupt:
         sys.exit(SIGNAL_EXIT_BASE + 2)
+    except Exception as exc:  # a bug of ours: still one line, with the way to see the whole story
+        if os.environ.get("TFRUN_DEBUG"):
+            raise
+        _fail(f"unexpected {type(exc).__name__}: {exc} (set TFRUN_DEBUG=1 to see where)", EXIT_DAEMON)
 
 
 class StdoutClosed(Exception):
@@ -289,7 +293,8 @@ def submit(
     )
 
     async def conversation(channel: Channel) -> int:
-        await upload(channel, snap)
+        sent, sent_bytes = await upload(channel, snap)
+        click.echo(f"tfrun: uploaded {sent} of {len(snap.sources)} files ({render.size(sent_bytes)})", err=True)
         reply = await channel.request(request)
         assert isinstance(reply, JobReply)
         job = reply.job

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -26,6 +27,7 @@ from tfrun.constants import EXIT_DAEMON
 from tfrun.protocol import Channel, DaemonInfo, DaemonStatus, ProtocolError, RemoteError
 
 _CONNECT_TIMEOUT_S = 20.0
+_RECHECK_S = 24 * 3600.0  # how long a box's refusal to forward is believed before trying again
 _DESTINATION = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@/]+)@)?(?P<host>\[[^\]]+\]|[^:/@]+)(?::(?P<port>\d+))?/?$")
 
 
@@ -114,6 +116,47 @@ def _remote_command(host: Host, *args: str) -> str:
     return shlex.join([*(["env", *env] if env else []), *shlex.split(host.tfrund), *args])
 
 
+class _Stream:
+    """An SSH channel's reader and writer as the protocol uses them, with a lost connection raised as
+    ConnectionResetError, the way a Unix socket reports it, so callers handle one kind of loss."""
+
+    def __init__(self, reader: Any, writer: Any) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def readuntil(self, separator: Any) -> Any:
+        try:
+            return await self.reader.readuntil(separator)
+        except asyncssh.Error as exc:
+            raise ConnectionResetError(f"ssh connection lost: {exc.reason}") from None
+
+    async def readexactly(self, n: int) -> Any:
+        try:
+            return await self.reader.readexactly(n)
+        except asyncssh.Error as exc:
+            raise ConnectionResetError(f"ssh connection lost: {exc.reason}") from None
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.writer.write(data)
+        except asyncssh.Error as exc:
+            raise ConnectionResetError(f"ssh connection lost: {exc.reason}") from None
+
+    async def drain(self) -> None:
+        try:
+            await self.writer.drain()
+        except asyncssh.Error as exc:
+            raise ConnectionResetError(f"ssh connection lost: {exc.reason}") from None
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _open_stream(reader: Any, writer: Any) -> Channel:
+    stream = _Stream(reader, writer)
+    return await Channel.open(stream, stream)
+
+
 class SocketCache:
     """What we learnt of each host's daemon: its socket path, and whether forwarding to it is refused."""
 
@@ -146,29 +189,40 @@ async def open_channel(conn: asyncssh.SSHClientConnection, host: Host) -> tuple[
     cache = SocketCache()
     key = _cache_key(host)
     known = cache.get(key)
-    if known.get("socket") and not known.get("forwarding_refused"):
+    refused = bool(known.get("forwarding_refused")) and time.time() - known.get("checked_at", 0) < _RECHECK_S
+    if known.get("socket") and not refused:
         try:
             reader, writer = await conn.open_unix_connection(known["socket"])
-            channel = await Channel.open(reader, writer)
+            channel = await _open_stream(reader, writer)
             channel.on_close(conn.close)
             return channel, "socket"
-        except asyncssh.ChannelOpenError as exc:
-            if exc.code == asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED:
-                cache.put(key, forwarding_refused=True)
         except (ProtocolError, ConnectionError, asyncssh.Error):
-            pass  # a daemon that died or moved: dial-stdio finds or starts the current one
+            pass  # forwarding refused, or no daemon there (yet): dial-stdio finds or starts it
     channel = await _dial_stdio(conn, host)
-    if not cache.get(key).get("forwarding_refused"):
+    if not refused:
+        # OpenSSH refuses a forward with the same code as a missing socket, so ask the daemon where it
+        # listens, then try once more: with the daemon surely up, a refusal now means forwarding is off.
         info = await channel.request(DaemonStatus())
         if isinstance(info, DaemonInfo):
-            cache.put(key, socket=info.socket)
+            works = await can_forward(conn, info.socket)
+            cache.put(key, socket=info.socket, forwarding_refused=not works, checked_at=time.time())
     return channel, "exec"
+
+
+async def can_forward(conn: asyncssh.SSHClientConnection, socket_path: str) -> bool:
+    """Whether the server forwards a Unix socket connection to `socket_path`."""
+    try:
+        _, writer = await conn.open_unix_connection(socket_path)
+    except asyncssh.ChannelOpenError:
+        return False
+    writer.close()
+    return True
 
 
 async def _dial_stdio(conn: asyncssh.SSHClientConnection, host: Host) -> Channel:
     process = await conn.create_process(_remote_command(host, "dial-stdio"), encoding=None)
     try:
-        channel = await Channel.open(process.stdout, process.stdin)
+        channel = await _open_stream(process.stdout, process.stdin)
     except (ProtocolError, ConnectionError, asyncssh.Error):
         process.stdin.write_eof()
         result = await process.wait()
@@ -220,12 +274,10 @@ async def check(host: Host, accept_new: bool, report: Callable[[bool, str], None
         report(True, f"daemon: running, tfrund {channel.daemon.version}, protocol {channel.daemon.protocol}")
         info = await channel.request(DaemonStatus())
         assert isinstance(info, DaemonInfo)
-        try:
-            _, writer = await conn.open_unix_connection(info.socket)
-            writer.close()
+        if await can_forward(conn, info.socket):
             report(True, f"transport: socket forwarding to {info.socket}")
-        except asyncssh.ChannelOpenError as exc:
-            report(True, f"transport: socket forwarding refused ({exc.reason}); using tfrund dial-stdio (slower)")
+        else:
+            report(True, "transport: socket forwarding refused by the server; using tfrund dial-stdio (slower)")
         status, out = await run_command(conn, "nvidia-smi -L")
         gpus = [line for line in out.splitlines() if line.startswith("GPU ")]
         report(True, f"GPUs: {len(gpus)}" + (f" ({'; '.join(gpus)})" if gpus else " (nvidia-smi found none)"))

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import TFRUN, Tfrun, gated_job, wait_for, write_script
+
+# Every verb, on the local daemon and on a daemon reached through a real sshd: the same results.
+pytestmark = pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
 
 
 def test_submit_follow_exits_with_the_jobs_code_and_passes_arguments_untouched(tf: Tfrun, project: Path) -> None:
@@ -17,7 +21,7 @@ def test_submit_follow_exits_with_the_jobs_code_and_passes_arguments_untouched(t
     result = tf.run("submit", "--follow", str(project / "train.py"), "--epochs", "3", "-x", "--", "a b")
     assert result.returncode == 7, result.stderr
     assert result.stdout == "args ['--epochs', '3', '-x', '--', 'a b']\n"
-    assert "submitted" in result.stderr
+    assert "job 1 submitted" in result.stderr and "uploaded 1 of 1 files" in result.stderr
 
 
 def test_a_job_sees_its_variables_and_a_checkpoint_folder_of_its_own(tf: Tfrun, project: Path) -> None:
@@ -96,7 +100,7 @@ def test_a_job_killed_by_a_signal_exits_like_a_shell_says(tf: Tfrun, project: Pa
     )
     result = tf.run("submit", "-f", str(project / "die.py"))
     assert result.returncode == 128 + signal.SIGKILL
-    record = tf.job(result.stderr.split()[1])
+    record = tf.job(1)
     assert (record["state"], record["exit_code"], record["signal"]) == ("failed", 137, 9)
     assert tf.run("wait", str(record["id"])).returncode == 137
 

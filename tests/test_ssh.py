@@ -1,0 +1,194 @@
+"""The transport to a box: host keys checked like OpenSSH, socket forwarding or its fallback, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import TFRUN, Sshd, Tfrun, alive, gated_job, remote_client, wait_for, write_script
+
+
+@pytest.fixture
+def box(tf: Tfrun, sshd: Sshd) -> Tfrun:
+    return remote_client(tf, sshd)
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_an_unknown_host_key_is_refused_until_accepted(tf: Tfrun, sshd: Sshd, project: Path) -> None:
+    remote_client(tf, sshd, trust=False)
+    write_script(project, "ok.py", "print('ok')\n")
+    result = tf.run("submit", str(project / "ok.py"))
+    assert result.returncode == 125
+    line = one_line(result.stderr)
+    fingerprint = subprocess.run(
+        ["ssh-keygen", "-lf", f"{sshd.host_key}.pub"], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
+    assert "is unknown" in line and fingerprint in line and "--accept-new-host-key" in line
+    assert not tf.home.exists(), "nothing may reach a box whose key is not trusted"
+
+    result = tf.run("submit", "--accept-new-host-key", "-f", str(project / "ok.py"))
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    assert sshd.known_hosts_line.split()[2] in (tf.client_home / ".ssh" / "known_hosts").read_text()
+    assert tf.run("ps", "-a").returncode == 0, "accepted once, trusted from then on"
+
+
+def test_a_changed_host_key_is_always_refused_and_nothing_is_sent(tf: Tfrun, sshd: Sshd, project: Path) -> None:
+    remote_client(tf, sshd)
+    other = tf.client_home / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    known = tf.client_home / ".ssh" / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {Path(f'{other}.pub').read_text().strip()}\n")
+    write_script(project, "ok.py", "print('ok')\n")
+    for extra in ([], ["--accept-new-host-key"]):
+        result = tf.run("submit", *extra, str(project / "ok.py"))
+        assert result.returncode == 125
+        line = one_line(result.stderr)
+        assert "has CHANGED" in line and "ssh-keygen -R" in line
+    assert not tf.home.exists(), "no daemon was started, no file was sent"
+
+
+def test_without_socket_forwarding_the_exec_fallback_serves_every_verb(
+    tf: Tfrun, tmp_path: Path, project: Path, gate: Path
+) -> None:
+    server = Sshd(tmp_path / "sshd-restricted", forwarding=False)
+    try:
+        remote_client(tf, server)
+        write_script(project, "job.py", gated_job(2, 1, 9, gate))
+        for _ in range(2):  # the second time the socket path is known: forwarding is tried, refused, remembered
+            job_id = tf.submit(str(project / "job.py"))
+            assert tf.job(job_id)["state"] == "running"
+        gate.touch()
+        result = tf.run("logs", "-f", "1")
+        assert result.returncode == 9 and result.stdout.count("before") == 2
+        assert tf.run("wait", "2").returncode == 9
+        cache = json.loads((tf.client_home / ".cache" / "tfrun" / "hosts.json").read_text())
+        assert [entry.get("forwarding_refused") for entry in cache.values()] == [True]
+        check = tf.run("hosts", "check")
+        assert check.returncode == 0 and "socket forwarding refused" in check.stdout, check.stdout
+    finally:
+        server.stop()
+
+
+def test_forwarding_is_used_once_the_socket_is_known(box: Tfrun, project: Path) -> None:
+    write_script(project, "ok.py", "print('ok')\n")
+    box.ok("wait", str(box.submit(str(project / "ok.py"))))
+    cache = json.loads((box.client_home / ".cache" / "tfrun" / "hosts.json").read_text())
+    assert [entry["socket"] for entry in cache.values()] == [str(box.home / "run" / "tfrund.sock")]
+    check = box.run("hosts", "check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "socket forwarding to" in check.stdout and "tfrund, version" in check.stdout
+
+
+def test_losing_the_ssh_connection_mid_follow_leaves_the_job_running(box: Tfrun, project: Path, gate: Path) -> None:
+    write_script(project, "job.py", gated_job(50, 20, 4, gate))
+    job_id = box.submit(str(project / "job.py"))
+    follower = subprocess.Popen([*TFRUN, "logs", "-f", str(job_id)], env=box.env, stdout=-1, stderr=-1)
+    wait_for(lambda: b"before 49" in box.log(job_id), what="output")
+    os.kill(follower.pid, signal.SIGKILL)  # the client and its SSH connection go at once
+    follower.wait()
+    assert box.job(job_id)["state"] == "running"
+    gate.touch()
+    result = box.run("logs", "-f", str(job_id))
+    assert result.returncode == 4
+    assert result.stdout.count("before") == 50 and result.stdout.count("after") == 20
+
+
+def test_a_follower_whose_connection_is_cut_by_the_server_resumes_without_gap(
+    box: Tfrun, sshd: Sshd, project: Path, gate: Path
+) -> None:
+    write_script(project, "job.py", gated_job(300, 300, 0, gate))
+    job_id = box.submit(str(project / "job.py"))
+    follower = subprocess.Popen([*TFRUN, "logs", "-f", str(job_id)], env=box.env, stdout=-1, stderr=-1)
+    wait_for(lambda: b"before 299" in box.log(job_id), what="output")
+    sessions = _sshd_sessions(sshd)
+    assert sessions, "the follower holds an SSH session"
+    for pid in sessions:
+        os.kill(pid, signal.SIGKILL)
+    gate.touch()
+    out, err = follower.communicate(timeout=120)
+    assert follower.returncode == 0, err
+    assert out == (box.job_dir(job_id) / "output.log").read_bytes()
+
+
+def _sshd_sessions(sshd: Sshd) -> list[int]:
+    """The per-connection processes of the test sshd (its children)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2 :].split()[1]) == sshd.proc.pid and alive(int(entry)):
+                children.append(int(entry))
+    return children
+
+
+def _set_host(tf: Tfrun, **changes: str) -> None:
+    config = tf.client_home / ".config" / "tfrun" / "config.toml"
+    text = config.read_text()
+    for key, value in changes.items():
+        lines = [line for line in text.splitlines() if not line.startswith(f"{key} =")]
+        lines.insert(1, f"{key} = {json.dumps(value)}")
+        text = "\n".join(lines) + "\n"
+    config.write_text(text)
+
+
+def test_a_box_without_tfrund_gets_the_install_hint(box: Tfrun) -> None:
+    _set_host(box, tfrund="/nonexistent/bin/tfrund")
+    result = box.run("ps")
+    assert result.returncode == 125
+    line = one_line(result.stderr)
+    assert "tfrund was not found on box" in line and "pip install tfrun" in line and "--tfrund" in line
+
+
+def test_connection_refused_and_auth_failures_are_one_line(box: Tfrun, sshd: Sshd, tmp_path: Path) -> None:
+    _set_host(box, destination=f"root@127.0.0.1:{_closed_port()}")
+    result = box.run("ps")
+    assert result.returncode == 125 and "cannot connect to root@127.0.0.1" in one_line(result.stderr)
+
+    _set_host(box, destination=f"root@127.0.0.1:{sshd.port}")
+    wrong = box.client_home / ".ssh" / "id_ed25519"
+    wrong.unlink()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)], input=b"y\n", check=True)
+    result = box.run("ps")
+    assert result.returncode == 125 and "authentication" in one_line(result.stderr)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_hosts_add_list_remove(tf: Tfrun) -> None:
+    assert tf.run("hosts", "list").stdout.startswith("no hosts configured")
+    added = tf.run("hosts", "add", "gpu", "alice@gpu-box:2222", "--env", "TFRUN_HOME=/data/t", "--tfrund", "/opt/t")
+    assert added.returncode == 0 and "default host" in added.stdout
+    tf.ok("hosts", "add", "cpu", "cpu-box")
+    listing = json.loads(tf.ok("hosts", "list", "--json"))
+    assert listing["default_host"] == "gpu"
+    assert listing["hosts"]["gpu"] == {
+        "destination": "alice@gpu-box:2222",
+        "tfrund": "/opt/t",
+        "env": {"TFRUN_HOME": "/data/t"},
+    }
+    assert "* gpu  alice@gpu-box:2222" in tf.ok("hosts", "list")
+    tf.ok("hosts", "remove", "gpu")
+    assert json.loads(tf.ok("hosts", "list", "--json"))["default_host"] is None
+    assert tf.run("hosts", "remove", "gpu").returncode == 2
+    assert tf.run("hosts", "add", "local", "x").returncode == 2
+    # `--host local` reaches the daemon on this machine whatever the default.
+    tf.ok("hosts", "add", "cpu", "cpu-box", "--default")
+    assert tf.run("ps", "--host", "local").returncode == 0
