@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
@@ -26,11 +27,13 @@ from tfrun.protocol import (
     Ok,
     ProtocolError,
     PutBlob,
+    PutBlobs,
     ReadFile,
     write_message,
 )
 
 _PROGRESS_AFTER_S = 1.0  # a transfer shorter than this shows no bar
+_PACK_BELOW = 256 << 10  # contents up to this size travel packed several to a frame
 
 
 class _LazyProgress:
@@ -74,13 +77,22 @@ async def upload(channel: Channel, snapshot: Snapshot) -> tuple[int, int]:
     sizes = {e.digest: e.size for e in snapshot.entries if e.digest}
     progress = _LazyProgress(sum(sizes.get(d, 0) for d in missing), "uploading")
 
+    small = [d for d in missing if sizes.get(d, 0) <= _PACK_BELOW]
+    large = [d for d in missing if sizes.get(d, 0) > _PACK_BELOW]
+    frames = 0
+
     async def send() -> int:
+        nonlocal frames
         sent = 0
-        for digest in missing:
-            path = snapshot.sources.get(digest)
-            if path is None:
-                raise ProtocolError(f"daemon asked for unknown content {digest[:12]}")
-            with open(path, "rb") as f:
+        for batch in _packs(small, sizes):
+            contents = [_read(snapshot, digest) for digest in batch]
+            data = b"".join(contents)
+            await write_message(channel.writer, PutBlobs(batch, [len(c) for c in contents], data))
+            frames += 1
+            sent += len(data)
+            progress.advance(len(data))
+        for digest in large:
+            with open(_source(snapshot, digest), "rb") as f:
                 offset = 0
                 while True:
                     data = f.read(FILE_CHUNK_BYTES)
@@ -90,19 +102,46 @@ async def upload(channel: Channel, snapshot: Snapshot) -> tuple[int, int]:
                     sent += len(data)
                     progress.advance(len(data))
                     if last:
+                        frames += 1
                         break
         return sent
 
     async def acknowledged() -> None:
-        for _ in missing:
+        expected = len(large) + sum(1 for _ in _packs(small, sizes))
+        for _ in range(expected):
             if not isinstance(await channel.receive(), Ok):
-                raise ProtocolError("expected ok for an uploaded file")
+                raise ProtocolError("expected ok for uploaded files")
 
     try:
         sent, _ = await asyncio.gather(send(), acknowledged())
     finally:
         progress.close()
     return len(missing), sent
+
+
+def _packs(digests: list[str], sizes: dict[str, int]) -> Iterator[list[str]]:
+    """Small contents grouped into frames of about FILE_CHUNK_BYTES."""
+    batch: list[str] = []
+    total = 0
+    for digest in digests:
+        if batch and total + sizes.get(digest, 0) > FILE_CHUNK_BYTES:
+            yield batch
+            batch, total = [], 0
+        batch.append(digest)
+        total += sizes.get(digest, 0)
+    if batch:
+        yield batch
+
+
+def _source(snapshot: Snapshot, digest: str) -> Path:
+    path = snapshot.sources.get(digest)
+    if path is None:
+        raise ProtocolError(f"daemon asked for unknown content {digest[:12]}")
+    return path
+
+
+def _read(snapshot: Snapshot, digest: str) -> bytes:
+    return _source(snapshot, digest).read_bytes()
 
 
 async def pull(channel: Channel, job: str, paths: list[str], dest: Path) -> tuple[int, int]:

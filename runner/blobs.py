@@ -11,6 +11,7 @@ write outside the job's folder.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
@@ -39,24 +40,41 @@ class BlobStore:
         return sorted({d for d in digests if not self.has(d)})
 
     def write_chunk(self, key: str, digest: str, offset: int, data: bytes, last: bool) -> None:
-        """Append a chunk to the partial content `key` (one per connection); on the last, verify and keep it."""
+        """Append a chunk to the partial content `key` (one per connection); on the last, verify and keep it.
+
+        A content that fits in one chunk (most source files) is checked in memory and written once.
+        """
         if not valid_digest(digest):
             raise ManifestError(f"not a SHA-256 digest: {digest[:80]!r}")
         partial = self.incoming / f"{digest}.{key}"
-        if offset == 0:
-            partial.unlink(missing_ok=True)
-        elif not partial.exists() or partial.stat().st_size != offset:
-            raise ManifestError(f"chunk of {digest[:12]} at byte {offset} does not follow what was received")
-        with open(partial, "ab") as f:
-            f.write(data)
-        if not last:
-            return
-        if sha256_file(partial) != digest:
-            partial.unlink()
-            raise ManifestError(f"content of {digest[:12]} does not match its digest")
+        if offset == 0 and last:
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise ManifestError(f"content of {digest[:12]} does not match its digest")
+            partial.write_bytes(data)
+        else:
+            if offset == 0:
+                partial.unlink(missing_ok=True)
+            elif not partial.exists() or partial.stat().st_size != offset:
+                raise ManifestError(f"chunk of {digest[:12]} at byte {offset} does not follow what was received")
+            with open(partial, "ab") as f:
+                f.write(data)
+            if not last:
+                return
+            if sha256_file(partial) != digest:
+                partial.unlink()
+                raise ManifestError(f"content of {digest[:12]} does not match its digest")
         target = self.path(digest)
         target.parent.mkdir(exist_ok=True)
         os.replace(partial, target)
+
+    def write_many(self, digests: list[str], sizes: list[int], data: bytes) -> None:
+        """Keep several whole contents that arrived packed in one frame."""
+        if len(digests) != len(sizes) or sum(sizes) != len(data) or any(s < 0 for s in sizes):
+            raise ManifestError("packed contents do not add up to the bytes sent")
+        offset = 0
+        for digest, size in zip(digests, sizes):
+            self.write_chunk("packed", digest, 0, data[offset : offset + size], True)
+            offset += size
 
     def discard(self, key: str) -> None:
         """Forget the partial contents of a connection that went away."""
@@ -91,9 +109,21 @@ class BlobStore:
 
 
 def _copy_new(source: Path, target: Path, mode: int) -> None:
-    """Copy to a file that must not exist yet (O_EXCL | O_NOFOLLOW: never through a link)."""
+    """Copy to a file that must not exist yet (O_EXCL | O_NOFOLLOW: never through a link), in the kernel."""
     mode = stat.S_IMODE(mode) & 0o777 | 0o600  # the daemon's user keeps read and write access
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    os.chmod(target, mode)
+    out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        src = os.open(source, os.O_RDONLY)
+        try:
+            size = os.fstat(src).st_size
+            offset = 0
+            while offset < size:
+                sent = os.sendfile(out, src, offset, size - offset)
+                if sent == 0:
+                    break
+                offset += sent
+        finally:
+            os.close(src)
+        os.fchmod(out, mode)
+    finally:
+        os.close(out)

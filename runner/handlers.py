@@ -38,6 +38,7 @@ from tfrun.protocol import (
     MissingBlobs,
     Ok,
     PutBlob,
+    PutBlobs,
     ReadFile,
     ReadLog,
     Shutdown,
@@ -249,6 +250,14 @@ async def have_blobs(daemon: Daemon, req: HaveBlobs, conn: Connection) -> None:
         raise _invalid(str(exc)) from None
 
 
+async def put_blobs(daemon: Daemon, req: PutBlobs, conn: Connection) -> None:
+    try:
+        daemon.blobs.write_many(req.digests, req.sizes, req.data)
+    except ManifestError as exc:
+        raise _invalid(str(exc)) from None
+    await conn.send(Ok())
+
+
 async def put_blob(daemon: Daemon, req: PutBlob, conn: Connection) -> None:
     try:
         daemon.blobs.write_chunk(conn.key, req.digest, req.offset, req.data, req.last)
@@ -347,6 +356,7 @@ async def shutdown(daemon: Daemon, req: Shutdown, conn: Connection) -> None:
 HANDLERS: dict[type[Message], Callable[[Daemon, Any, Connection], Awaitable[None]]] = {
     HaveBlobs: have_blobs,
     PutBlob: put_blob,
+    PutBlobs: put_blobs,
     ListFiles: list_files,
     ReadFile: read_file,
     Submit: submit,

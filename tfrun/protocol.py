@@ -8,8 +8,9 @@ A conversation: the client sends `Hello`, the daemon answers `Hello` (or `Error`
 "version_mismatch"); then the client sends requests, each answered by one response, except `ReadLog`
 (any number of `LogChunk`, then one `LogEnd`) and `ReadFile` (`FileChunk`s, the last one marked). A
 submit uploads first: `HaveBlobs` names the contents of the work dir by SHA-256, the daemon answers
-with the ones it lacks, the client sends those as `PutBlob` chunks (each file's last chunk answered by
-`Ok`, so the client may send many before reading), then `Submit` lists the files. Either side may close
+with the ones it lacks, the client sends those, small ones packed together in `PutBlobs` and large ones
+in `PutBlob` chunks (each frame of `PutBlobs` and each last chunk answered by `Ok`, so the client may
+send many before reading), then `Submit` lists the files. Either side may close
 after a response.
 
 Strings are JSON with non-ASCII escaped, so a file name that is not UTF-8 (held as Python's
@@ -180,6 +181,16 @@ class PutBlob(Message):
     digest: str
     offset: int
     last: bool
+    data: bytes
+
+
+@_message("put_blobs")
+@dataclass
+class PutBlobs(Message):
+    """Several whole small contents in one frame, their bytes one after another; answered by `Ok`."""
+
+    digests: list[str]
+    sizes: list[int]
     data: bytes
 
 
@@ -433,12 +444,23 @@ def _check(value: Any, tp: Any, where: str) -> Any:
     raise TypeError(f"unsupported field type {tp!r}")  # a mistake in this file, not in the peer
 
 
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(cls: type[Any]) -> dict[str, Any]:
+    """The resolved field types of a message or record class (resolving them is slow: done once)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
 def _fields(cls: type[Any], raw: dict[str, Any], where: str) -> dict[str, Any]:
     """The checked constructor arguments of dataclass `cls` found in `raw`, less any raw-bytes field.
 
     Unknown keys are ignored, so that a peer may add optional fields without bumping the protocol.
     """
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if hints[f.name] is bytes:
@@ -453,7 +475,7 @@ def _fields(cls: type[Any], raw: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _bytes_field(cls: type[Any]) -> Optional[str]:
     """The name of the class's raw-bytes field, if it has one."""
-    for name, tp in typing.get_type_hints(cls).items():
+    for name, tp in _hints(cls).items():
         if tp is bytes:
             return name
     return None

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Submit and upload over SSH, side by side with what users do today, on a loopback sshd. Run by hand.
+
+    .venv/bin/python bench/ssh_submit.py [--runs 15]
+
+Measures, in one run on one machine (needs openssh-server, rsync, and root for the test sshd):
+  - `tfrun submit job.py` until the job runs, against `ssh box 'nohup python3 job.py > log 2>&1 &'`;
+  - the upload of a 1,000-file work dir, first and after one changed file, against `rsync -a` over the
+    same sshd (tfrun's figure is the whole submit: scan, hash, upload, start the job).
+Prints a Markdown table of medians (p50) and p90, and tfrun's time as a ratio of the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import TFRUN, Sshd, Tfrun, remote_client
+
+
+def timed(command: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def stats(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+def make_work_dir(root: Path, files: int) -> None:
+    rng = random.Random(0)
+    for i in range(files):
+        folder = root / f"pkg{i % 20}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"f{i}.py").write_bytes(rng.randbytes(rng.randint(200, 8000)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tfrun-bench-"))
+    sshd = Sshd(work / "sshd")
+    rows: list[tuple[str, list[float], list[float]]] = []
+    try:
+        tf = remote_client(Tfrun(work / "home"), sshd)
+        ssh = ["ssh", "-p", str(sshd.port), "-i", str(sshd.user_key), "-o", "BatchMode=yes",
+               "-o", f"UserKnownHostsFile={tf.client_home / '.ssh' / 'known_hosts'}", "root@127.0.0.1"]  # fmt: skip
+        job_dir = work / "job"
+        job_dir.mkdir()
+        (job_dir / "job.py").write_text("import time\ntime.sleep(60)\n")
+        tf.ok("ps")  # start the daemon and learn its socket once, as any first use does
+
+        tfrun_submit, ssh_nohup = [], []
+        for i in range(args.runs):
+            tfrun_submit.append(timed([*TFRUN, "submit", str(job_dir / "job.py")], tf.env))
+            remote = f"cd {shlex.quote(str(job_dir))}; nohup python3 job.py > {work}/nohup-{i}.log 2>&1 &"
+            ssh_nohup.append(timed([*ssh, remote], tf.env))
+        rows.append(("submit until the job runs", tfrun_submit, ssh_nohup))
+        tf.run("cancel", "--grace", "0", *[str(n) for n in range(1, args.runs + 1)])
+        subprocess.run(["pkill", "-f", "time.sleep(60)"], check=False)
+
+        tree = work / "tree"
+        make_work_dir(tree, 1000)
+        (tree / "train.py").write_text("pass\n")
+        rsync = ["rsync", "-a", "-e", shlex.join(ssh[:-1])]
+        first_tfrun, first_rsync, again_tfrun, again_rsync = [], [], [], []
+        for i in range(args.runs):
+            fresh = remote_client(Tfrun(work / f"home-{i}"), sshd)  # a daemon that holds none of the files
+            fresh.ok("ps")
+            first_tfrun.append(timed([*TFRUN, "submit", str(tree / "train.py")], fresh.env))
+            first_rsync.append(timed([*rsync, f"{tree}/", f"root@127.0.0.1:{work}/rsync-{i}/"], tf.env))
+            (tree / "pkg3" / "f3.py").write_bytes(os.urandom(4000))
+            again_tfrun.append(timed([*TFRUN, "submit", str(tree / "train.py")], fresh.env))
+            again_rsync.append(timed([*rsync, f"{tree}/", f"root@127.0.0.1:{work}/rsync-{i}/"], tf.env))
+            fresh.cleanup()
+        rows.append(("upload 1,000 files, first time", first_tfrun, first_rsync))
+        rows.append(("upload again after 1 changed file", again_tfrun, again_rsync))
+        tf.cleanup()
+    finally:
+        sshd.stop()
+
+    print(f"\n{args.runs} runs each, loopback sshd, {os.cpu_count()} CPUs; seconds, p50 (p90)\n")
+    print("| what | tfrun | baseline | ratio (p50) |")
+    print("| --- | --- | --- | --- |")
+    names = {0: "ssh + nohup", 1: "rsync -a", 2: "rsync -a"}
+    for n, (what, ours, theirs) in enumerate(rows):
+        (o50, o90), (t50, t90) = stats(ours), stats(theirs)
+        print(f"| {what} | {o50:.3f} ({o90:.3f}) | {names[n]}: {t50:.3f} ({t90:.3f}) | {o50 / t50:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
