@@ -7,18 +7,14 @@ import os
 import sys
 from collections.abc import Awaitable, Coroutine
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, TypeVar
 
 import click
-from rich.console import Console
 
 from tfrun import __version__
 from tfrun.client import config, render
 from tfrun.client.connection import Target
 from tfrun.client.errors import TfrunError
-from tfrun.client.snapshot import Snapshot, relative_script, scan
-from tfrun.client.transfer import pull as pull_files
-from tfrun.client.transfer import upload
 from tfrun.constants import (
     DEFAULT_GRACE_S,
     EXIT_DAEMON,
@@ -51,6 +47,11 @@ from tfrun.protocol import (
     validate_name,
     write_message,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tfrun.client.snapshot import Snapshot
 
 T = TypeVar("T")
 
@@ -174,6 +175,8 @@ def job_exit_code(state: str, exit_code: Optional[int]) -> int:
 
 
 def _console() -> Console:
+    from rich.console import Console
+
     return Console(highlight=False, soft_wrap=False)
 
 
@@ -264,6 +267,9 @@ def submit(
     The job's environment has PYTHONUNBUFFERED=1, TFRUN_JOB_ID, TFRUN_JOB_DIR and TFRUN_CHECKPOINT_DIR
     (a folder of its own for checkpoints) on top of the daemon's environment and your --env.
     """
+    from tfrun.client.snapshot import relative_script, scan
+    from tfrun.client.transfer import upload
+
     if name is not None and validate_name(name):
         raise click.BadParameter(str(validate_name(name)), param_hint="--name")
     env = _parse_env(env_pairs)
@@ -294,10 +300,10 @@ def submit(
 
     async def conversation(channel: Channel) -> int:
         sent, sent_bytes = await upload(channel, snap)
-        click.echo(f"tfrun: uploaded {sent} of {len(snap.sources)} files ({render.size(sent_bytes)})", err=True)
         reply = await channel.request(request)
         assert isinstance(reply, JobReply)
         job = reply.job
+        click.echo(f"tfrun: uploaded {sent} of {len(snap.sources)} files ({render.size(sent_bytes)})", err=True)
         if as_json:
             click.echo(render.to_json(job))
         elif follow:
@@ -517,6 +523,8 @@ def pull(job: str, paths: tuple[str, ...], dest: Path) -> None:
     "work/..." (its work dir), or "output.log". Each lands under --to with its last part's name:
     `tfrun pull 3 work/results` writes ./results/.
     """
+    from tfrun.client.transfer import pull as pull_files
+
     wanted = list(paths) or ["checkpoints"]
 
     async def conversation(channel: Channel) -> tuple[int, int]:

@@ -6,13 +6,12 @@ import dataclasses
 import json
 import shlex
 import time
-from typing import Any, Optional
-
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, Optional
 
 from tfrun.protocol import Job, JobState
+
+if TYPE_CHECKING:  # rich is imported where a table is drawn: `tfrun submit` and `--json` never pay for it
+    from rich.console import Console
 
 _STATE_STYLE = {
     JobState.QUEUED: "yellow",
@@ -62,6 +61,9 @@ def command_line(job: Job) -> str:
 
 
 def job_table(jobs: list[Job], console: Console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     if not jobs:
         console.print("no jobs", style="dim")
         return
@@ -82,6 +84,9 @@ def job_table(jobs: list[Job], console: Console) -> None:
 
 
 def job_detail(job: Job, console: Console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     rows = [
         ("id", str(job.id)),
         ("name", job.name or "-"),

@@ -8,9 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
-
-from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TransferSpeedColumn
+from typing import TYPE_CHECKING, Optional
 
 from tfrun.client.errors import TfrunError
 from tfrun.client.snapshot import Snapshot
@@ -32,6 +30,9 @@ from tfrun.protocol import (
     write_message,
 )
 
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
 _PROGRESS_AFTER_S = 1.0  # a transfer shorter than this shows no bar
 _PACK_BELOW = 256 << 10  # contents up to this size travel packed several to a frame
 
@@ -45,11 +46,13 @@ class _LazyProgress:
         self.done = 0
         self.started = time.monotonic()
         self.bar: Optional[Progress] = None
-        self.task = TaskID(0)
+        self.task: Optional[TaskID] = None
 
     def advance(self, n: int) -> None:
         self.done += n
         if self.bar is None and sys.stderr.isatty() and time.monotonic() - self.started > _PROGRESS_AFTER_S:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
             self.bar = Progress(
                 "[progress.description]{task.description}",
                 BarColumn(),
@@ -59,7 +62,7 @@ class _LazyProgress:
             )
             self.bar.start()
             self.task = self.bar.add_task(self.label, total=self.total, completed=self.done)
-        elif self.bar is not None:
+        elif self.bar is not None and self.task is not None:
             self.bar.update(self.task, completed=self.done)
 
     def close(self) -> None:
