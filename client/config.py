@@ -12,6 +12,7 @@ env = { TFRUN_HOME = "/data/tfrun" }   # for the daemon: several can share a box
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -45,6 +46,11 @@ class Host:
     @property
     def label(self) -> str:
         return self.name or self.destination
+
+    @property
+    def identity(self) -> str:
+        """What identifies one daemon on one box: where, which tfrund, with which environment."""
+        return json.dumps([self.destination, self.tfrund, sorted(self.env.items())])
 
     def as_toml(self) -> dict[str, Any]:
         table: dict[str, Any] = {"destination": self.destination}

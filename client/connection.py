@@ -28,7 +28,11 @@ class Target:
     async def connect(self) -> Channel:
         if self.host is None:
             return await connect_local(Layout.from_env())
-        from tfrun.client import ssh  # asyncssh costs 0.3 s to import: only verbs that go remote pay it
+        from tfrun.client import keeper
+
+        if keeper.enabled():
+            return await keeper.connect(self.host, self.accept_new_host_key)
+        from tfrun.client import ssh  # asyncssh costs 0.3 s to import: only a direct connection pays it
 
         conn = await ssh.open_ssh(self.host, self.accept_new_host_key)
         try:
@@ -36,6 +40,7 @@ class Target:
         except BaseException:
             conn.close()
             raise
+        channel.on_close(conn.close)
         return channel
 
 

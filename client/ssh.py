@@ -180,22 +180,16 @@ class SocketCache:
         os.replace(tmp, self.path)
 
 
-def _cache_key(host: Host) -> str:
-    return json.dumps([host.destination, host.tfrund, sorted(host.env.items())])
-
-
 async def open_channel(conn: asyncssh.SSHClientConnection, host: Host) -> tuple[Channel, str]:
     """A channel to the box's daemon, and how it was reached ("socket" or "exec")."""
     cache = SocketCache()
-    key = _cache_key(host)
+    key = host.identity
     known = cache.get(key)
     refused = bool(known.get("forwarding_refused")) and time.time() - known.get("checked_at", 0) < _RECHECK_S
     if known.get("socket") and not refused:
         try:
             reader, writer = await conn.open_unix_connection(known["socket"])
-            channel = await _open_stream(reader, writer)
-            channel.on_close(conn.close)
-            return channel, "socket"
+            return await _open_stream(reader, writer), "socket"
         except (ProtocolError, ConnectionError, asyncssh.Error):
             pass  # forwarding refused, or no daemon there (yet): dial-stdio finds or starts it
     channel = await _dial_stdio(conn, host)
@@ -207,6 +201,18 @@ async def open_channel(conn: asyncssh.SSHClientConnection, host: Host) -> tuple[
             works = await can_forward(conn, info.socket)
             cache.put(key, socket=info.socket, forwarding_refused=not works, checked_at=time.time())
     return channel, "exec"
+
+
+async def open_raw(conn: asyncssh.SSHClientConnection, host: Host) -> tuple[Any, Any]:
+    """A byte stream to the box's daemon, by the way `open_channel` found to work (for the keeper)."""
+    known = SocketCache().get(host.identity)
+    if known.get("socket") and not known.get("forwarding_refused"):
+        try:
+            return await conn.open_unix_connection(known["socket"])
+        except asyncssh.ChannelOpenError:
+            pass  # the daemon went away: dial-stdio starts a new one
+    process = await conn.create_process(_remote_command(host, "dial-stdio"), encoding=None)
+    return process.stdout, process.stdin
 
 
 async def can_forward(conn: asyncssh.SSHClientConnection, socket_path: str) -> bool:
@@ -237,7 +243,6 @@ async def _dial_stdio(conn: asyncssh.SSHClientConnection, host: Host) -> Channel
             ) from None
         reason = lines[-1].removeprefix("tfrund: error: ") if lines else f"exit status {result.exit_status}"
         raise TfrunError(f"tfrund on {host.label} failed: {reason}", EXIT_DAEMON) from None
-    channel.on_close(conn.close)
     return channel
 
 
