@@ -7,7 +7,10 @@ Measures, in one run on one machine (needs openssh-server, rsync, and root for t
   - `tfrun submit job.py` until the job runs, against `ssh box 'nohup python3 job.py > log 2>&1 &'`;
   - the upload of a 1,000-file work dir, first and after one changed file, against `rsync -a` over the
     same sshd (tfrun's figure is the whole submit: scan, hash, upload, start the job).
-Prints a Markdown table of medians (p50) and p90, and tfrun's time as a ratio of the baseline's.
+Prints a Markdown table of medians (p50) and p90, and tfrun's time as a ratio of the baseline's. tfrun
+keeps its SSH connection between commands (its connection keeper, like OpenSSH's ControlPersist); the
+baselines open a fresh connection each time, as plain ssh and rsync do; one row shows tfrun without
+the keeper too.
 """
 
 from __future__ import annotations
@@ -62,13 +65,16 @@ def main() -> None:
         (job_dir / "job.py").write_text("import time\ntime.sleep(60)\n")
         tf.ok("ps")  # start the daemon and learn its socket once, as any first use does
 
-        tfrun_submit, ssh_nohup = [], []
+        tfrun_submit, ssh_nohup, direct = [], [], []
+        no_keeper = {**tf.env, "TFRUN_SSH_PERSIST": "0"}
         for i in range(args.runs):
             tfrun_submit.append(timed([*TFRUN, "submit", str(job_dir / "job.py")], tf.env))
+            direct.append(timed([*TFRUN, "submit", str(job_dir / "job.py")], no_keeper))
             remote = f"cd {shlex.quote(str(job_dir))}; nohup python3 job.py > {work}/nohup-{i}.log 2>&1 &"
             ssh_nohup.append(timed([*ssh, remote], tf.env))
         rows.append(("submit until the job runs", tfrun_submit, ssh_nohup))
-        tf.run("cancel", "--grace", "0", *[str(n) for n in range(1, args.runs + 1)])
+        rows.append(("submit, TFRUN_SSH_PERSIST=0 (a fresh SSH connection)", direct, ssh_nohup))
+        tf.run("cancel", "--grace", "0", *[str(n) for n in range(1, 2 * args.runs + 1)])
         subprocess.run(["pkill", "-f", "time.sleep(60)"], check=False)
 
         tree = work / "tree"
@@ -94,7 +100,7 @@ def main() -> None:
     print(f"\n{args.runs} runs each, loopback sshd, {os.cpu_count()} CPUs; seconds, p50 (p90)\n")
     print("| what | tfrun | baseline | ratio (p50) |")
     print("| --- | --- | --- | --- |")
-    names = {0: "ssh + nohup", 1: "rsync -a", 2: "rsync -a"}
+    names = {0: "ssh + nohup", 1: "ssh + nohup", 2: "rsync -a", 3: "rsync -a"}
     for n, (what, ours, theirs) in enumerate(rows):
         (o50, o90), (t50, t90) = stats(ours), stats(theirs)
         print(f"| {what} | {o50:.3f} ({o90:.3f}) | {names[n]}: {t50:.3f} ({t90:.3f}) | {o50 / t50:.2f}x |")
