@@ -185,9 +185,10 @@ def _console() -> Console:
 def main() -> None:
     """Run training scripts detached on a GPU box, follow their logs, and never lose a job.
 
-    With no host configured, tfrun drives a daemon (tfrund) on this machine, starting it on demand;
-    its state lives in TFRUN_HOME (default ~/.local/state/tfrun). Jobs keep running when the client
-    goes away and when the daemon itself stops.
+    Every verb talks to a daemon (tfrund): on a box over SSH with --host (or TFRUN_HOST, or the default
+    host of `tfrun hosts add`), else on this machine, started on demand, its state in TFRUN_HOME
+    (default ~/.local/state/tfrun). Jobs keep running when the client, the SSH link or the daemon
+    itself goes away.
 
     \b
     Examples:
@@ -195,6 +196,8 @@ def main() -> None:
       tfrun submit -f train.py             ... and follow its output; exit with its exit code
       tfrun ps                             jobs that have not ended (-a: all)
       tfrun logs -f 3                      follow job 3's output until it ends
+      tfrun pull 3                         copy job 3's checkpoint folder here
+      tfrun hosts add box alice@gpu-box    from now on, every verb runs on box (--host local: here)
       tfrun cancel 3                       SIGTERM, then SIGKILL after 10 s (--grace)
     """
 
@@ -519,9 +522,11 @@ async def _reconnect() -> Channel:
     help="Folder to copy into (created if needed).",
 )
 def pull(job: str, paths: tuple[str, ...], dest: Path) -> None:
-    """Copy files of JOB back: PATH is "checkpoints[/...]" (the job's checkpoint folder, the default),
-    "work/..." (its work dir), or "output.log". Each lands under --to with its last part's name:
-    `tfrun pull 3 work/results` writes ./results/.
+    """Copy a job's checkpoints or files back to this machine.
+
+    PATH is "checkpoints[/...]" (the job's checkpoint folder, the default), "work/..." (its work dir
+    snapshot, with whatever the job wrote there), or "output.log". Each lands under --to with its last
+    part's name: `tfrun pull 3 work/results` writes ./results/. Symlinks are not followed or copied.
     """
     from tfrun.client.transfer import pull as pull_files
 
