@@ -34,6 +34,7 @@ def one_line_error(stderr: str, *expected: str) -> None:
         (["frobnicate"], 2, "No such command"),
     ],
 )
+@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
 def test_bad_input_gets_a_clear_message_and_exit_code(tf: Tfrun, args: list[str], code: int, expected: str) -> None:
     result = tf.run(*args)
     assert result.returncode == code, result.stderr
