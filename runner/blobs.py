@@ -24,14 +24,15 @@ from tfrun.protocol import FileEntry
 class BlobStore:
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._root = str(root)  # paths as strings: thousands are made per submit, and Path is slow
         self.incoming = root / "incoming"
         self.incoming.mkdir(parents=True, exist_ok=True)
 
-    def path(self, digest: str) -> Path:
-        return self.root / digest[:2] / digest
+    def path(self, digest: str) -> str:
+        return os.path.join(self._root, digest[:2], digest)
 
     def has(self, digest: str) -> bool:
-        return self.path(digest).is_file()
+        return os.path.isfile(self.path(digest))
 
     def missing(self, digests: list[str]) -> list[str]:
         bad = [d for d in digests if not valid_digest(d)]
@@ -64,7 +65,7 @@ class BlobStore:
                 partial.unlink()
                 raise ManifestError(f"content of {digest[:12]} does not match its digest")
         target = self.path(digest)
-        target.parent.mkdir(exist_ok=True)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
         os.replace(partial, target)
 
     def write_many(self, digests: list[str], sizes: list[int], data: bytes) -> None:
@@ -108,7 +109,7 @@ class BlobStore:
         os.rename(partial, dest)
 
 
-def _copy_new(source: Path, target: Path, mode: int) -> None:
+def _copy_new(source: str, target: Path, mode: int) -> None:
     """Copy to a file that must not exist yet (O_EXCL | O_NOFOLLOW: never through a link), in the kernel."""
     mode = stat.S_IMODE(mode) & 0o777 | 0o600  # the daemon's user keeps read and write access
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)

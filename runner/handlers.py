@@ -273,13 +273,13 @@ def _job_path(row: JobRow, path: str) -> tuple[Path, PurePosixPath]:
     "checkpoints/..." is the job's checkpoint folder; anything else is under the job's own folder.
     """
     try:
-        relative = check_relative(path.strip("/"))
+        parts = check_relative(path.strip("/"))
     except ManifestError as exc:
         raise _invalid(str(exc)) from None
-    if relative.parts[0] == "checkpoints":
-        root, inner = Path(row.checkpoint_dir), relative.parts[1:]
+    if parts[0] == "checkpoints":
+        root, inner = Path(row.checkpoint_dir), parts[1:]
     else:
-        root, inner = Path(row.job_dir), relative.parts
+        root, inner = Path(row.job_dir), parts
     target = root.joinpath(*inner)
     real_root = os.path.realpath(root)
     real = os.path.realpath(target)
@@ -287,7 +287,7 @@ def _job_path(row: JobRow, path: str) -> tuple[Path, PurePosixPath]:
         raise _invalid(f"{path} leads out of job {row.id}'s folders")
     if not os.path.lexists(target):
         raise _invalid(f"job {row.id} has no {path}")
-    return target, PurePosixPath(relative.name)
+    return target, PurePosixPath(parts[-1])
 
 
 async def list_files(daemon: Daemon, req: ListFiles, conn: Connection) -> None:

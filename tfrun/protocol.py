@@ -396,89 +396,146 @@ def mismatch_message(client: Hello, daemon: Hello) -> str:
 # Checking values against the declared types
 
 
-def _check(value: Any, tp: Any, where: str) -> Any:
-    """Return `value` converted to `tp`, or raise ProtocolError saying which field is wrong."""
+class _Bad(Exception):
+    """A value that does not fit its declared type; `where` grows as the error travels out of the value."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.where = ""
+
+
+Checker = typing.Callable[[Any], Any]
+_CHECKERS: dict[Any, Checker] = {}
+_PLANS: dict[type[Any], tuple[list[tuple[str, Checker, bool]], Optional[str]]] = {}
+
+
+def _checker(tp: Any) -> Checker:
+    """A function that returns a value converted to `tp` or raises _Bad: built once per type, since
+    a manifest of thousands of entries goes through the same few checks thousands of times."""
+    found = _CHECKERS.get(tp)
+    if found is None:
+        found = _CHECKERS[tp] = _make_checker(tp)
+    return found
+
+
+def _make_checker(tp: Any) -> Checker:
     origin = typing.get_origin(tp)
     if origin is Union:
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        inner = [o for o in options if o is not type(None)]
-        return _check(value, inner[0], where)
+        inner = _checker(next(o for o in typing.get_args(tp) if o is not type(None)))
+        return lambda value: None if value is None else inner(value)
     if origin is list:
-        if not isinstance(value, list):
-            raise ProtocolError(f"{where}: expected a list")
-        if len(value) > MAX_LIST_ITEMS:
-            raise ProtocolError(f"{where}: more than {MAX_LIST_ITEMS} items")
-        (item,) = typing.get_args(tp)
-        return [_check(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return _list_checker(_checker(typing.get_args(tp)[0]))
     if origin is dict:
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{where}: expected an object")
-        if len(value) > MAX_ENV:
-            raise ProtocolError(f"{where}: more than {MAX_ENV} entries")
-        _, item = typing.get_args(tp)
-        return {_check(k, str, f"{where} key"): _check(v, item, f"{where}.{k}") for k, v in value.items()}
+        return _dict_checker(_checker(typing.get_args(tp)[1]))
     if tp is bool:
-        if not isinstance(value, bool):
-            raise ProtocolError(f"{where}: expected true or false")
-        return value
+        return lambda value: value if isinstance(value, bool) else _fail("expected true or false")
     if tp is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ProtocolError(f"{where}: expected an integer")
-        return value
+        return lambda value: value if type(value) is int else _fail("expected an integer")
     if tp is float:
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ProtocolError(f"{where}: expected a number")
-        return float(value)
+        return lambda value: float(value) if type(value) in (int, float) else _fail("expected a number")
     if tp is str:
-        if not isinstance(value, str):
-            raise ProtocolError(f"{where}: expected a string")
-        if len(value) > MAX_STRING:
-            raise ProtocolError(f"{where}: longer than {MAX_STRING} characters")
-        return value
+        return _check_str
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{where}: expected an object")
-        return tp(**_fields(tp, value, where))
+        cls = tp
+
+        def check_record(value: Any) -> Any:
+            if not isinstance(value, dict):
+                _fail("expected an object")
+            return cls(**_kwargs(cls, value))
+
+        return check_record
     raise TypeError(f"unsupported field type {tp!r}")  # a mistake in this file, not in the peer
 
 
-_HINTS: dict[type[Any], dict[str, Any]] = {}
+def _fail(message: str) -> Any:
+    raise _Bad(message)
 
 
-def _hints(cls: type[Any]) -> dict[str, Any]:
-    """The resolved field types of a message or record class (resolving them is slow: done once)."""
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    return hints
+def _check_str(value: Any) -> str:
+    if type(value) is not str:
+        _fail("expected a string")
+    if len(value) > MAX_STRING:
+        _fail(f"longer than {MAX_STRING} characters")
+    return typing.cast(str, value)
 
 
-def _fields(cls: type[Any], raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """The checked constructor arguments of dataclass `cls` found in `raw`, less any raw-bytes field.
+def _list_checker(item: Checker) -> Checker:
+    def check_list(value: Any) -> list[Any]:
+        if not isinstance(value, list):
+            _fail("expected a list")
+        if len(value) > MAX_LIST_ITEMS:
+            _fail(f"more than {MAX_LIST_ITEMS} items")
+        out = []
+        for i, element in enumerate(value):
+            try:
+                out.append(item(element))
+            except _Bad as exc:
+                exc.where = f"[{i}]{exc.where}"
+                raise
+        return out
+
+    return check_list
+
+
+def _dict_checker(item: Checker) -> Checker:
+    def check_dict(value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            _fail("expected an object")
+        if len(value) > MAX_ENV:
+            _fail(f"more than {MAX_ENV} entries")
+        out = {}
+        for key, element in value.items():
+            try:
+                out[_check_str(key)] = item(element)
+            except _Bad as exc:
+                exc.where = f".{key}{exc.where}"
+                raise
+        return out
+
+    return check_dict
+
+
+def _plan(cls: type[Any]) -> tuple[list[tuple[str, Checker, bool]], Optional[str]]:
+    """(name, checker, required) for each field of `cls` but its raw-bytes one, and that one's name."""
+    found = _PLANS.get(cls)
+    if found is None:
+        hints = typing.get_type_hints(cls)
+        fields = [
+            (
+                f.name,
+                _checker(hints[f.name]),
+                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            )
+            for f in dataclasses.fields(cls)
+            if hints[f.name] is not bytes
+        ]
+        raw_bytes = next((name for name, tp in hints.items() if tp is bytes), None)
+        found = _PLANS[cls] = (fields, raw_bytes)
+    return found
+
+
+def _kwargs(cls: type[Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """The checked constructor arguments of `cls` found in `raw`, less any raw-bytes field.
 
     Unknown keys are ignored, so that a peer may add optional fields without bumping the protocol.
     """
-    hints = _hints(cls)
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if hints[f.name] is bytes:
-            continue  # the payload, which the reader fills in
-        if f.name not in raw:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ProtocolError(f"{where}: missing field {f.name!r}")
-            continue
-        kwargs[f.name] = _check(raw[f.name], hints[f.name], f"{where}.{f.name}")
+    for name, check, required in _plan(cls)[0]:
+        if name in raw:
+            try:
+                kwargs[name] = check(raw[name])
+            except _Bad as exc:
+                exc.where = f".{name}{exc.where}"
+                raise
+        elif required:
+            _fail(f"missing field {name!r}")
     return kwargs
 
 
 def _bytes_field(cls: type[Any]) -> Optional[str]:
     """The name of the class's raw-bytes field, if it has one."""
-    for name, tp in _hints(cls).items():
-        if tp is bytes:
-            return name
-    return None
+    return _plan(cls)[1]
 
 
 def validate_name(name: str) -> Optional[str]:
@@ -535,7 +592,10 @@ def decode_header(line: bytes) -> tuple[type[Message], dict[str, Any], int]:
         size = raw.get("size", 0)
         if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_PAYLOAD_BYTES:
             raise ProtocolError("payload size out of range")
-    return cls, _fields(cls, raw, cls.TYPE), size
+    try:
+        return cls, _kwargs(cls, raw), size
+    except _Bad as exc:
+        raise ProtocolError(f"{cls.TYPE}{exc.where}: {exc.message}") from None
 
 
 class Reader(Protocol):
