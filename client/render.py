@@ -101,6 +101,9 @@ def job_detail(job: Job, console: Console) -> None:
         ("finished", when(job.finished_at)),
         ("runtime", duration(runtime(job))),
         ("workdir", job.workdir),
+        ("source", job.source or "-"),
+        ("snapshot", f"{job.files} entries, {size(job.bytes)}"),
+        ("git", "-" if job.git_commit is None else job.git_commit + (" (dirty)" if job.git_dirty else "")),
         ("log", job.log_path),
         ("checkpoints", job.checkpoint_dir),
     ]
