@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 from collections.abc import Awaitable, Coroutine
@@ -39,6 +40,7 @@ from tfrun.protocol import (
     ListJobs,
     LogChunk,
     LogEnd,
+    LogLines,
     ProtocolError,
     ReadLog,
     RemoteError,
@@ -422,16 +424,63 @@ def cancel(jobs: tuple[str, ...], grace: float, as_json: bool) -> None:
 @host_options
 @click.argument("job")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends; exit with its exit code.")
-def logs(job: str, follow: bool) -> None:
-    """Print JOB's output (stdout and stderr, as the job wrote them)."""
+@click.option("-e", "--regexp", "patterns", multiple=True, metavar="PATTERN", help="Only lines matching PATTERN "
+              "(an extended regular expression, as grep -E); repeat to match any of several.")  # fmt: skip
+@click.option("--grep", "grep_patterns", multiple=True, metavar="PATTERN", help="The same as -e.")
+@click.option("-v", "--invert-match", "invert", is_flag=True, help="Only lines that do NOT match.")
+@click.option("-i", "--ignore-case", is_flag=True, help="Match upper and lower case alike.")
+@click.option("-F", "--fixed-strings", "fixed", is_flag=True, help="Patterns are plain strings, not expressions.")
+@click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Start with the last N lines (that match).")
+def logs(
+    job: str,
+    follow: bool,
+    patterns: tuple[str, ...],
+    grep_patterns: tuple[str, ...],
+    invert: bool,
+    ignore_case: bool,
+    fixed: bool,
+    tail: Optional[int],
+) -> None:
+    """Print JOB's output (stdout and stderr, as the job wrote them).
+
+    With a filter (-e/--grep, -v, --tail) the output is read as a terminal shows it: a progress bar that
+    redraws itself with \\r is one line in its final state, colour codes are ignored when matching, and
+    bytes that are not UTF-8 appear as \\xNN. Filtering happens on the box: only matching lines travel.
+
+    \b
+    Examples:
+      tfrun logs -f 12 --grep 'loss|step'     follow job 12, only lines with loss or step
+      tfrun logs 12 -i -e error -e nan         lines with error or NaN, any case
+      tfrun logs 12 --tail 20                  the last 20 lines
+    """
+    wanted = LogQuery(
+        patterns=[*patterns, *grep_patterns],
+        invert=invert,
+        ignore_case=ignore_case,
+        fixed=fixed,
+        tail=tail,
+    )
+    if (invert or ignore_case or fixed) and not wanted.patterns:
+        raise click.UsageError("-v, -i and -F need a pattern (-e PATTERN or --grep PATTERN)")
     if follow:
-        sys.exit(_run(_follow(job)))
+        sys.exit(_run(_follow(job, query=wanted)))
 
     async def conversation(channel: Channel) -> int:
-        await _stream_log(channel, job, LogCursor(), follow=False)
+        await _stream_log(channel, job, LogCursor(), follow=False, query=wanted)
         return EXIT_OK
 
     sys.exit(_run(_with_channel(conversation)))
+
+
+@dataclasses.dataclass
+class LogQuery:
+    """Which lines `logs` asks for; empty means every byte as written."""
+
+    patterns: list[str] = dataclasses.field(default_factory=list)
+    invert: bool = False
+    ignore_case: bool = False
+    fixed: bool = False
+    tail: Optional[int] = None
 
 
 class LogCursor:
@@ -439,35 +488,51 @@ class LogCursor:
 
     def __init__(self) -> None:
         self.offset = 0
+        self.started = False  # something was received: a reconnect carries on instead of starting over
 
 
-async def _stream_log(channel: Channel, job: str, cursor: LogCursor, follow: bool) -> LogEnd:
+async def _stream_log(
+    channel: Channel, job: str, cursor: LogCursor, follow: bool, query: Optional[LogQuery] = None
+) -> LogEnd:
     """Write the log to stdout from the cursor, moving it along; return the final LogEnd."""
     out = sys.stdout.buffer
-    await write_message(channel.writer, ReadLog(job=job, offset=cursor.offset, follow=follow))
+    query = query or LogQuery()
+    request = ReadLog(
+        job=job,
+        offset=cursor.offset,
+        follow=follow,
+        patterns=query.patterns,
+        invert=query.invert,
+        ignore_case=query.ignore_case,
+        fixed=query.fixed,
+        tail=None if cursor.started else query.tail,  # after a reconnect: carry on, do not tail again
+    )
+    await write_message(channel.writer, request)
     while True:
         msg = await channel.receive()
-        if isinstance(msg, LogChunk):
+        if isinstance(msg, (LogChunk, LogLines)):
             if msg.offset != cursor.offset:
-                raise ProtocolError(f"log chunk at byte {msg.offset}, expected {cursor.offset}")
+                raise ProtocolError(f"log data from byte {msg.offset}, expected {cursor.offset}")
             try:
                 out.write(msg.data)
                 out.flush()
             except BrokenPipeError:
                 raise StdoutClosed from None
-            cursor.offset += len(msg.data)
+            cursor.offset = msg.next_offset if isinstance(msg, LogLines) else msg.offset + len(msg.data)
+            cursor.started = True
         elif isinstance(msg, LogEnd):
+            cursor.started = True
             return msg
         else:
             raise ProtocolError(f"unexpected {msg.TYPE!r} while reading a log")
 
 
-async def _follow(job: str, channel: Optional[Channel] = None) -> int:
+async def _follow(job: str, channel: Optional[Channel] = None, query: Optional[LogQuery] = None) -> int:
     """Print the job's output until it ends, resuming at the same byte after a daemon restart."""
     cursor = LogCursor()
 
     async def from_cursor(channel: Channel) -> int:
-        end = await _stream_log(channel, job, cursor, follow=True)
+        end = await _stream_log(channel, job, cursor, follow=True, query=query)
         return job_exit_code(end.state, end.exit_code)
 
     return await _resilient(from_cursor, channel)

@@ -34,6 +34,7 @@ from tfrun.protocol import (
     ListJobs,
     LogChunk,
     LogEnd,
+    LogLines,
     Message,
     MissingBlobs,
     Ok,
@@ -48,6 +49,7 @@ from tfrun.protocol import (
     write_message,
 )
 from tfrun.runner import jobdir
+from tfrun.runner.lines import LineFilter, PatternError, Tail, TerminalLines, display, select
 from tfrun.runner.store import JobRow
 
 if TYPE_CHECKING:
@@ -208,10 +210,20 @@ async def cancel(daemon: Daemon, req: Cancel, conn: Connection) -> None:
 
 
 async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
-    """Send the log from `offset` in chunks; when following, until the job is final and all is sent."""
+    """Send the log from `offset`; when following, until the job is final and all is sent."""
     row = _find(daemon, req.job)
     if req.offset < 0:
         raise RequestError(ErrorCode.BAD_REQUEST, "offset must not be negative")
+    if req.tail is not None and req.tail < 0:
+        raise _invalid("--tail must not be negative")
+    line_filter = LineFilter(tuple(req.patterns), req.invert, req.ignore_case, req.fixed)
+    try:
+        compiled = line_filter.compile()
+    except PatternError as exc:
+        raise _invalid(str(exc)) from None
+    lines = (
+        _LineReader(conn, compiled, req.invert, req.offset, req.tail) if req.patterns or req.tail is not None else None
+    )
     path = Path(row.job_dir) / jobdir.OUTPUT
     offset = req.offset
     handle: Optional[Any] = None
@@ -228,16 +240,64 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
                 handle.seek(offset)
                 data = handle.read(LOG_CHUNK_BYTES)
             if data:
-                await conn.send(LogChunk(offset=offset, data=data))
+                if lines is None:
+                    await conn.send(LogChunk(offset=offset, data=data))
+                else:
+                    await lines.feed(data, offset)
                 offset += len(data)
                 continue
-            if current.final or not req.follow:
-                await conn.send(LogEnd(offset=offset, state=current.state, exit_code=current.exit_code))
+            ended = current.final or not req.follow
+            if lines is not None:
+                await lines.caught_up(final=current.final, end=offset)
+            if ended:
+                end = offset if lines is None else lines.resume_at
+                await conn.send(LogEnd(offset=end, state=current.state, exit_code=current.exit_code))
                 return
             await asyncio.sleep(FOLLOW_POLL_S)
     finally:
         if handle is not None:
             handle.close()
+
+
+class _LineReader:
+    """The filtered side of `read_log`: bytes in, passing terminal lines out, resumable at line ends."""
+
+    def __init__(self, conn: Connection, compiled: Any, invert: bool, offset: int, tail: Optional[int]) -> None:
+        self.conn = conn
+        self.compiled = compiled
+        self.invert = invert
+        self.terminal = TerminalLines()
+        self.boundary = offset  # just after the last newline read
+        self.resume_at = offset  # the boundary the client has been told about
+        self.tail = Tail(tail) if tail is not None else None
+
+    async def feed(self, data: bytes, offset: int) -> None:
+        finished = self.terminal.feed(data)
+        if not finished:
+            return
+        self.boundary = offset + data.rfind(b"\n") + 1
+        passing = select([display(line) for line in finished], self.compiled, self.invert)
+        if self.tail is not None:
+            self.tail.add(passing)
+        else:
+            await self._send(list(passing), self.boundary)
+
+    async def caught_up(self, final: bool, end: int) -> None:
+        """At the end of what the file holds: release --tail's lines, and a last line without newline."""
+        if self.tail is not None:
+            await self._send(list(self.tail.lines), self.boundary)
+            self.tail = None
+        if final:
+            last = self.terminal.pending()
+            if last is not None:
+                await self._send(list(select([display(last)], self.compiled, self.invert)), end)
+            self.resume_at = end
+
+    async def _send(self, texts: list[str], next_offset: int) -> None:
+        if texts:
+            data = "".join(f"{text}\n" for text in texts).encode("utf-8", "backslashreplace")
+            await self.conn.send(LogLines(offset=self.resume_at, next_offset=next_offset, data=data))
+            self.resume_at = next_offset
 
 
 # -- uploads and pulls -------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ header, their length in the header's "size", so log bytes cross without base64 o
 
 A conversation: the client sends `Hello`, the daemon answers `Hello` (or `Error` with code
 "version_mismatch"); then the client sends requests, each answered by one response, except `ReadLog`
-(any number of `LogChunk`, then one `LogEnd`) and `ReadFile` (`FileChunk`s, the last one marked). A
+(any number of `LogChunk` or `LogLines`, then one `LogEnd`) and `ReadFile` (`FileChunk`s, the last one marked). A
 submit uploads first: `HaveBlobs` names the contents of the work dir by SHA-256, the daemon answers
 with the ones it lacks, the client sends those, small ones packed together in `PutBlobs` and large ones
 in `PutBlob` chunks (each frame of `PutBlobs` and each last chunk answered by `Ok`, so the client may
@@ -250,11 +250,21 @@ class Wait(Message):
 @_message("read_log")
 @dataclass
 class ReadLog(Message):
-    """The job's output from byte `offset`; with `follow`, keep sending until the job ends."""
+    """The job's output from byte `offset`; with `follow`, keep sending until the job ends.
+
+    With no filter the bytes come as they are, in `LogChunk`s. With `patterns` or `tail` the daemon
+    reads the log as terminal lines (see runner/lines.py) and sends only the lines that pass, in
+    `LogLines`; `offset` must then be a line boundary, as every `LogLines.next_offset` is.
+    """
 
     job: str
     offset: int = 0
     follow: bool = False
+    patterns: list[str] = field(default_factory=list)  # extended regular expressions, ORed
+    invert: bool = False
+    ignore_case: bool = False
+    fixed: bool = False  # patterns are plain strings
+    tail: Optional[int] = None  # only the last N lines (that pass) of what is there now
 
 
 @_message("list_files")
@@ -324,6 +334,17 @@ class LogChunk(Message):
     """Bytes of the job's log starting at byte `offset` of the file."""
 
     offset: int
+    data: bytes
+
+
+@_message("log_lines")
+@dataclass
+class LogLines(Message):
+    """Finished lines that passed the filter, as UTF-8 text each ending in a newline; they lie between
+    byte `offset` and `next_offset` of the log, where a follower that reconnects resumes."""
+
+    offset: int
+    next_offset: int
     data: bytes
 
 
