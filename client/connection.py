@@ -44,15 +44,12 @@ class Target:
         return channel
 
 
-async def connect_local(layout: Layout, autostart: bool = True) -> Channel:
-    """A channel to the daemon of `layout`, starting it first if none answers and `autostart` allows."""
+async def connect_local(layout: Layout) -> Channel:
+    """A channel to the daemon of `layout`, starting it first if none answers (the embedded default)."""
     try:
         return await _open(layout)
     except (FileNotFoundError, ConnectionRefusedError):
-        if not autostart:
-            raise TfrunError(
-                f"tfrund is not running (home {layout.home}); start it with `tfrund start`", EXIT_DAEMON
-            ) from None
+        pass
     await start_local_daemon()
     try:
         return await _open(layout)

@@ -23,7 +23,6 @@ from tfrun.protocol import FileEntry
 
 class BlobStore:
     def __init__(self, root: Path) -> None:
-        self.root = root
         self._root = str(root)  # paths as strings: thousands are made per submit, and Path is slow
         self.incoming = root / "incoming"
         self.incoming.mkdir(parents=True, exist_ok=True)

@@ -268,7 +268,3 @@ for i in range({lines_after}):
     print("after", i, "y" * 50)
 sys.exit({code})
 """
-
-
-def have(tool: str) -> bool:
-    return shutil.which(tool) is not None
