@@ -226,7 +226,7 @@ def _snapshot_notes(snap: Snapshot) -> None:
         largest = ", ".join(f"{e.path} ({render.size(e.size)})" for e in snap.largest(3))
         click.echo(
             f"tfrun: warning: the work dir snapshot holds {render.size(snap.total_bytes)} in "
-            f"{len(snap.sources)} files; largest: {largest}. Keep data out of it with .tfrunignore.",
+            f"{len(snap.paths)} files; largest: {largest}. Keep data out of it with .tfrunignore.",
             err=True,
         )
 
@@ -273,7 +273,7 @@ def submit(
     (a folder of its own for checkpoints) on top of the daemon's environment and your --env.
     """
     from tfrun.client.snapshot import relative_script, scan
-    from tfrun.client.transfer import upload
+    from tfrun.client.transfer import LazyProgress, upload
 
     if name is not None and validate_name(name):
         raise click.BadParameter(str(validate_name(name)), param_hint="--name")
@@ -287,6 +287,13 @@ def submit(
     if snap.find(relative) is None:
         _fail(f"{script} is ignored by .gitignore or .tfrunignore, so it would not be sent", EXIT_USAGE)
     _snapshot_notes(snap)
+    hashing = LazyProgress(snap.total_bytes, "hashing")
+    try:
+        snap.hash(hashing.advance)
+    except TfrunError as exc:
+        _fail(exc.message, exc.exit_code)
+    finally:
+        hashing.close()
     if python is None and target.host is not None:
         python = target.host.python
     elif python is not None and target.local and os.sep in python:

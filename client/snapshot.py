@@ -10,7 +10,7 @@ import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Optional
+from typing import Callable, Optional
 
 import pathspec
 
@@ -29,6 +29,7 @@ class Snapshot:
     root: Path
     entries: list[FileEntry] = field(default_factory=list)
     sources: dict[str, Path] = field(default_factory=dict)  # digest -> a local file with that content
+    paths: dict[str, Path] = field(default_factory=dict)  # a file entry's path -> the local file
     skipped: list[str] = field(default_factory=list)  # special files and names that cannot be sent
     git_commit: Optional[str] = None
     git_dirty: Optional[bool] = None
@@ -42,6 +43,19 @@ class Snapshot:
 
     def find(self, path: str) -> Optional[FileEntry]:
         return next((e for e in self.entries if e.path == path), None)
+
+    def hash(self, progress: Callable[[int], None]) -> None:
+        """Name every file by its SHA-256 (a second pass, so that a size warning comes before the wait)."""
+        for entry in self.entries:
+            if entry.kind != "file":
+                continue
+            path = self.paths[entry.path]
+            try:
+                entry.digest = sha256_file(path)
+            except OSError as exc:
+                raise TfrunError(f"cannot read {path}: {exc.strerror or exc}", EXIT_USAGE) from None
+            self.sources.setdefault(entry.digest, path)
+            progress(entry.size)
 
 
 class _Ignores:
@@ -84,8 +98,10 @@ def _parent_ignores(root: Path) -> _Ignores:
 
 
 def scan(root: Path, local: bool) -> Snapshot:
-    """Walk `root` and name every file by content. `local`: the daemon shares this filesystem, so a
-    relative symlink that points out of the work dir is made absolute and still resolves from the job."""
+    """Walk `root` and list what a snapshot holds (contents are named later, by `Snapshot.hash`).
+
+    `local`: the daemon shares this filesystem, so a relative symlink that points out of the work dir is
+    made absolute and still resolves from the job."""
     snapshot = Snapshot(root)
     real_root = root.resolve()
     try:
@@ -115,11 +131,8 @@ def _walk(root: Path, folder: Path, ignores: _Ignores, snapshot: Snapshot, real_
         elif stat.S_ISLNK(st.st_mode):
             snapshot.entries.append(FileEntry(relative, "symlink", target=_link_target(path, real_root, local)))
         elif stat.S_ISREG(st.st_mode):
-            digest = sha256_file(path)
-            snapshot.sources.setdefault(digest, path)
-            snapshot.entries.append(
-                FileEntry(relative, "file", mode=stat.S_IMODE(st.st_mode), size=st.st_size, digest=digest)
-            )
+            snapshot.paths[relative] = path
+            snapshot.entries.append(FileEntry(relative, "file", mode=stat.S_IMODE(st.st_mode), size=st.st_size))
         else:
             snapshot.skipped.append(relative)  # FIFOs, sockets, devices: reading one could block forever
 

@@ -37,7 +37,7 @@ _PROGRESS_AFTER_S = 1.0  # a transfer shorter than this shows no bar
 _PACK_BELOW = 256 << 10  # contents up to this size travel packed several to a frame
 
 
-class _LazyProgress:
+class LazyProgress:
     """A progress bar on stderr that appears only once the work has taken more than a second."""
 
     def __init__(self, total: int, label: str) -> None:
@@ -78,7 +78,7 @@ async def upload(channel: Channel, snapshot: Snapshot) -> tuple[int, int]:
         raise ProtocolError(f"expected missing_blobs, got {reply.TYPE}")
     missing = reply.digests
     sizes = {e.digest: e.size for e in snapshot.entries if e.digest}
-    progress = _LazyProgress(sum(sizes.get(d, 0) for d in missing), "uploading")
+    progress = LazyProgress(sum(sizes.get(d, 0) for d in missing), "uploading")
 
     small = [d for d in missing if sizes.get(d, 0) <= _PACK_BELOW]
     large = [d for d in missing if sizes.get(d, 0) > _PACK_BELOW]
@@ -163,7 +163,7 @@ async def pull(channel: Channel, job: str, paths: list[str], dest: Path) -> tupl
         ordered = check_manifest(_with_parents(entries))
     except ManifestError as exc:
         raise TfrunError(f"refusing what the daemon listed: {exc}", EXIT_USAGE) from None
-    progress = _LazyProgress(sum(e.size for e in ordered if e.kind == "file"), "pulling")
+    progress = LazyProgress(sum(e.size for e in ordered if e.kind == "file"), "pulling")
     files = total = 0
     try:
         for entry in ordered:
@@ -196,7 +196,7 @@ def _with_parents(entries: list[FileEntry]) -> list[FileEntry]:
     return list(unique.values())
 
 
-async def _fetch(channel: Channel, job: str, path: str, entry: FileEntry, target: Path, progress: _LazyProgress) -> int:
+async def _fetch(channel: Channel, job: str, path: str, entry: FileEntry, target: Path, progress: LazyProgress) -> int:
     """Stream one file into a temporary sibling of `target`, then rename it over (never through a link)."""
     tmp = target.with_name(f".{target.name}.tfrun-pull")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
