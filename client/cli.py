@@ -24,6 +24,7 @@ from tfrun.constants import (
     EXIT_NO_SUCH_JOB,
     EXIT_OK,
     EXIT_USAGE,
+    MAX_CONTEXT,
     SIGNAL_EXIT_BASE,
     UPLOAD_WARN_BYTES,
 )
@@ -438,6 +439,11 @@ def cancel(jobs: tuple[str, ...], grace: float, as_json: bool) -> None:
 @click.option("-i", "--ignore-case", is_flag=True, help="Match upper and lower case alike.")
 @click.option("-F", "--fixed-strings", "fixed", is_flag=True, help="Patterns are plain strings, not expressions.")
 @click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Start with the last N lines (that match).")
+@click.option("-A", "--after-context", "after", type=click.IntRange(0, MAX_CONTEXT), default=0, metavar="N",
+              help="Also N lines after each match.")  # fmt: skip
+@click.option("-B", "--before-context", "before", type=click.IntRange(0, MAX_CONTEXT), default=0, metavar="N",
+              help="Also N lines before each match.")  # fmt: skip
+@click.option("-C", "--context", type=click.IntRange(0, MAX_CONTEXT), metavar="N", help="The same as -A N -B N.")
 def logs(
     job: str,
     follow: bool,
@@ -447,6 +453,9 @@ def logs(
     ignore_case: bool,
     fixed: bool,
     tail: Optional[int],
+    after: int,
+    before: int,
+    context: Optional[int],
 ) -> None:
     """Print JOB's output (stdout and stderr, as the job wrote them).
 
@@ -466,9 +475,11 @@ def logs(
         ignore_case=ignore_case,
         fixed=fixed,
         tail=tail,
+        after=after if context is None else context,
+        before=before if context is None else context,
     )
-    if (invert or ignore_case or fixed) and not wanted.patterns:
-        raise click.UsageError("-v, -i and -F need a pattern (-e PATTERN or --grep PATTERN)")
+    if (invert or ignore_case or fixed or wanted.after or wanted.before) and not wanted.patterns:
+        raise click.UsageError("-v, -i, -F, -A, -B and -C need a pattern (-e PATTERN or --grep PATTERN)")
     if follow:
         sys.exit(_run(_follow(job, query=wanted)))
 
@@ -488,6 +499,8 @@ class LogQuery:
     ignore_case: bool = False
     fixed: bool = False
     tail: Optional[int] = None
+    after: int = 0
+    before: int = 0
 
 
 class LogCursor:
@@ -513,6 +526,8 @@ async def _stream_log(
         ignore_case=query.ignore_case,
         fixed=query.fixed,
         tail=None if cursor.started else query.tail,  # after a reconnect: carry on, do not tail again
+        after=query.after,
+        before=query.before,
     )
     await write_message(channel.writer, request)
     while True:

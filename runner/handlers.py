@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from tfrun import __version__
-from tfrun.constants import DEFAULT_GRACE_S, FILE_CHUNK_BYTES, FOLLOW_POLL_S, LOG_CHUNK_BYTES, MAX_GRACE_S
+from tfrun.constants import DEFAULT_GRACE_S, FILE_CHUNK_BYTES, FOLLOW_POLL_S, LOG_CHUNK_BYTES, MAX_CONTEXT, MAX_GRACE_S
 from tfrun.content import ManifestError, check_manifest, check_relative
 from tfrun.protocol import (
     PROTOCOL_VERSION,
@@ -49,7 +49,7 @@ from tfrun.protocol import (
     write_message,
 )
 from tfrun.runner import jobdir
-from tfrun.runner.lines import LineFilter, PatternError, Tail, TerminalLines, display, select
+from tfrun.runner.lines import LineFilter, PatternError, Selector, Tail, TerminalLines, display
 from tfrun.runner.store import JobRow
 
 if TYPE_CHECKING:
@@ -221,9 +221,11 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
         compiled = line_filter.compile()
     except PatternError as exc:
         raise _invalid(str(exc)) from None
-    lines = (
-        _LineReader(conn, compiled, req.invert, req.offset, req.tail) if req.patterns or req.tail is not None else None
-    )
+    if not 0 <= req.after <= MAX_CONTEXT or not 0 <= req.before <= MAX_CONTEXT:
+        raise _invalid(f"context must be between 0 and {MAX_CONTEXT} lines")
+    filtered = bool(req.patterns) or req.tail is not None
+    selector = Selector(compiled, req.invert, req.after, req.before)
+    lines = _LineReader(conn, selector, req.offset, req.tail) if filtered else None
     path = Path(row.job_dir) / jobdir.OUTPUT
     offset = req.offset
     handle: Optional[Any] = None
@@ -262,10 +264,9 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
 class _LineReader:
     """The filtered side of `read_log`: bytes in, passing terminal lines out, resumable at line ends."""
 
-    def __init__(self, conn: Connection, compiled: Any, invert: bool, offset: int, tail: Optional[int]) -> None:
+    def __init__(self, conn: Connection, selector: Selector, offset: int, tail: Optional[int]) -> None:
         self.conn = conn
-        self.compiled = compiled
-        self.invert = invert
+        self.selector = selector
         self.terminal = TerminalLines()
         self.boundary = offset  # just after the last newline read
         self.resume_at = offset  # the boundary the client has been told about
@@ -276,11 +277,11 @@ class _LineReader:
         if not finished:
             return
         self.boundary = offset + data.rfind(b"\n") + 1
-        passing = select([display(line) for line in finished], self.compiled, self.invert)
+        passing = self.selector.select([display(line) for line in finished])
         if self.tail is not None:
             self.tail.add(passing)
         else:
-            await self._send(list(passing), self.boundary)
+            await self._send(passing, self.boundary)
 
     async def caught_up(self, final: bool, end: int) -> None:
         """At the end of what the file holds: release --tail's lines, and a last line without newline."""
@@ -290,7 +291,7 @@ class _LineReader:
         if final:
             last = self.terminal.pending()
             if last is not None:
-                await self._send(list(select([display(last)], self.compiled, self.invert)), end)
+                await self._send(self.selector.select([display(last)]), end)
             self.resume_at = end
 
     async def _send(self, texts: list[str], next_offset: int) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -121,12 +120,42 @@ def _reason(exc: Exception) -> str:
     return text
 
 
-def select(lines: list[str], compiled: Optional[Any], invert: bool) -> Iterator[str]:
-    """The lines that pass the filter."""
-    for text in lines:
-        hit = compiled is None or compiled.search(plain(text)) is not None
-        if hit != invert:
-            yield text
+class Selector:
+    """grep's choice of lines: those that match (or not, with -v), with -A/-B lines of context around
+    them and `--` between groups that are not next to each other in the log, as grep prints them."""
+
+    SEPARATOR = "--"
+
+    def __init__(self, compiled: Optional[Any], invert: bool, after: int = 0, before: int = 0) -> None:
+        self.compiled = compiled
+        self.invert = invert
+        self.after = after
+        self.context = after > 0 or before > 0
+        self.before: deque[str] = deque(maxlen=before or None) if before else deque(maxlen=0)
+        self.after_left = 0
+        self.printed = False
+        self.unprinted = 0  # lines passed over since the last one printed
+
+    def select(self, texts: list[str]) -> list[str]:
+        out: list[str] = []
+        for text in texts:
+            hit = self.compiled is None or self.compiled.search(plain(text)) is not None
+            if hit != self.invert:
+                if self.context and self.printed and self.unprinted > len(self.before):
+                    out.append(self.SEPARATOR)
+                out.extend(self.before)
+                self.before.clear()
+                out.append(text)
+                self.after_left = self.after
+                self.printed = True
+                self.unprinted = 0
+            elif self.after_left > 0:
+                out.append(text)
+                self.after_left -= 1
+            else:
+                self.before.append(text)
+                self.unprinted += 1
+        return out
 
 
 class Tail:
@@ -135,5 +164,5 @@ class Tail:
     def __init__(self, n: int) -> None:
         self.lines: deque[str] = deque(maxlen=n)
 
-    def add(self, lines: Iterator[str]) -> None:
+    def add(self, lines: list[str]) -> None:
         self.lines.extend(lines)

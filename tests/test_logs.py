@@ -169,3 +169,16 @@ def test_a_filtered_follower_resumes_after_a_daemon_crash_without_gap_or_duplica
     steps = [int(line.split()[1]) for line in out.decode().splitlines()]
     assert steps == list(range(0, steps[-1] + 1, 2)) and steps[-1] >= 1998
     assert all("noise" not in line for line in out.decode().splitlines())
+
+
+@pytest.mark.parametrize("context", [["-A", "1"], ["-B", "2"], ["-C", "1"], ["-A", "2", "-B", "1"], ["-v", "-A", "1"]])
+def test_context_lines_are_what_grep_prints(tf: Tfrun, project: Path, tmp_path: Path, context: list[str]) -> None:
+    """The same log through `tfrun logs` and through GNU grep -E, with the same options: the same output."""
+    text = "".join(f"step {i} loss={i}\n" if i % 7 in (0, 1) or i == 30 else f"noise {i}\n" for i in range(40))
+    job = tf.submit(str(job_printing(project, text.encode())))
+    tf.ok("wait", str(job))
+    ours = tf.run("logs", str(job), "-e", "loss", *context)
+    assert ours.returncode == 0, ours.stderr
+    (tmp_path / "log.txt").write_text(text)
+    theirs = subprocess.run(["grep", "-E", "loss", *context, str(tmp_path / "log.txt")], capture_output=True, text=True)
+    assert ours.stdout == theirs.stdout

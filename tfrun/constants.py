@@ -33,6 +33,7 @@ MAX_LIST_ITEMS = 1 << 20
 MAX_ENV = 1024
 MAX_STRING = 64 << 10
 MAX_NAME = 128
+MAX_CONTEXT = 10_000  # lines of `logs -A/-B` context a request may ask for
 
 # Seconds a client waits for a daemon it started to accept connections.
 DAEMON_START_TIMEOUT_S = 30.0

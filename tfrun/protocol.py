@@ -265,6 +265,8 @@ class ReadLog(Message):
     ignore_case: bool = False
     fixed: bool = False  # patterns are plain strings
     tail: Optional[int] = None  # only the last N lines (that pass) of what is there now
+    after: int = 0  # lines of context after each match, as grep -A
+    before: int = 0  # and before, as grep -B
 
 
 @_message("list_files")
