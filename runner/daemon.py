@@ -37,6 +37,7 @@ from tfrun.runner.config import Config
 from tfrun.runner.handlers import HANDLERS, Connection, RequestError
 from tfrun.runner.store import Store
 from tfrun.runner.supervisor import Supervisor
+from tfrun.runner.watch import LogWatch
 
 log = logging.getLogger("tfrund")
 
@@ -128,6 +129,7 @@ class Daemon:
     async def serve(self) -> None:
         """Reconcile, listen, and serve until asked to stop (Shutdown, SIGTERM or SIGINT)."""
         self._stopping = asyncio.Event()
+        self.log_watch = LogWatch(asyncio.get_running_loop())
         self.supervisor.reconcile()
         await self.supervisor.resume_queued()
         socket_path = self.layout.socket
@@ -144,6 +146,7 @@ class Daemon:
         finally:
             server.close()
             monitor.cancel()
+            self.log_watch.stop()
             socket_path.unlink(missing_ok=True)
             log.info("tfrund (pid %d) stopped; running jobs keep running", os.getpid())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import stat
@@ -227,14 +228,14 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
     selector = Selector(compiled, req.invert, req.after, req.before)
     lines = _LineReader(conn, selector, req.offset, req.tail) if filtered else None
     path = Path(row.job_dir) / jobdir.OUTPUT
-    offset = req.offset
-    handle: Optional[Any] = None
-    try:
+    with daemon.log_watch.follow(path) as grew, contextlib.ExitStack() as cleanup:
+        offset = req.offset
+        handle: Optional[Any] = None
         while True:
             # Final is read before the file: a job is final only once nothing of it can write any more.
             current = daemon.store.get(row.id) or row
             if handle is None and path.exists():
-                handle = open(path, "rb")  # noqa: SIM115 - held across awaits, closed in finally
+                handle = cleanup.enter_context(open(path, "rb"))
                 if offset > os.fstat(handle.fileno()).st_size:
                     raise RequestError(ErrorCode.BAD_REQUEST, f"offset {offset} is past the end of the log")
             data = b""
@@ -255,10 +256,7 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
                 end = offset if lines is None else lines.resume_at
                 await conn.send(LogEnd(offset=end, state=current.state, exit_code=current.exit_code))
                 return
-            await asyncio.sleep(FOLLOW_POLL_S)
-    finally:
-        if handle is not None:
-            handle.close()
+            await grew.wait(FOLLOW_POLL_S)
 
 
 class _LineReader:

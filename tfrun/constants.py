@@ -25,7 +25,7 @@ UPLOAD_WARN_BYTES = 100 << 20  # a work dir snapshot above this gets a warning n
 
 # How often the daemon looks at running jobs and growing logs when nothing woke it up earlier.
 MONITOR_INTERVAL_S = 0.2
-FOLLOW_POLL_S = 0.1
+FOLLOW_POLL_S = 0.1  # a follower looks anyway after this long without a file event
 
 # Limits on what a request may carry. Lists are bounded by the header size too: a work dir of about
 # 100,000 files still fits in one submit.

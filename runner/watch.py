@@ -1,0 +1,97 @@
+"""Waking log followers as soon as a job's log grows: file events (watchdog, inotify on Linux), with
+polling as the fallback where events are missing (no inotify, a network filesystem, watches used up).
+
+One watch per job folder however many followers it has; a follower waits on an asyncio event that the
+watchdog thread sets through the loop, so a busy log costs one wake-up per batch of writes (the kernel
+merges repeated events while nobody reads them), not one per line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+log = logging.getLogger("tfrund")
+
+
+class Subscription:
+    """Set whenever the followed file may have grown; a write while the follower reads is not lost."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def wait(self, timeout: float) -> None:
+        """Return once the file may have grown, or after `timeout` seconds in any case."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.event.wait(), timeout)
+        self.event.clear()
+
+
+class LogWatch:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiters: dict[str, set[asyncio.Event]] = {}
+        self.watches: dict[str, Any] = {}
+        self.observer: Optional[Any] = None
+        try:
+            from watchdog.observers import Observer
+
+            observer = Observer()
+            observer.daemon = True
+            observer.start()
+            self.observer = observer
+        except Exception as exc:  # no inotify here: followers poll, as they would anyway on timeout
+            log.warning("file events unavailable (%s); log followers poll", exc)
+
+    def stop(self) -> None:
+        if self.observer is not None:
+            self.observer.stop()
+
+    @contextlib.contextmanager
+    def follow(self, path: Path) -> Iterator[Subscription]:
+        """Watch `path` for as long as the block runs: one follower's subscription to its growth."""
+        key = os.fspath(path)
+        folder = os.path.dirname(key)
+        subscription = Subscription()
+        self.waiters.setdefault(key, set()).add(subscription.event)
+        self._watch(folder)
+        try:
+            yield subscription
+        finally:
+            waiting = self.waiters.get(key, set())
+            waiting.discard(subscription.event)
+            if not waiting:
+                self.waiters.pop(key, None)
+            if not any(os.path.dirname(k) == folder for k in self.waiters):
+                self._unwatch(folder)
+
+    def _watch(self, folder: str) -> None:
+        if self.observer is None or folder in self.watches:
+            return
+        from watchdog.events import FileSystemEventHandler
+
+        watch = self
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: Any) -> None:  # called on watchdog's thread
+                watch.loop.call_soon_threadsafe(watch._wake, os.fsdecode(event.src_path))
+
+        try:
+            self.watches[folder] = self.observer.schedule(Handler(), folder, recursive=False)
+        except Exception as exc:  # e.g. inotify watches used up: this folder is polled
+            log.warning("cannot watch %s (%s); its followers poll", folder, exc)
+
+    def _unwatch(self, folder: str) -> None:
+        watch = self.watches.pop(folder, None)
+        if watch is not None and self.observer is not None:
+            with contextlib.suppress(Exception):  # already gone with its folder
+                self.observer.unschedule(watch)
+
+    def _wake(self, path: str) -> None:
+        for event in self.waiters.get(path, ()):
+            event.set()
