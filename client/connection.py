@@ -9,7 +9,7 @@ from typing import Optional
 
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
-from tfrun.constants import EXIT_DAEMON, MAX_HEADER_BYTES
+from tfrun.constants import EXIT_DAEMON
 from tfrun.paths import Layout
 from tfrun.protocol import Channel
 
@@ -47,25 +47,16 @@ class Target:
 async def connect_local(layout: Layout) -> Channel:
     """A channel to the daemon of `layout`, starting it first if none answers (the embedded default)."""
     try:
-        return await _open(layout)
+        return await Channel.connect_unix(str(layout.socket))
     except (FileNotFoundError, ConnectionRefusedError):
         pass
     await start_local_daemon()
     try:
-        return await _open(layout)
+        return await Channel.connect_unix(str(layout.socket))
     except OSError as exc:
         raise TfrunError(
             f"tfrund started but cannot be reached at {layout.socket}: {exc.strerror or exc}", EXIT_DAEMON
         ) from None
-
-
-async def _open(layout: Layout) -> Channel:
-    reader, writer = await asyncio.open_unix_connection(str(layout.socket), limit=MAX_HEADER_BYTES + 1)
-    try:
-        return await Channel.open(reader, writer)
-    except BaseException:
-        writer.close()
-        raise
 
 
 async def start_local_daemon() -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
-from tfrun.constants import EXIT_DAEMON, MAX_HEADER_BYTES
+from tfrun.constants import EXIT_DAEMON
 from tfrun.protocol import Channel
 
 IDLE_EXIT_S = 600.0
@@ -48,20 +48,11 @@ async def connect(host: Host, accept_new: bool) -> Channel:
     """A channel to the box's daemon through its keeper, starting the keeper first if none answers."""
     path = socket_path(host)
     try:
-        return await _open(path)
+        return await Channel.connect_unix(str(path))
     except (FileNotFoundError, ConnectionRefusedError):
         pass
     await asyncio.get_running_loop().run_in_executor(None, _start, host, accept_new, path)
-    return await _open(path)
-
-
-async def _open(path: Path) -> Channel:
-    reader, writer = await asyncio.open_unix_connection(str(path), limit=MAX_HEADER_BYTES + 1)
-    try:
-        return await Channel.open(reader, writer)
-    except BaseException:
-        writer.close()
-        raise
+    return await Channel.connect_unix(str(path))
 
 
 def _start(host: Host, accept_new: bool, path: Path) -> None:

@@ -146,12 +146,11 @@ def _last_error(layout: Layout, offset: int) -> Optional[str]:
 
 
 async def _ask(layout: Layout, msg: Message) -> Message:
-    reader, writer = await asyncio.open_unix_connection(str(layout.socket))
+    channel = await Channel.connect_unix(str(layout.socket))
     try:
-        channel = await Channel.open(reader, writer)
         return await channel.request(msg)
     finally:
-        writer.close()
+        channel.close()
 
 
 def _status(layout: Layout) -> Optional[DaemonInfo]:

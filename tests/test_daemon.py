@@ -9,7 +9,6 @@ import os
 import socket
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 from conftest import TFRUN, TFRUND, Tfrun, processes_of, wait_for, write_script
@@ -215,10 +214,3 @@ def test_a_long_home_path_still_gets_a_socket(tmp_path: Path, project: Path) -> 
         assert len(socket_path) < 108 and (Path(socket_path).parent.stat().st_mode & 0o777) == 0o700
     finally:
         tf.cleanup()
-
-
-def test_the_daemon_starts_in_well_under_a_few_seconds(tf: Tfrun) -> None:
-    """Not a timing assertion on performance: a start that hangs until the 30 s timeout is a bug."""
-    started = time.monotonic()
-    assert tf.daemon("start").returncode == 0
-    assert time.monotonic() - started < 20

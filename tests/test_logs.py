@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -121,12 +120,12 @@ def test_an_invalid_pattern_is_refused_before_anything_runs(tf: Tfrun, project: 
 def test_a_pathological_pattern_does_not_stall_the_daemon(tf: Tfrun, project: Path) -> None:
     job = tf.submit(str(job_printing(project, (b"a" * 5000 + b"b\n") * 200)))
     tf.ok("wait", str(job))
+    # With a backtracking engine this search would outlast the test's timeout by ages; with RE2 it ends,
+    # and the daemon answers another client meanwhile.
     slow = subprocess.Popen([*TFRUN, "logs", str(job), "-e", "(a+)+$"], env=tf.env, stdout=-1, stderr=-1)
-    started = time.monotonic()
     assert tf.run("ps", "-a").returncode == 0
-    out, _ = slow.communicate(timeout=60)
+    out, _ = slow.communicate(timeout=120)
     assert slow.returncode == 0 and out == b""
-    assert time.monotonic() - started < 30, "with backtracking this takes longer than the universe has"
 
 
 def test_a_huge_line_is_delivered_cut_and_the_file_keeps_it_whole(tf: Tfrun, project: Path) -> None:

@@ -107,8 +107,7 @@ def test_names_that_are_not_utf8_arrive_as_the_same_bytes(tf: Tfrun, project: Pa
 
 async def _raw_submit(layout: Layout, files: list[FileEntry], blobs: dict[str, bytes]) -> str:
     """Send a hand-made manifest straight to the daemon, as a hostile client could; return its answer."""
-    reader, writer = await asyncio.open_unix_connection(str(layout.socket))
-    channel = await Channel.open(reader, writer)
+    channel = await Channel.connect_unix(str(layout.socket))
     try:
         await channel.request(HaveBlobs(list(blobs)))
         for digest, data in blobs.items():

@@ -712,6 +712,16 @@ class Channel:
             raise RemoteError(ErrorCode.VERSION_MISMATCH, mismatch_message(mine, reply))
         return cls(reader, writer, reply)
 
+    @classmethod
+    async def connect_unix(cls, path: str) -> Channel:
+        """A channel to whatever speaks the protocol on the Unix socket at `path` (a daemon, a keeper)."""
+        reader, writer = await asyncio.open_unix_connection(path, limit=MAX_HEADER_BYTES + 1)
+        try:
+            return await cls.open(reader, writer)
+        except BaseException:
+            writer.close()
+            raise
+
     async def request(self, msg: Message) -> Message:
         """Send one request and return its one reply."""
         await write_message(self.writer, msg)
