@@ -16,6 +16,7 @@ from tfrun import __version__
 from tfrun.client import config, render
 from tfrun.client.connection import Target
 from tfrun.client.errors import TfrunError
+from tfrun.client.timespec import Since, since_option
 from tfrun.constants import (
     DEFAULT_GRACE_S,
     EXIT_DAEMON,
@@ -444,6 +445,11 @@ def cancel(jobs: tuple[str, ...], grace: float, as_json: bool) -> None:
 @click.option("-B", "--before-context", "before", type=click.IntRange(0, MAX_CONTEXT), default=0, metavar="N",
               help="Also N lines before each match.")  # fmt: skip
 @click.option("-C", "--context", type=click.IntRange(0, MAX_CONTEXT), metavar="N", help="The same as -A N -B N.")
+@click.option("--since", callback=since_option, metavar="DURATION|TIME", help="Only lines written since "
+              "then: a duration before now (90s, 10m, 1h30m, 2d) or a date and time (2026-11-30T08:00, local unless "
+              "it ends in Z or names a zone).")  # fmt: skip
+@click.option("-t", "--timestamps", is_flag=True, help="Start each line with the time it was written (UTC, "
+              "RFC 3339, to within 0.1 s).")  # fmt: skip
 def logs(
     job: str,
     follow: bool,
@@ -456,18 +462,22 @@ def logs(
     after: int,
     before: int,
     context: Optional[int],
+    since: Optional[Since],
+    timestamps: bool,
 ) -> None:
     """Print JOB's output (stdout and stderr, as the job wrote them).
 
-    With a filter (-e/--grep, -v, --tail) the output is read as a terminal shows it: a progress bar that
-    redraws itself with \\r is one line in its final state, colour codes are ignored when matching, and
-    bytes that are not UTF-8 appear as \\xNN. Filtering happens on the box: only matching lines travel.
+    With a filter (-e/--grep, -v, --tail, --since) or --timestamps the output is read as a terminal shows
+    it: a progress bar that redraws itself with \\r is one line in its final state, colour codes are ignored
+    when matching, and bytes that are not UTF-8 appear as \\xNN. Filtering happens on the box: only
+    matching lines travel.
 
     \b
     Examples:
       tfrun logs -f 12 --grep 'loss|step'     follow job 12, only lines with loss or step
       tfrun logs 12 -i -e error -e nan         lines with error or NaN, any case
       tfrun logs 12 --tail 20                  the last 20 lines
+      tfrun logs 12 --since 10m -t             the last ten minutes, each line with its time
     """
     wanted = LogQuery(
         patterns=[*patterns, *grep_patterns],
@@ -477,6 +487,8 @@ def logs(
         tail=tail,
         after=after if context is None else context,
         before=before if context is None else context,
+        since=since,
+        timestamps=timestamps,
     )
     if (invert or ignore_case or fixed or wanted.after or wanted.before) and not wanted.patterns:
         raise click.UsageError("-v, -i, -F, -A, -B and -C need a pattern (-e PATTERN or --grep PATTERN)")
@@ -501,6 +513,8 @@ class LogQuery:
     tail: Optional[int] = None
     after: int = 0
     before: int = 0
+    since: Optional[Since] = None
+    timestamps: bool = False
 
 
 class LogCursor:
@@ -528,7 +542,10 @@ async def _stream_log(
         tail=None if cursor.started else query.tail,  # after a reconnect: carry on, do not tail again
         after=query.after,
         before=query.before,
+        timestamps=query.timestamps,
     )
+    if query.since is not None and not cursor.started:  # after a reconnect every line from the cursor is wanted
+        request.since, request.since_ago = query.since.at, query.since.ago
     await write_message(channel.writer, request)
     while True:
         msg = await channel.receive()

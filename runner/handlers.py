@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import shutil
 import stat
 import sys
+import time
 from collections.abc import Awaitable
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Optional
 
 from tfrun import __version__
 from tfrun.constants import DEFAULT_GRACE_S, FILE_CHUNK_BYTES, FOLLOW_POLL_S, LOG_CHUNK_BYTES, MAX_CONTEXT, MAX_GRACE_S
@@ -51,6 +53,7 @@ from tfrun.protocol import (
 )
 from tfrun.runner import jobdir
 from tfrun.runner.lines import LineFilter, PatternError, Selector, Tail, TerminalLines, display
+from tfrun.runner.logindex import LogIndex, Stamper
 from tfrun.runner.store import JobRow
 
 if TYPE_CHECKING:
@@ -224,10 +227,14 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
         raise _invalid(str(exc)) from None
     if not 0 <= req.after <= MAX_CONTEXT or not 0 <= req.before <= MAX_CONTEXT:
         raise _invalid(f"context must be between 0 and {MAX_CONTEXT} lines")
-    filtered = bool(req.patterns) or req.tail is not None
-    selector = Selector(compiled, req.invert, req.after, req.before)
-    lines = _LineReader(conn, selector, req.offset, req.tail) if filtered else None
+    since = _since(req)
     path = Path(row.job_dir) / jobdir.OUTPUT
+    index = LogIndex(Path(row.job_dir) / jobdir.INDEX) if since is not None or req.timestamps else None
+    lines: Optional[_LineReader] = None
+    if req.patterns or req.tail is not None or index is not None:
+        stamper = Stamper(index, path) if req.timestamps and index is not None else None
+        selector = Selector(compiled, req.invert, req.after, req.before)
+        lines = _LineReader(conn, selector, req.offset, req.tail, index, since, stamper)
     with daemon.log_watch.follow(path) as grew, contextlib.ExitStack() as cleanup:
         offset = req.offset
         handle: Optional[Any] = None
@@ -238,6 +245,8 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
                 handle = cleanup.enter_context(open(path, "rb"))
                 if offset > os.fstat(handle.fileno()).st_size:
                     raise RequestError(ErrorCode.BAD_REQUEST, f"offset {offset} is past the end of the log")
+                if since is not None and index is not None and lines is not None:
+                    offset = lines.boundary = _line_start(handle, max(offset, index.offset_since(since)), offset)
             data = b""
             if handle is not None:
                 handle.seek(offset)
@@ -259,23 +268,61 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
             await grew.wait(FOLLOW_POLL_S)
 
 
-class _LineReader:
-    """The filtered side of `read_log`: bytes in, passing terminal lines out, resumable at line ends."""
+def _since(req: ReadLog) -> Optional[float]:
+    """The time (the box's clock) from which lines are wanted, or None for all of them."""
+    for value in (req.since, req.since_ago):
+        if value is not None and not math.isfinite(value):
+            raise _invalid("--since must be a finite time")
+    if req.since_ago is not None and req.since_ago < 0:
+        raise _invalid("--since must not be in the future")
+    if req.since_ago is not None:
+        return time.time() - req.since_ago
+    return req.since
 
-    def __init__(self, conn: Connection, selector: Selector, offset: int, tail: Optional[int]) -> None:
+
+def _line_start(handle: BinaryIO, offset: int, floor: int) -> int:
+    """The start of the line that holds byte `offset`: just after the last newline before it (or `floor`)."""
+    pos = offset
+    while pos > floor:
+        step = min(LOG_CHUNK_BYTES, pos - floor)
+        handle.seek(pos - step)
+        found = handle.read(step).rfind(b"\n")
+        if found >= 0:
+            return pos - step + found + 1
+        pos -= step
+    return floor
+
+
+class _LineReader:
+    """The line-wise side of `read_log`: bytes in, passing terminal lines out, resumable at line ends."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        selector: Selector,
+        offset: int,
+        tail: Optional[int],
+        index: Optional[LogIndex] = None,
+        since: Optional[float] = None,
+        stamper: Optional[Stamper] = None,
+    ) -> None:
         self.conn = conn
         self.selector = selector
         self.terminal = TerminalLines()
         self.boundary = offset  # just after the last newline read
         self.resume_at = offset  # the boundary the client has been told about
         self.tail = Tail(tail) if tail is not None else None
+        self.index = index
+        self.since = since  # lines complete before this are skipped; None once a line was after it
+        self.stamper = stamper
 
     async def feed(self, data: bytes, offset: int) -> None:
         finished = self.terminal.feed(data)
         if not finished:
             return
         self.boundary = offset + data.rfind(b"\n") + 1
-        passing = self.selector.select([display(line) for line in finished])
+        ends = [offset + end for end in _line_ends(data)] if self.stamper or self.since is not None else []
+        passing = self._select([display(line) for line in finished], ends)
         if self.tail is not None:
             self.tail.add(passing)
         else:
@@ -289,14 +336,39 @@ class _LineReader:
         if final:
             last = self.terminal.pending()
             if last is not None:
-                await self._send(self.selector.select([display(last)]), end)
+                await self._send(self._select([display(last)], [end]), end)
             self.resume_at = end
+
+    def _select(self, texts: list[str], ends: list[int]) -> list[str]:
+        """The lines to send among `texts` (which end at the offsets `ends`, when asked for times)."""
+        if self.since is not None and self.index is not None:
+            skip = 0
+            for end in ends:
+                when = self.index.time_at(end)
+                if when is not None and when < self.since:
+                    skip += 1
+                else:
+                    self.since = None  # times only grow along the log: every later line is wanted
+                    break
+            texts, ends = texts[skip:], ends[skip:]
+        stamps = [self.stamper.stamp(end) for end in ends] if self.stamper is not None else None
+        return self.selector.select(texts, stamps)
 
     async def _send(self, texts: list[str], next_offset: int) -> None:
         if texts:
             data = "".join(f"{text}\n" for text in texts).encode("utf-8", "backslashreplace")
             await self.conn.send(LogLines(offset=self.resume_at, next_offset=next_offset, data=data))
             self.resume_at = next_offset
+
+
+def _line_ends(data: bytes) -> list[int]:
+    """The offset just past each newline in `data`."""
+    ends = []
+    pos = data.find(b"\n")
+    while pos >= 0:
+        ends.append(pos + 1)
+        pos = data.find(b"\n", pos + 1)
+    return ends
 
 
 # -- uploads and pulls -------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
     spec.json     what to run (written by the daemon before the shim starts; read by the shim)
     work/         the snapshot of the user's work dir, the job's cwd
     output.log    stdout and stderr of the job, appended by the job itself (O_APPEND)
+    output.idx    (offset, time) records of the log's growth, appended by the shim (runner/logindex.py)
     shim.json     the shim's and the job's identities (written by the shim once the job runs)
     cancel.json   a cancel request with its grace period (written by the daemon, read by the shim)
     exit.json     how the job ended (written by the shim once nothing of the job is left)
@@ -21,6 +22,7 @@ from typing import Any, Optional
 SPEC = "spec.json"
 WORK = "work"
 OUTPUT = "output.log"
+INDEX = "output.idx"
 SHIM = "shim.json"
 CANCEL = "cancel.json"
 EXIT = "exit.json"

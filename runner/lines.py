@@ -136,24 +136,29 @@ class Selector:
         self.printed = False
         self.unprinted = 0  # lines passed over since the last one printed
 
-    def select(self, texts: list[str]) -> list[str]:
+    def select(self, texts: list[str], stamps: Optional[list[str]] = None) -> list[str]:
+        """The lines to print among `texts`, each after its stamp (e.g. a time) when `stamps` is given.
+
+        A stamp is never matched against: `^step` still finds lines that start with "step".
+        """
         out: list[str] = []
-        for text in texts:
+        for i, text in enumerate(texts):
+            shown = text if stamps is None else stamps[i] + text
             hit = self.compiled is None or self.compiled.search(plain(text)) is not None
             if hit != self.invert:
                 if self.context and self.printed and self.unprinted > len(self.before):
                     out.append(self.SEPARATOR)
                 out.extend(self.before)
                 self.before.clear()
-                out.append(text)
+                out.append(shown)
                 self.after_left = self.after
                 self.printed = True
                 self.unprinted = 0
             elif self.after_left > 0:
-                out.append(text)
+                out.append(shown)
                 self.after_left -= 1
             else:
-                self.before.append(text)
+                self.before.append(shown)
                 self.unprinted += 1
         return out
 

@@ -3,7 +3,8 @@
 `python -m tfrun.runner.shim JOB_DIR`, started by the daemon in a new session. It forks once, so the
 daemon can reap its first process at once and the shim lives on as nobody's child; then it starts the job
 in a process group of its own with stdout and stderr on the job's log file (no pipe that a dead daemon
-could leave full), waits for it, and writes exit.json once nothing of the job is left.
+could leave full), waits for it, and writes exit.json once nothing of the job is left. While it waits it
+notes the log's growth in the job's (offset, time) index every 0.1 s (runner/logindex.py).
 
 Cancel is SIGTERM to the shim: it signals the job's group and every other descendant, waits the grace
 period from cancel.json, then SIGKILLs what is left. The shim owns that timer, so a daemon that dies in the
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from tfrun.runner import jobdir
+from tfrun.runner import jobdir, logindex
 from tfrun.runner.process import Identity, descendants
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -54,6 +55,10 @@ class Shim:
         self.deadline: Optional[float] = None  # when to SIGKILL what is left
         self.killed = False
         self.cancelled = False
+        self.log_fd = -1
+        self.index_fd = -1
+        self.indexed = 0  # the log's size at the last index record
+        self.next_tick = 0.0  # when to look at the log's size again
 
     def start(self) -> None:
         """Start the job with its output on the log file; on failure, record it as the job's exit."""
@@ -73,8 +78,12 @@ class Shim:
             os.write(log, f"tfrun: cannot start {self.spec['command'][0]}: {exc.strerror}\n".encode())
             self._write_exit(code=127, sig=None, started=time.time(), error=f"cannot start: {exc.strerror}")
             raise SystemExit(0) from None
-        finally:
+        except BaseException:
             os.close(log)
+            raise
+        self.log_fd = log
+        self.index_fd = os.open(self.job_dir / jobdir.INDEX, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.indexed = os.fstat(log).st_size
         self.job_pid = proc.pid
         proc.returncode = 0  # we reap it ourselves below; stop Popen's destructor from trying
         self.started_at = time.time()
@@ -94,13 +103,14 @@ class Shim:
     def run(self) -> None:
         """Wait for the job and everything it started; handle cancel; record the exit."""
         while True:
-            timeout = None if self.deadline is None else max(0.0, self.deadline - time.time())
+            self._index()
+            now = time.time()
+            timeout = self.next_tick - now
+            if self.deadline is not None:
+                timeout = min(timeout, self.deadline - now)
             if self.status is not None:
-                timeout = 0.05 if timeout is None else min(timeout, 0.05)  # poll leftovers we did not start
-            if timeout is None:
-                info: Optional[signal.struct_siginfo] = signal.sigwaitinfo(_HANDLED)
-            else:
-                info = signal.sigtimedwait(_HANDLED, timeout) if timeout > 0 else None
+                timeout = min(timeout, 0.05)  # poll leftovers we did not start
+            info = signal.sigtimedwait(_HANDLED, timeout) if timeout > 0 else None
             if info is not None and info.si_signo == signal.SIGTERM:
                 self._cancel()
             self._reap()
@@ -113,8 +123,24 @@ class Shim:
                 # The job ended but left processes behind: they belong to it, so they go too.
                 self._signal_all(signal.SIGTERM)
                 self.deadline = time.time() + self._grace()
+        self.next_tick = 0.0
+        self._index()  # the last bytes, before exit.json says there will be no more
         code, sig = _decode(self.status if self.status is not None else 0)
         self._write_exit(code=code, sig=sig, started=self.started_at)
+
+    def _index(self) -> None:
+        """Once per INDEX_INTERVAL_S: if the log grew, note its new size and the time (runner/logindex.py)."""
+        now = time.time()
+        if now < self.next_tick:
+            return
+        self.next_tick = now + logindex.INDEX_INTERVAL_S
+        try:
+            size = os.fstat(self.log_fd).st_size
+            if size > self.indexed:
+                logindex.append(self.index_fd, size, now)
+                self.indexed = size
+        except OSError:
+            pass  # a full disk, say: the index only loses precision; the job must not suffer for it
 
     def _cancel(self) -> None:
         if self.cancelled:

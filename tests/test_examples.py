@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import Tfrun
 
+from tfrun.runner.lines import plain
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "jobs" / "examples"
 
 pytest.importorskip("tensorflow", reason="the example jobs need TensorFlow (pip install -e '.[test]')")
@@ -25,3 +27,18 @@ def test_the_demo_job_trains_and_checkpoints_through_tfrun(tf: Tfrun) -> None:
     record = tf.jobs()[0]
     assert record["state"] == "succeeded"
     assert any(p.name.startswith("final-1") for p in Path(record["checkpoint_dir"]).iterdir())
+
+
+def test_a_real_keras_fit_followed_with_a_filter_shows_each_epoch_once(tf: Tfrun, tmp_path: Path) -> None:
+    """model.fit of the installed TensorFlow, live under tfrun: its redrawn progress bar, filtered on the box."""
+    project = tmp_path / "fit"
+    project.mkdir()
+    (project / "keras_fit.py").write_bytes((Path(__file__).resolve().parent / "data" / "keras_fit.py").read_bytes())
+    job = int(tf.ok("submit", "--python", sys.executable, str(project / "keras_fit.py")).strip())
+    followed = tf.run("logs", "-f", str(job), "-e", "val_loss", timeout=600)
+    assert followed.returncode == 0, followed.stdout[-3000:] + followed.stderr[-3000:]
+    lines = [plain(line) for line in followed.stdout.splitlines()]
+    assert len(lines) == 3, followed.stdout
+    assert all(line.startswith("9/9 ") and "/step - " in line and "ETA" not in line for line in lines), lines
+    losses = [float(line.split(" loss: ")[1].split()[0]) for line in lines]
+    assert losses == sorted(losses, reverse=True), "the loss falls over 3 epochs of this easy problem"

@@ -252,9 +252,10 @@ class Wait(Message):
 class ReadLog(Message):
     """The job's output from byte `offset`; with `follow`, keep sending until the job ends.
 
-    With no filter the bytes come as they are, in `LogChunk`s. With `patterns` or `tail` the daemon
-    reads the log as terminal lines (see runner/lines.py) and sends only the lines that pass, in
-    `LogLines`; `offset` must then be a line boundary, as every `LogLines.next_offset` is.
+    With no filter the bytes come as they are, in `LogChunk`s. With `patterns`, `tail`, a `since` or
+    `timestamps` the daemon reads the log as terminal lines (see runner/lines.py) and sends only the lines
+    that pass, in `LogLines`; `offset` must then be a line boundary, as every `LogLines.next_offset` is.
+    Times are the box's: seconds since the epoch, from the log's (offset, time) index.
     """
 
     job: str
@@ -267,6 +268,9 @@ class ReadLog(Message):
     tail: Optional[int] = None  # only the last N lines (that pass) of what is there now
     after: int = 0  # lines of context after each match, as grep -A
     before: int = 0  # and before, as grep -B
+    since: Optional[float] = None  # only lines complete at or after this time
+    since_ago: Optional[float] = None  # only lines complete in the last this many seconds (the box's clock)
+    timestamps: bool = False  # each line starts with the time it was complete, as RFC 3339 in UTC
 
 
 @_message("list_files")
