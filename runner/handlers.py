@@ -52,7 +52,7 @@ from tfrun.protocol import (
     write_message,
 )
 from tfrun.runner import jobdir
-from tfrun.runner.lines import LineFilter, PatternError, Selector, Tail, TerminalLines, display
+from tfrun.runner.lines import BlockMatcher, LineFilter, PatternError, Selector, Tail, TerminalLines, display
 from tfrun.runner.logindex import LogIndex, Stamper
 from tfrun.runner.store import JobRow
 
@@ -234,13 +234,14 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
     if req.patterns or req.tail is not None or index is not None:
         stamper = Stamper(index, path) if req.timestamps and index is not None else None
         selector = Selector(compiled, req.invert, req.after, req.before)
-        lines = _LineReader(conn, selector, req.offset, req.tail, index, since, stamper)
+        plain_selection = not req.invert and not req.after and not req.before and stamper is None
+        blocks = BlockMatcher(line_filter) if plain_selection else None
+        lines = _LineReader(conn, selector, req.offset, req.tail, index, since, stamper, blocks)
     with daemon.log_watch.follow(path) as grew, contextlib.ExitStack() as cleanup:
         offset = req.offset
         handle: Optional[Any] = None
+        current, state_read = row, False
         while True:
-            # Final is read before the file: a job is final only once nothing of it can write any more.
-            current = daemon.store.get(row.id) or row
             if handle is None and path.exists():
                 handle = cleanup.enter_context(open(path, "rb"))
                 if offset > os.fstat(handle.fileno()).st_size:
@@ -257,6 +258,12 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
                 else:
                     await lines.feed(data, offset)
                 offset += len(data)
+                state_read = False
+                continue
+            if not state_read:
+                # The file ends here for now. Read the job's state, then the file once more: a final job can
+                # write no more, but it may have written between the read above and this state.
+                current, state_read = daemon.store.get(row.id) or row, True
                 continue
             ended = current.final or not req.follow
             if lines is not None:
@@ -266,6 +273,7 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
                 await conn.send(LogEnd(offset=end, state=current.state, exit_code=current.exit_code))
                 return
             await grew.wait(FOLLOW_POLL_S)
+            state_read = False
 
 
 def _since(req: ReadLog) -> Optional[float]:
@@ -305,6 +313,7 @@ class _LineReader:
         index: Optional[LogIndex] = None,
         since: Optional[float] = None,
         stamper: Optional[Stamper] = None,
+        blocks: Optional[BlockMatcher] = None,
     ) -> None:
         self.conn = conn
         self.selector = selector
@@ -315,18 +324,30 @@ class _LineReader:
         self.index = index
         self.since = since  # lines complete before this are skipped; None once a line was after it
         self.stamper = stamper
+        self.blocks = blocks  # the fast path for whole blocks of plain lines, where the request allows it
 
     async def feed(self, data: bytes, offset: int) -> None:
+        if self.blocks is not None and self.since is None:
+            head = self.terminal.unfinished_line_ends(data)  # the rest of a line begun in an earlier read
+            cut = data.rfind(b"\n") + 1
+            matched = self.blocks.lines(data[head:cut]) if cut > head else None
+            if matched is not None:
+                passing = self._select(self.terminal.feed(data[:head]), []) + matched
+                self.terminal.feed(data[cut:])
+                await self._deliver(passing, offset + cut)
+                return
         finished = self.terminal.feed(data)
         if not finished:
             return
-        self.boundary = offset + data.rfind(b"\n") + 1
         ends = [offset + end for end in _line_ends(data)] if self.stamper or self.since is not None else []
-        passing = self._select([display(line) for line in finished], ends)
+        await self._deliver(self._select(finished, ends), offset + data.rfind(b"\n") + 1)
+
+    async def _deliver(self, passing: list[bytes], boundary: int) -> None:
+        self.boundary = boundary
         if self.tail is not None:
             self.tail.add(passing)
         else:
-            await self._send(passing, self.boundary)
+            await self._send(passing, boundary)
 
     async def caught_up(self, final: bool, end: int) -> None:
         """At the end of what the file holds: release --tail's lines, and a last line without newline."""
@@ -336,11 +357,13 @@ class _LineReader:
         if final:
             last = self.terminal.pending()
             if last is not None:
-                await self._send(self._select([display(last)], [end]), end)
+                await self._send(self._select([last], [end]), end)
             self.resume_at = end
 
-    def _select(self, texts: list[str], ends: list[int]) -> list[str]:
-        """The lines to send among `texts` (which end at the offsets `ends`, when asked for times)."""
+    def _select(self, finished: list[bytes], ends: list[int]) -> list[bytes]:
+        """The lines to send, as UTF-8, among terminal lines `finished` (ending at `ends`, when times count)."""
+        if not finished:
+            return []
         if self.since is not None and self.index is not None:
             skip = 0
             for end in ends:
@@ -350,13 +373,15 @@ class _LineReader:
                 else:
                     self.since = None  # times only grow along the log: every later line is wanted
                     break
-            texts, ends = texts[skip:], ends[skip:]
+            finished, ends = finished[skip:], ends[skip:]
         stamps = [self.stamper.stamp(end) for end in ends] if self.stamper is not None else None
-        return self.selector.select(texts, stamps)
+        texts = self.selector.select([display(line) for line in finished], stamps)
+        return [text.encode("utf-8", "backslashreplace") for text in texts]
 
-    async def _send(self, texts: list[str], next_offset: int) -> None:
-        if texts:
-            data = "".join(f"{text}\n" for text in texts).encode("utf-8", "backslashreplace")
+    async def _send(self, lines: list[bytes], next_offset: int) -> None:
+        if lines:
+            lines.append(b"")
+            data = b"\n".join(lines)
             await self.conn.send(LogLines(offset=self.resume_at, next_offset=next_offset, data=data))
             self.resume_at = next_offset
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
+import random
 import subprocess
 import tempfile
 import time
@@ -15,7 +16,7 @@ from conftest import TFRUN, Tfrun, wait_for, write_script
 
 from tfrun.client.timespec import Since, parse_duration, parse_since
 from tfrun.runner import logindex
-from tfrun.runner.lines import MAX_LINE_BYTES, TerminalLines, plain
+from tfrun.runner.lines import MAX_LINE_BYTES, BlockMatcher, LineFilter, Selector, TerminalLines, display, plain
 from tfrun.runner.logindex import LogIndex
 
 both = pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
@@ -390,3 +391,51 @@ def test_three_followers_of_a_job_writing_20_mb_per_second_get_every_byte(
     assert [hashlib.sha256(out.read_bytes()).hexdigest() for out in outputs[:2]] == [digest, digest]
     wanted = b"".join(line for line in log.splitlines(keepends=True) if b"loss" in line)
     assert outputs[2].read_bytes() == wanted
+
+
+# Words that trip case folding: the Kelvin sign folds to k, the long s to s; ß is not SS to RE2.
+BLOCK_WORDS = ["step", "loss=1.5", "LOSS", "a.b", "axb", "Straße", "STRASSE", "\u212a", "k", "\u017f", "s", "\t", "ß"]
+BLOCK_WORDS += ["", "|"]
+
+
+@pytest.mark.parametrize(
+    ("patterns", "ignore_case", "fixed"),
+    [
+        ((), False, False),
+        (("loss",), False, False),
+        (("loss|step",), False, False),
+        (("LOSS", "axb"), True, False),
+        (("a.b",), False, True),
+        (("a.b",), False, False),
+        (("^step", "ß$"), False, False),
+        (("k",), True, False),
+        (("ß",), True, False),
+        (("x|",), False, False),
+        (("[^z]*ß",), True, False),
+        (("|",), False, True),
+    ],
+)
+def test_the_block_path_finds_exactly_the_lines_the_line_path_finds(
+    patterns: tuple[str, ...], ignore_case: bool, fixed: bool
+) -> None:
+    """The fast path over whole blocks must agree with the per-line path, Unicode case folding included."""
+    rng = random.Random(len(patterns) * 7 + ignore_case * 3 + fixed)
+    for ascii_only in (True, False):
+        words = [w for w in BLOCK_WORDS if w.isascii() or not ascii_only]
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 4))) for _ in range(3000)]
+        block = ("\n".join(lines) + "\n").encode()
+        line_filter = LineFilter(patterns, ignore_case=ignore_case, fixed=fixed)
+        texts = [display(x) for x in TerminalLines().feed(block)]
+        per_line = Selector(line_filter.compile(), invert=False).select(texts)
+        fast = BlockMatcher(line_filter).lines(block)
+        if fast is None:  # allowed only where the literal search would fold case differently from RE2
+            assert ignore_case and not ascii_only
+            continue
+        assert fast == [text.encode() for text in per_line]
+
+
+def test_the_block_path_leaves_terminal_effects_and_bad_utf8_to_the_line_path() -> None:
+    matcher = BlockMatcher(LineFilter(("loss",)))
+    for block in (b"loss 1\rloss 2\n", b"loss\b\bx\n", b"\x1b[1mloss\x1b[0m\n", b"loss \xff\n"):
+        assert matcher.lines(block) is None
+    assert matcher.lines(b"loss 1\nnoise\nloss 2\n") == [b"loss 1", b"loss 2"]
