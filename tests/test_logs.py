@@ -6,6 +6,7 @@ import datetime
 import hashlib
 import os
 import random
+import signal
 import subprocess
 import tempfile
 import time
@@ -439,3 +440,15 @@ def test_the_block_path_leaves_terminal_effects_and_bad_utf8_to_the_line_path() 
     for block in (b"loss 1\rloss 2\n", b"loss\b\bx\n", b"\x1b[1mloss\x1b[0m\n", b"loss \xff\n"):
         assert matcher.lines(block) is None
     assert matcher.lines(b"loss 1\nnoise\nloss 2\n") == [b"loss 1", b"loss 2"]
+
+
+@both
+def test_follow_exits_with_the_job_code_or_128_plus_its_signal(tf: Tfrun, project: Path) -> None:
+    write_script(project, "seven.py", "print('loss 1')\nraise SystemExit(7)\n")
+    write_script(project, "term.py", "import os\nprint('loss 2', flush=True)\nos.kill(os.getpid(), 15)\n")
+    for script, code in (("seven.py", 7), ("term.py", 128 + signal.SIGTERM)):
+        job = tf.submit(str(project / script))
+        for options in ([], ["--grep", "loss"], ["-t"]):
+            followed = tf.run("logs", "-f", str(job), *options)
+            assert followed.returncode == code, (script, options, followed.stderr)
+            assert "loss" in followed.stdout
