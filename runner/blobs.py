@@ -4,6 +4,11 @@ Work dir files arrive once, named by their SHA-256: a re-submit of an unchanged 
 bytes at all. A job's `work/` is then built from the store by copying (not linking: a job that rewrites
 one of its files must never change the stored content another job will get).
 
+Copying a thousand files costs more than sending the one that changed, so after each submit the daemon
+prepares, in the background, a spare copy of that snapshot (`Spares`). The next submit from the same
+folder takes the spare, patches the few entries that differ, and renames it into place: a private copy
+still, at the cost of the change only.
+
 Everything a client names is checked before anything is written: paths are relative, without `..` or
 empty parts, and nothing is ever written through a symlink, so no name in a manifest can make the daemon
 write outside the job's folder.
@@ -11,12 +16,17 @@ write outside the job's folder.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import stat
+import threading
 from pathlib import Path
+from typing import Optional
 
+from tfrun.constants import SPARE_COUNT, SPARE_MAX_BYTES
 from tfrun.content import ManifestError, check_manifest, sha256_file, valid_digest
 from tfrun.protocol import FileEntry
 
@@ -26,12 +36,18 @@ class BlobStore:
         self._root = str(root)  # paths as strings: thousands are made per submit, and Path is slow
         self.incoming = root / "incoming"
         self.incoming.mkdir(parents=True, exist_ok=True)
+        self._known: set[str] = set()  # digests seen stored: contents are never removed, so a yes stays a yes
 
     def path(self, digest: str) -> str:
         return os.path.join(self._root, digest[:2], digest)
 
     def has(self, digest: str) -> bool:
-        return os.path.isfile(self.path(digest))
+        if digest in self._known:
+            return True
+        if os.path.isfile(self.path(digest)):
+            self._known.add(digest)
+            return True
+        return False
 
     def missing(self, digests: list[str]) -> list[str]:
         bad = [d for d in digests if not valid_digest(d)]
@@ -83,29 +99,136 @@ class BlobStore:
 
     def build(self, files: list[FileEntry], dest: Path) -> None:
         """Create `dest` (must not exist) holding `files`; atomically, via a temporary sibling."""
+        entries = self.checked(files)
+        partial = dest.with_name(dest.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        try:
+            for entry in entries:
+                self.create(entry, partial / entry.path)
+        except OSError:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        os.rename(partial, dest)
+
+    def checked(self, files: list[FileEntry]) -> list[FileEntry]:
+        """The entries in creation order, once every name is safe and every content is here."""
         entries = check_manifest(files)
         if any(e.kind == "file" and not e.digest for e in entries):
             raise ManifestError("every file of a snapshot needs its SHA-256 digest")
         lacking = self.missing([e.digest for e in entries if e.kind == "file" and e.digest])
         if lacking:
             raise ManifestError(f"{len(lacking)} file content(s) were never uploaded, e.g. {lacking[0][:12]}")
-        partial = dest.with_name(dest.name + ".partial")
+        return entries
+
+    def create(self, entry: FileEntry, target: Path) -> None:
+        """One entry of a snapshot at `target`, which must not exist; never through a link."""
+        if entry.kind == "dir":
+            target.mkdir(mode=0o755)
+        elif entry.kind == "symlink":
+            os.symlink(entry.target or "", target)
+        else:
+            assert entry.digest is not None
+            _copy_new(self.path(entry.digest), target, entry.mode)
+
+
+class Spares:
+    """A ready copy of the latest snapshot of each source folder, for the next submit from there to patch.
+
+    `spares/<key>/tree` is a snapshot exactly as `BlobStore.build` makes it and `spares/<key>/files.json`
+    its manifest; `<key>` names the client's folder. Only the daemon writes here, and a spare is renamed
+    out before it is patched, so two submits never share one. At most SPARE_COUNT spares are kept (the
+    least recently made go first), none of a snapshot over SPARE_MAX_BYTES.
+    """
+
+    def __init__(self, root: Path, blobs: BlobStore) -> None:
+        self.root = root
+        self.blobs = blobs
+        self._lock = threading.Lock()  # builds run in worker threads: taking and installing are atomic
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob("*.partial"):  # a build a stopped daemon left half done
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def build(self, files: list[FileEntry], dest: Path, source: Optional[str]) -> None:
+        """Create `dest` holding `files`: from the spare of `source`, patched, if there is one."""
+        entries = self.blobs.checked(files)
+        taken = None if source is None else self._take(source, dest.with_name(dest.name + ".partial"))
+        if taken is not None:
+            tree, before = taken
+            try:
+                self._patch(tree, before, entries)
+                os.rename(tree, dest)
+                return
+            except OSError:
+                shutil.rmtree(tree, ignore_errors=True)  # e.g. a full disk: try once more from scratch
+        self.blobs.build(files, dest)
+
+    def prepare(self, files: list[FileEntry], source: Optional[str]) -> None:
+        """Make the spare of `source` for its next submit: the same snapshot as `files`. In the background."""
+        if source is None or sum(e.size for e in files if e.kind == "file") > SPARE_MAX_BYTES:
+            return
+        key = _spare_key(source)
+        partial = self.root / f"{key}.{threading.get_ident()}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
         try:
-            for entry in entries:
-                target = partial / entry.path
-                if entry.kind == "dir":
-                    target.mkdir(mode=0o755)
-                elif entry.kind == "symlink":
-                    os.symlink(entry.target or "", target)
-                else:
-                    assert entry.digest is not None
-                    _copy_new(self.path(entry.digest), target, entry.mode)
-        except OSError:
+            self.blobs.build(files, partial / "tree")
+            with open(partial / "files.json", "w") as f:
+                json.dump([dataclasses.asdict(e) for e in files], f)
+        except (OSError, ManifestError):
             shutil.rmtree(partial, ignore_errors=True)
-            raise
-        os.rename(partial, dest)
+            return
+        with self._lock:
+            old = self.root / key
+            if old.exists():
+                os.rename(old, self.root / f"{key}.old.{threading.get_ident()}.partial")
+            os.rename(partial, old)
+            spares = sorted((p for p in self.root.iterdir() if "." not in p.name), key=lambda p: p.stat().st_mtime)
+            doomed = [p.rename(p.with_name(p.name + ".evicted.partial")) for p in spares[:-SPARE_COUNT]]
+        for folder in [*self.root.glob(f"{key}.old.*.partial"), *doomed]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _take(self, source: str, where: Path) -> Optional[tuple[Path, dict[str, FileEntry]]]:
+        """Move the spare of `source` to `where` and return it with its manifest; None if there is none."""
+        spare = self.root / _spare_key(source)
+        with self._lock:
+            try:
+                with open(spare / "files.json") as f:
+                    before = {e.path: e for e in (FileEntry(**d) for d in json.load(f))}
+                shutil.rmtree(where, ignore_errors=True)
+                os.rename(spare / "tree", where)
+            except (OSError, ValueError, TypeError):
+                return None
+            finally:
+                shutil.rmtree(spare, ignore_errors=True)
+        return where, before
+
+    def _patch(self, tree: Path, before: dict[str, FileEntry], entries: list[FileEntry]) -> None:
+        """Turn `tree`, a snapshot of `before`, into one of `entries`, touching only what differs."""
+        after = {e.path: e for e in entries}
+        for path in sorted(before, reverse=True):  # children before their folder
+            if not _same(before[path], after.get(path)):
+                target = tree / path
+                if before[path].kind == "dir":
+                    os.rmdir(target)
+                else:
+                    os.unlink(target)
+        for entry in entries:  # folders before their children
+            if not _same(before.get(entry.path), entry):
+                self.blobs.create(entry, tree / entry.path)
+
+
+def _same(a: Optional[FileEntry], b: Optional[FileEntry]) -> bool:
+    """Whether an entry of a built snapshot can stay as it is for another entry of the same path."""
+    if a is None or b is None or a.kind != b.kind:
+        return False
+    if a.kind == "dir":
+        return True  # folders are made 0755 whatever the manifest says
+    return a.digest == b.digest and a.mode == b.mode and a.target == b.target
+
+
+def _spare_key(source: str) -> str:
+    return hashlib.sha256(source.encode("utf-8", "surrogateescape")).hexdigest()[:24]
 
 
 def _copy_new(source: str, target: Path, mode: int) -> None:

@@ -15,7 +15,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Any, Callable, Optional
 
 import tfrun
 from tfrun.constants import MAX_HEADER_BYTES
@@ -32,7 +32,7 @@ from tfrun.protocol import (
     read_message,
     write_message,
 )
-from tfrun.runner.blobs import BlobStore
+from tfrun.runner.blobs import BlobStore, Spares
 from tfrun.runner.config import Config
 from tfrun.runner.handlers import HANDLERS, Connection, RequestError
 from tfrun.runner.store import Store
@@ -118,9 +118,23 @@ class Daemon:
         self.store = store
         self.supervisor = Supervisor(layout, store)
         self.blobs = BlobStore(layout.blobs_dir)
+        self.spares = Spares(layout.spares_dir, self.blobs)
+        self._background: set[asyncio.Future[Any]] = set()
         self._connections = 0
         self.started_at = time.time()
         self._stopping: Optional[asyncio.Event] = None  # made in serve(): on 3.9 an Event binds to a loop
+
+    def in_background(self, work: Callable[[], object]) -> None:
+        """Run `work` in a worker thread after the reply has gone; a failure is logged, never raised."""
+
+        def done(future: asyncio.Future[Any]) -> None:
+            self._background.discard(future)
+            if not future.cancelled() and future.exception() is not None:
+                log.error("background work failed: %s", future.exception())
+
+        future = asyncio.get_running_loop().run_in_executor(None, work)
+        self._background.add(future)
+        future.add_done_callback(done)
 
     def stop(self) -> None:
         if self._stopping is not None:

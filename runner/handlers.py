@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import shutil
@@ -111,7 +112,8 @@ async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
     row = daemon.store.create_job(req.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root)
     job_dir = Path(row.job_dir)
     try:
-        await asyncio.get_running_loop().run_in_executor(None, daemon.blobs.build, req.files, job_dir / jobdir.WORK)
+        build = functools.partial(daemon.spares.build, req.files, job_dir / jobdir.WORK, req.source)
+        await asyncio.get_running_loop().run_in_executor(None, build)
         Path(row.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     except (ManifestError, OSError) as exc:
         daemon.store.delete(row.id)  # nothing was started: leave no trace of a job that never was
@@ -124,6 +126,7 @@ async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
         raise RequestError(ErrorCode.INTERNAL, f"job {row.id} could not start: {exc.strerror or exc}") from None
     started = daemon.store.get(row.id) or row
     await conn.send(JobReply(started.public()))
+    daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
 
 
 def _check_submit(daemon: Daemon, req: Submit) -> PurePosixPath:

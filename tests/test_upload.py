@@ -9,10 +9,11 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun, write_script
+from conftest import Tfrun, wait_for, write_script
 
 from tfrun.paths import Layout
 from tfrun.protocol import Channel, FileEntry, HaveBlobs, PutBlob, RemoteError, Submit
@@ -190,3 +191,57 @@ def test_pull_brings_back_checkpoints_and_work_files_and_nothing_else(tf: Tfrun,
     assert not (dest / "passwd").exists()
     missing = tf.run("pull", str(job_id), "work/nothing-here", "--to", str(dest))
     assert missing.returncode == 2 and "has no work/nothing-here" in missing.stderr
+
+
+def _tree(root: Path) -> dict[str, tuple[str, object]]:
+    """Every entry under `root`: its kind and what matters of it (content, exec bit, link target)."""
+    found: dict[str, tuple[str, object]] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder, name)
+            key = str(path.relative_to(root))
+            if path.is_symlink():
+                found[key] = ("symlink", os.readlink(path))
+            elif path.is_dir():
+                found[key] = ("dir", None)
+            else:
+                found[key] = ("file", (path.read_bytes(), os.access(path, os.X_OK)))
+    return found
+
+
+def test_a_resubmit_patches_the_spare_copy_and_every_job_still_gets_its_own(tf: Tfrun, project: Path) -> None:
+    for i in range(200):
+        (project / f"pkg{i % 5}").mkdir(exist_ok=True)
+        (project / f"pkg{i % 5}" / f"mod{i}.py").write_text(f"VALUE = {i}\n")
+    (project / "gone").mkdir()
+    (project / "gone" / "inner.txt").write_text("inner")
+    (project / "becomes_dir").write_text("a file for now")
+    (project / "link").symlink_to("pkg0")
+    write_script(project, "train.py", "open('pkg0/mod0.py', 'a').write('# the job wrote this\\n')\n")
+    first = tf.submit(str(project / "train.py"))
+    tf.ok("wait", str(first))
+    spares = tf.home / "spares"
+    wait_for(lambda: list(spares.glob("*/files.json")), what="the spare copy")
+    made = time.time()
+
+    (project / "pkg1" / "mod1.py").write_text("VALUE = 'changed'\n")
+    (project / "pkg2" / "mod2.py").unlink()
+    (project / "pkg3" / "new.py").write_text("NEW = 1\n")
+    (project / "pkg4" / "mod4.py").chmod(0o755)
+    (project / "gone" / "inner.txt").unlink()
+    (project / "gone").rmdir()
+    (project / "becomes_dir").unlink()
+    (project / "becomes_dir").mkdir()
+    (project / "becomes_dir" / "x.txt").write_text("x")
+    (project / "link").unlink()
+    (project / "link").symlink_to("pkg1")
+    second = tf.submit(str(project / "train.py"))
+    tf.ok("wait", str(second))
+    work = tf.job_dir(second) / "work"
+    expected = _tree(project)
+    expected["pkg0/mod0.py"] = ("file", (b"VALUE = 0\n# the job wrote this\n", False))
+    assert _tree(work) == expected
+    unchanged = work / "pkg0" / "mod5.py"
+    assert unchanged.stat().st_mtime < made, "the unchanged files came from the spare, not from a fresh copy"
+    assert (tf.job_dir(first) / "work" / "pkg0" / "mod0.py").read_text().count("the job wrote this") == 1
+    assert (tf.job_dir(first) / "work" / "gone" / "inner.txt").read_text() == "inner", "job 1 kept its own copy"

@@ -75,6 +75,11 @@ class Layout:
         return self.home / "blobs"
 
     @property
+    def spares_dir(self) -> Path:
+        """Ready copies of recent snapshots, which the next submit from the same folder patches."""
+        return self.home / "spares"
+
+    @property
     def config_file(self) -> Path:
         return self.home / "config.toml"
 
