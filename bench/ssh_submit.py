@@ -6,7 +6,8 @@
 Measures, in one run on one machine (needs openssh-server, rsync, and root for the test sshd):
   - `tfrun submit job.py` until the job runs, against `ssh box 'nohup python3 job.py > log 2>&1 &'`;
   - the upload of a 1,000-file work dir, first and after one changed file, against `rsync -a` over the
-    same sshd (tfrun's figure is the whole submit: scan, hash, upload, start the job).
+    same sshd (tfrun's figure is the whole submit: scan, hash, upload, start the job); and the re-submit
+    against `rsync -a` followed by `ssh box 'nohup python3 train.py &'`, which is what it replaces.
 Prints a Markdown table of medians (p50) and p90, and tfrun's time as a ratio of the baseline's. tfrun
 keeps its SSH connection between commands (its connection keeper, like OpenSSH's ControlPersist); the
 baselines open a fresh connection each time, as plain ssh and rsync do; one row shows tfrun without
@@ -81,7 +82,7 @@ def main() -> None:
         make_work_dir(tree, 1000)
         (tree / "train.py").write_text("pass\n")
         rsync = ["rsync", "-a", "-e", shlex.join(ssh[:-1])]
-        first_tfrun, first_rsync, again_tfrun, again_rsync = [], [], [], []
+        first_tfrun, first_rsync, again_tfrun, again_rsync, again_rsync_nohup = [], [], [], [], []
         for i in range(args.runs):
             fresh = remote_client(Tfrun(work / f"home-{i}"), sshd)  # a daemon that holds none of the files
             fresh.ok("ps")
@@ -90,9 +91,19 @@ def main() -> None:
             (tree / "pkg3" / "f3.py").write_bytes(os.urandom(4000))
             again_tfrun.append(timed([*TFRUN, "submit", str(tree / "train.py")], fresh.env))
             again_rsync.append(timed([*rsync, f"{tree}/", f"root@127.0.0.1:{work}/rsync-{i}/"], tf.env))
+            (tree / "pkg3" / "f3.py").write_bytes(os.urandom(4000))
+            started = time.perf_counter()
+            timed([*rsync, f"{tree}/", f"root@127.0.0.1:{work}/rsync-{i}/"], tf.env)
+            timed([*ssh, f"cd {work}/rsync-{i}; nohup python3 train.py > log 2>&1 &"], tf.env)
+            again_rsync_nohup.append(time.perf_counter() - started)
+            (tree / "pkg3" / "f3.py").write_bytes(os.urandom(4000))
+            again_tfrun.append(timed([*TFRUN, "submit", str(tree / "train.py")], fresh.env))
             fresh.cleanup()
         rows.append(("upload 1,000 files, first time", first_tfrun, first_rsync))
         rows.append(("upload again after 1 changed file", again_tfrun, again_rsync))
+        rows.append(
+            ("the same, against rsync -a then ssh + nohup (what runs it today)", again_tfrun, again_rsync_nohup)
+        )  # noqa: E501
         tf.cleanup()
     finally:
         sshd.stop()
@@ -100,7 +111,7 @@ def main() -> None:
     print(f"\n{args.runs} runs each, loopback sshd, {os.cpu_count()} CPUs; seconds, p50 (p90)\n")
     print("| what | tfrun | baseline | ratio (p50) |")
     print("| --- | --- | --- | --- |")
-    names = {0: "ssh + nohup", 1: "ssh + nohup", 2: "rsync -a", 3: "rsync -a"}
+    names = {0: "ssh + nohup", 1: "ssh + nohup", 2: "rsync -a", 3: "rsync -a", 4: "rsync + nohup"}
     for n, (what, ours, theirs) in enumerate(rows):
         (o50, o90), (t50, t90) = stats(ours), stats(theirs)
         print(f"| {what} | {o50:.3f} ({o90:.3f}) | {names[n]}: {t50:.3f} ({t90:.3f}) | {o50 / t50:.2f}x |")

@@ -596,11 +596,18 @@ def encode(msg: Message) -> bytes:
 
 
 def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
+    """`value` as JSON types. Not dataclasses.asdict: that deep-copies, and a manifest holds thousands."""
     if isinstance(value, list):
         return [_plain(v) for v in value]
+    names = _FIELD_NAMES.get(type(value))
+    if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = _FIELD_NAMES[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+    if names is not None:
+        return {name: _plain(getattr(value, name)) for name in names}
     return value
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def decode_header(line: bytes) -> tuple[type[Message], dict[str, Any], int]:
