@@ -103,7 +103,7 @@ def main() -> None:
         rows.append(("upload again after 1 changed file", again_tfrun, again_rsync))
         rows.append(
             ("the same, against rsync -a then ssh + nohup (what runs it today)", again_tfrun, again_rsync_nohup)
-        )  # noqa: E501
+        )
         tf.cleanup()
     finally:
         sshd.stop()
