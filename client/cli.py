@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import sys
 from collections.abc import Awaitable, Coroutine
@@ -34,11 +35,14 @@ from tfrun.protocol import (
     CancelReply,
     Channel,
     ErrorCode,
+    FileEntry,
+    FileList,
     GetJob,
     Job,
     JobList,
     JobReply,
     JobState,
+    ListFiles,
     ListJobs,
     LogChunk,
     LogEnd,
@@ -46,6 +50,7 @@ from tfrun.protocol import (
     ProtocolError,
     ReadLog,
     RemoteError,
+    Restart,
     Submit,
     Wait,
     validate_name,
@@ -248,6 +253,9 @@ def _snapshot_notes(snap: Snapshot) -> None:
     "else python3 on the daemon's PATH).",
 )
 @click.option("-f", "--follow", is_flag=True, help="Follow the job's output and exit with its exit code.")
+@click.option("--max-restarts", type=click.IntRange(0, 1000), default=0, metavar="N", help="If the job fails or is "
+              "lost (not cancelled), run it again as a new job with the same snapshot and checkpoint folder, up "
+              "to N times; with tfrun.jobs it resumes from its last checkpoint.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON instead of its id.")
 @host_options
 @click.argument("script")
@@ -258,6 +266,7 @@ def submit(
     env_pairs: tuple[str, ...],
     python: Optional[str],
     follow: bool,
+    max_restarts: int,
     as_json: bool,
     script: str,
     args: tuple[str, ...],
@@ -271,8 +280,9 @@ def submit(
     executed directly (it must be executable). Everything after SCRIPT goes to the script untouched,
     even options: put tfrun's own options before SCRIPT.
 
-    The job's environment has PYTHONUNBUFFERED=1, TFRUN_JOB_ID, TFRUN_JOB_DIR and TFRUN_CHECKPOINT_DIR
-    (a folder of its own for checkpoints) on top of the daemon's environment and your --env.
+    The job's environment has PYTHONUNBUFFERED=1, TFRUN_JOB_ID, TFRUN_JOB_DIR, TFRUN_CHECKPOINT_DIR
+    (a folder of its own for checkpoints), TFRUN_METRICS_FILE and TF_FORCE_GPU_ALLOW_GROWTH=true (unless
+    set already) on top of the daemon's environment and your --env.
     """
     from tfrun.client.snapshot import relative_script, scan
     from tfrun.client.transfer import LazyProgress, upload
@@ -310,6 +320,7 @@ def submit(
         source=str(root),
         git_commit=snap.git_commit,
         git_dirty=snap.git_dirty,
+        max_restarts=max_restarts,
     )
 
     async def conversation(channel: Channel) -> int:
@@ -377,11 +388,17 @@ def status(job: str, as_json: bool) -> None:
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON.")
 def wait(job: str, as_json: bool) -> None:
-    """Wait until JOB ends, then exit with its exit code (128+N for signal N, 255 if lost)."""
+    """Wait until JOB ends, then exit with its exit code (128+N for signal N, 255 if lost).
+
+    A job restarted after a failure (submit --max-restarts) ends when its last restart does.
+    """
 
     async def conversation(channel: Channel) -> Job:
         reply = await channel.request(Wait(job=job))
         assert isinstance(reply, JobReply)
+        while reply.job.restarted_as is not None:  # failed, and running again (submit --max-restarts)
+            reply = await channel.request(Wait(job=str(reply.job.restarted_as)))
+            assert isinstance(reply, JobReply)
         return reply.job
 
     record = _run(_resilient(conversation))
@@ -424,6 +441,29 @@ def cancel(jobs: tuple[str, ...], grace: float, as_json: bool) -> None:
     if any(r.id is None for r in results):
         sys.exit(EXIT_NO_SUCH_JOB)
     sys.exit(EXIT_OK if all(r.ok for r in results) else EXIT_FAILURE)
+
+
+@main.command()
+@host_options
+@click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Follow the new job's output and exit with its exit code.")
+@click.option("--json", "as_json", is_flag=True, help="Print the new job's record as JSON instead of its id.")
+def restart(job: str, follow: bool, as_json: bool) -> None:
+    """Run an ended JOB again, as a new job: the same snapshot (not your files as they are now), command,
+    environment, and the same checkpoint folder, so a job using tfrun.jobs resumes where it stopped."""
+
+    async def conversation(channel: Channel) -> int:
+        reply = await channel.request(Restart(job=job))
+        assert isinstance(reply, JobReply)
+        if as_json:
+            click.echo(render.to_json(reply.job))
+        elif follow:
+            click.echo(f"job {reply.job.id} runs job {reply.job.restart_of} again", err=True)
+        else:
+            click.echo(reply.job.id)
+        return await _follow(str(reply.job.id), channel) if follow else EXIT_OK
+
+    sys.exit(_run(_with_channel(conversation)))
 
 
 # -- logs ---------------------------------------------------------------------------------------------------
@@ -567,14 +607,17 @@ async def _stream_log(
 
 
 async def _follow(job: str, channel: Optional[Channel] = None, query: Optional[LogQuery] = None) -> int:
-    """Print the job's output until it ends, resuming at the same byte after a daemon restart."""
-    cursor = LogCursor()
-
-    async def from_cursor(channel: Channel) -> int:
-        end = await _stream_log(channel, job, cursor, follow=True, query=query)
-        return job_exit_code(end.state, end.exit_code)
-
-    return await _resilient(from_cursor, channel)
+    """Print the job's output until it ends, resuming at the same byte after a daemon restart; when the
+    job failed and was restarted (submit --max-restarts), carry on with the job that runs it again."""
+    while True:
+        from_cursor = functools.partial(_stream_log, job=job, cursor=LogCursor(), follow=True, query=query)
+        end = await _resilient(from_cursor, channel)
+        channel = None
+        if end.restarted_as is None:
+            return job_exit_code(end.state, end.exit_code)
+        click.echo(f"tfrun: job {job} {end.state} (exit code {end.exit_code}); restarted as job {end.restarted_as}",
+                   err=True)  # fmt: skip
+        job = str(end.restarted_as)
 
 
 async def _resilient(action: Callable[[Channel], Awaitable[T]], channel: Optional[Channel] = None) -> T:
@@ -611,6 +654,27 @@ async def _reconnect() -> Channel:
 
 
 # -- files back ---------------------------------------------------------------------------------------------
+
+
+@main.command()
+@host_options
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+def checkpoints(job: str, as_json: bool) -> None:
+    """List what is in JOB's checkpoint folder on the box: each checkpoint's step, when it was saved, and
+    its size. A restarted job shares its checkpoint folder with the job it runs again.
+    `tfrun pull JOB` copies the folder here."""
+
+    async def conversation(channel: Channel) -> list[FileEntry]:
+        reply = await channel.request(ListFiles(job=job, path="checkpoints"))
+        assert isinstance(reply, FileList)
+        return reply.files
+
+    points = render.checkpoints(_run(_with_channel(conversation)))
+    if as_json:
+        click.echo(render.to_json(points))
+    else:
+        render.checkpoint_table(points, _console())
 
 
 @main.command()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from tfrun.protocol import Job, JobState
+from tfrun.protocol import FileEntry, Job, JobState
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn: `tfrun submit` and `--json` never pay for it
     from rich.console import Console
@@ -106,6 +107,9 @@ def job_detail(job: Job, console: Console) -> None:
         ("git", "-" if job.git_commit is None else job.git_commit + (" (dirty)" if job.git_dirty else "")),
         ("log", job.log_path),
         ("checkpoints", job.checkpoint_dir),
+        ("restart of", "-" if job.restart_of is None else f"job {job.restart_of}"),
+        ("restarted as", "-" if job.restarted_as is None else f"job {job.restarted_as}"),
+        ("restarts left", str(job.restarts_left)),
     ]
     rows += [(f"env {k}", v) for k, v in sorted(job.env.items())]
     table = Table(box=None, show_header=False, pad_edge=False)
@@ -113,6 +117,60 @@ def job_detail(job: Job, console: Console) -> None:
     table.add_column(overflow="fold")
     for key, value in rows:
         table.add_row(key, Text(value))
+    console.print(table)
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """One saved state in a job's checkpoint folder: a TensorFlow checkpoint's files, or any other file."""
+
+    name: str
+    step: Optional[int]
+    saved: Optional[float]
+    size: int
+    files: list[str]
+
+
+_TF_CHECKPOINT = re.compile(r"^(?P<prefix>.*?)(\.index|\.data-\d+-of-\d+)$")
+_STEP = re.compile(r"-(\d+)$")
+
+
+def checkpoints(entries: list[FileEntry]) -> list[Checkpoint]:
+    """The checkpoints among a listing of the checkpoint folder, oldest first.
+
+    TensorFlow writes one checkpoint as `PREFIX.index` and `PREFIX.data-0000N-of-0000M`, numbered by
+    step in PREFIX (`ckpt-1200`); its bookkeeping file `checkpoint` is not one. Other files are listed as
+    they are (a `final.weights.h5`, say), with no step.
+    """
+    found: dict[str, Checkpoint] = {}
+    for entry in entries:
+        if entry.kind != "file" or entry.path.rsplit("/", 1)[-1] == "checkpoint":
+            continue
+        path = entry.path.split("/", 1)[1] if "/" in entry.path else entry.path  # below "checkpoints/"
+        match = _TF_CHECKPOINT.match(path)
+        name = match["prefix"] if match else path
+        step = _STEP.search(name)
+        point = found.setdefault(name, Checkpoint(name, int(step[1]) if step else None, None, 0, []))
+        point.size += entry.size
+        point.files.append(path)
+        if entry.mtime is not None:
+            point.saved = max(point.saved or 0.0, entry.mtime)
+    return sorted(found.values(), key=lambda c: (c.saved or 0.0, c.step or 0, c.name))
+
+
+def checkpoint_table(points: list[Checkpoint], console: Console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    if not points:
+        console.print("no checkpoints", style="dim")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("CHECKPOINT", "STEP", "SAVED", "SIZE"):
+        table.add_column(column, no_wrap=True, justify="right" if column in ("STEP", "SIZE") else "left")
+    for point in points:
+        table.add_row(Text(point.name), "-" if point.step is None else str(point.step), when(point.saved),
+                      size(point.size))  # fmt: skip
     console.print(table)
 
 

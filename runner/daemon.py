@@ -14,8 +14,9 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import IO, Any, Callable, Optional
+from typing import IO, Any, Callable, Optional, Union
 
 import tfrun
 from tfrun.constants import MAX_HEADER_BYTES
@@ -25,6 +26,7 @@ from tfrun.protocol import (
     Error,
     ErrorCode,
     Hello,
+    JobState,
     Message,
     ProtocolError,
     daemon_hello,
@@ -34,7 +36,7 @@ from tfrun.protocol import (
 )
 from tfrun.runner.blobs import BlobStore, Spares
 from tfrun.runner.config import Config
-from tfrun.runner.handlers import HANDLERS, Connection, RequestError
+from tfrun.runner.handlers import HANDLERS, Connection, RequestError, rerun, start_rerun
 from tfrun.runner.store import Store
 from tfrun.runner.supervisor import Supervisor
 from tfrun.runner.watch import LogWatch
@@ -120,21 +122,36 @@ class Daemon:
         self.blobs = BlobStore(layout.blobs_dir)
         self.spares = Spares(layout.spares_dir, self.blobs)
         self._background: set[asyncio.Future[Any]] = set()
+        self.supervisor.on_final = self._restart_if_wanted
         self._connections = 0
         self.started_at = time.time()
         self._stopping: Optional[asyncio.Event] = None  # made in serve(): on 3.9 an Event binds to a loop
 
-    def in_background(self, work: Callable[[], object]) -> None:
-        """Run `work` in a worker thread after the reply has gone; a failure is logged, never raised."""
+    def in_background(self, work: Union[Callable[[], object], Coroutine[Any, Any, None]]) -> None:
+        """Run `work` (a function, in a worker thread, or a coroutine) without waiting for it; a failure is
+        logged, never raised."""
 
         def done(future: asyncio.Future[Any]) -> None:
             self._background.discard(future)
             if not future.cancelled() and future.exception() is not None:
                 log.error("background work failed: %s", future.exception())
 
-        future = asyncio.get_running_loop().run_in_executor(None, work)
+        loop = asyncio.get_running_loop()
+        future = loop.create_task(work) if asyncio.iscoroutine(work) else loop.run_in_executor(None, work)
         self._background.add(future)
         future.add_done_callback(done)
+
+    def _restart_if_wanted(self, job_id: int) -> None:
+        """The restart policy, applied the moment a job becomes final: a job that failed or was lost and
+        has restarts left runs again (same snapshot, same checkpoint folder) as a new job."""
+        row = self.store.get(job_id)
+        left = row.spec.get("max_restarts", 0) if row else 0
+        if row is None or row.state not in (JobState.FAILED, JobState.LOST) or left <= 0 or row.restarted_as:
+            return
+        reason = f"{row.state} with exit code {row.exit_code}; {left - 1} automatic restart(s) left"
+        new = rerun(self, row, reason, restarts_left=left - 1)
+        log.info("job %d: %s; running it again as job %d", row.id, reason, new.id)
+        self.in_background(start_rerun(self, new))
 
     def stop(self) -> None:
         if self._stopping is not None:

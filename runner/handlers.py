@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import json
 import math
 import os
 import shutil
@@ -46,6 +48,7 @@ from tfrun.protocol import (
     PutBlobs,
     ReadFile,
     ReadLog,
+    Restart,
     Shutdown,
     Submit,
     Wait,
@@ -98,6 +101,8 @@ def _invalid(message: str) -> RequestError:
 async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
     """Check the request, build the job's work dir from the uploaded contents, start the job's shim."""
     script = _check_submit(daemon, req)
+    if req.max_restarts < 0:
+        raise _invalid("--max-restarts must not be negative")
     spec: dict[str, Any] = {
         "source": req.source,
         "script": str(script),
@@ -108,25 +113,92 @@ async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
         "git_dirty": req.git_dirty,
         "files": len(req.files),
         "bytes": sum(e.size for e in req.files if e.kind == "file"),
+        "max_restarts": req.max_restarts,
     }
     row = daemon.store.create_job(req.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root)
+    try:
+        started = await _start(daemon, row, req.files)
+    except ManifestError as exc:
+        raise _invalid(f"cannot build the work dir: {exc}") from None
+    await conn.send(JobReply(started.public()))
+    daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
+
+
+async def restart(daemon: Daemon, req: Restart, conn: Connection) -> None:
+    """Run an ended job again, as a new job with the same snapshot, command and checkpoint folder."""
+    row = _find(daemon, req.job)
+    if not row.final:
+        raise _invalid(f"job {row.id} is still {row.state}: cancel it first, or wait for it")
+    new = rerun(daemon, row, reason="restarted by request")
+    try:
+        started = await _start(daemon, new, _snapshot_files(row))
+    except ManifestError as exc:
+        raise _invalid(f"cannot build job {row.id}'s work dir again: {exc}") from None
+    await conn.send(JobReply(started.public()))
+
+
+def rerun(daemon: Daemon, row: JobRow, reason: str, restarts_left: Optional[int] = None) -> JobRow:
+    """The queued job that runs `row` again (not started yet); `row` records it as its restart.
+
+    Synchronous on purpose: an automatic restart is decided in the same step that makes `row` final, so
+    whoever waits for `row` learns of the new job at once.
+    """
+    spec = dict(row.spec)
+    spec["restart_of"] = row.id
+    if restarts_left is not None:
+        spec["max_restarts"] = restarts_left
+    new = daemon.store.create_job(
+        row.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root, Path(row.checkpoint_dir)
+    )
+    shutil.copyfile(Path(row.job_dir) / jobdir.FILES, Path(new.job_dir) / jobdir.FILES)
+    daemon.store.update(row.id, restarted_as=new.id)
+    daemon.store.add_event(row.id, "restarted", f"as job {new.id}: {reason}")
+    daemon.store.add_event(new.id, "restart", f"of job {row.id}: {reason}")
+    return new
+
+
+async def start_rerun(daemon: Daemon, row: JobRow) -> None:
+    """Build and start a job made by `rerun` (for automatic restarts, in the background)."""
+    try:
+        await _start(daemon, row, _snapshot_files(row))
+    except RequestError as exc:
+        daemon.supervisor.mark_failed(row, f"could not start: {exc.message}")
+    except ManifestError:
+        pass  # recorded as the job's failure by _start
+
+
+async def _start(daemon: Daemon, row: JobRow, files: list[FileEntry]) -> JobRow:
+    """Build the job's work dir from `files` (its snapshot), keep the manifest, start the shim."""
     job_dir = Path(row.job_dir)
     try:
-        build = functools.partial(daemon.spares.build, req.files, job_dir / jobdir.WORK, req.source)
+        if not (job_dir / jobdir.FILES).exists():
+            with open(job_dir / jobdir.FILES, "w") as f:
+                json.dump([dataclasses.asdict(e) for e in files], f)
+        build = functools.partial(daemon.spares.build, files, job_dir / jobdir.WORK, row.spec.get("source"))
         await asyncio.get_running_loop().run_in_executor(None, build)
         Path(row.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     except (ManifestError, OSError) as exc:
-        daemon.store.delete(row.id)  # nothing was started: leave no trace of a job that never was
-        shutil.rmtree(job_dir, ignore_errors=True)
-        raise _invalid(f"cannot build the work dir: {exc}") from None
+        if row.spec.get("restart_of") is not None:
+            daemon.supervisor.mark_failed(row, f"could not build its work dir: {exc}")
+        else:
+            daemon.store.delete(row.id)  # nothing was started: leave no trace of a job that never was
+            shutil.rmtree(job_dir, ignore_errors=True)
+        raise ManifestError(str(exc)) from None
     try:
-        await daemon.supervisor.start(row, _job_env(daemon, row, req.env), DEFAULT_GRACE_S)
+        await daemon.supervisor.start(row, _job_env(daemon, row, row.spec["env"]), DEFAULT_GRACE_S)
     except OSError as exc:  # e.g. a full disk: the job is recorded as failed, not left queued forever
         daemon.supervisor.mark_failed(row, f"could not start: {exc}")
         raise RequestError(ErrorCode.INTERNAL, f"job {row.id} could not start: {exc.strerror or exc}") from None
-    started = daemon.store.get(row.id) or row
-    await conn.send(JobReply(started.public()))
-    daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
+    return daemon.store.get(row.id) or row
+
+
+def _snapshot_files(row: JobRow) -> list[FileEntry]:
+    """The manifest a job's work dir was built from."""
+    try:
+        with open(Path(row.job_dir) / jobdir.FILES) as f:
+            return [FileEntry(**entry) for entry in json.load(f)]
+    except (OSError, ValueError, TypeError) as exc:
+        raise _invalid(f"job {row.id} kept no readable snapshot manifest ({exc}); submit it again") from None
 
 
 def _check_submit(daemon: Daemon, req: Submit) -> PurePosixPath:
@@ -180,6 +252,9 @@ def _job_env(daemon: Daemon, row: JobRow, user_env: dict[str, str]) -> dict[str,
     env["TFRUN_JOB_ID"] = str(row.id)
     env["TFRUN_JOB_DIR"] = row.job_dir
     env["TFRUN_CHECKPOINT_DIR"] = row.checkpoint_dir
+    env["TFRUN_METRICS_FILE"] = str(Path(row.job_dir) / jobdir.METRICS)
+    # Without it TensorFlow takes all of every GPU's memory at start; a job that sets it keeps its choice.
+    env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     return env
 
 
@@ -273,7 +348,7 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
                 await lines.caught_up(final=current.final, end=offset)
             if ended:
                 end = offset if lines is None else lines.resume_at
-                await conn.send(LogEnd(offset=end, state=current.state, exit_code=current.exit_code))
+                await conn.send(LogEnd(end, current.state, current.exit_code, restarted_as=current.restarted_as))
                 return
             await grew.wait(FOLLOW_POLL_S)
             state_read = False
@@ -459,11 +534,13 @@ async def list_files(daemon: Daemon, req: ListFiles, conn: Connection) -> None:
         if stat.S_ISLNK(st.st_mode):
             entries.append(FileEntry(str(label), "symlink", target=os.readlink(path)))
         elif stat.S_ISDIR(st.st_mode):
-            entries.append(FileEntry(str(label), "dir", mode=stat.S_IMODE(st.st_mode)))
+            entries.append(FileEntry(str(label), "dir", mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime))
             for child in sorted(path.iterdir()):
                 add(child, label / child.name)
         elif stat.S_ISREG(st.st_mode):
-            entries.append(FileEntry(str(label), "file", mode=stat.S_IMODE(st.st_mode), size=st.st_size))
+            entries.append(
+                FileEntry(str(label), "file", mode=stat.S_IMODE(st.st_mode), size=st.st_size, mtime=st.st_mtime)
+            )
 
     add(target, name)
     await conn.send(FileList(entries))
@@ -524,6 +601,7 @@ HANDLERS: dict[type[Message], Callable[[Daemon, Any, Connection], Awaitable[None
     Wait: wait,
     Cancel: cancel,
     ReadLog: read_log,
+    Restart: restart,
     DaemonStatus: daemon_status,
     Shutdown: shutdown,
 }

@@ -1,6 +1,7 @@
 """The files of one job's folder, shared by the daemon and the shim. Standard library only.
 
     spec.json     what to run (written by the daemon before the shim starts; read by the shim)
+    files.json    the snapshot's manifest, from which a restart builds the same work/ again
     work/         the snapshot of the user's work dir, the job's cwd
     output.log    stdout and stderr of the job, appended by the job itself (O_APPEND)
     output.idx    (offset, time) records of the log's growth, appended by the shim (runner/logindex.py)
@@ -8,6 +9,7 @@
     cancel.json   a cancel request with its grace period (written by the daemon, read by the shim)
     exit.json     how the job ended (written by the shim once nothing of the job is left)
     shim.log      the shim's own complaints, if any
+    metrics.jsonl per-step metrics the job writes through tfrun.jobs (TFRUN_METRICS_FILE)
 
 Every JSON file is written to a temporary name and renamed, so a reader sees all of it or nothing.
 """
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 SPEC = "spec.json"
+FILES = "files.json"
+METRICS = "metrics.jsonl"
 WORK = "work"
 OUTPUT = "output.log"
 INDEX = "output.idx"

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from tfrun.protocol import Job, JobState
 from tfrun.runner import jobdir
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -49,6 +49,9 @@ _MIGRATIONS: dict[int, str] = {
     );
     CREATE INDEX events_job ON events(job_id, id);
     """,
+    2: """
+    ALTER TABLE jobs ADD COLUMN restarted_as INTEGER;  -- the job that runs this one again
+    """,
 }
 
 
@@ -76,6 +79,7 @@ class JobRow:
     shim_start: Optional[int] = None
     boot_id: Optional[str] = None
     reason: Optional[str] = None
+    restarted_as: Optional[int] = None
 
     @property
     def final(self) -> bool:
@@ -107,12 +111,15 @@ class JobRow:
             git_dirty=self.spec.get("git_dirty"),
             files=self.spec.get("files", 0),
             bytes=self.spec.get("bytes", 0),
+            restart_of=self.spec.get("restart_of"),
+            restarted_as=self.restarted_as,
+            restarts_left=self.spec.get("max_restarts", 0),
         )
 
 
 _COLUMNS = [
     "id", "name", "state", "spec", "job_dir", "checkpoint_dir", "created_at", "started_at", "finished_at",
-    "exit_code", "signal", "pid", "shim_pid", "shim_start", "boot_id", "reason",
+    "exit_code", "signal", "pid", "shim_pid", "shim_start", "boot_id", "reason", "restarted_as",
 ]  # fmt: skip
 _UPDATABLE = set(_COLUMNS) - {"id", "spec", "created_at"}
 
@@ -152,8 +159,18 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
-    def create_job(self, name: Optional[str], spec: dict[str, Any], jobs_dir: Path, checkpoint_root: Path) -> JobRow:
-        """Insert a queued job and create its folder; an id whose folder already exists is skipped."""
+    def create_job(
+        self,
+        name: Optional[str],
+        spec: dict[str, Any],
+        jobs_dir: Path,
+        checkpoint_root: Path,
+        checkpoint_dir: Optional[Path] = None,
+    ) -> JobRow:
+        """Insert a queued job and create its folder; an id whose folder already exists is skipped.
+
+        The checkpoint folder is the job's own under the root, unless given (a restart shares its job's).
+        """
         while True:
             now = time.time()
             cur = self.db.execute(
@@ -168,10 +185,10 @@ class Store:
                 # Left by an earlier database: never write into it; AUTOINCREMENT moves past this id.
                 self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
                 continue
-            checkpoint_dir = checkpoint_root / str(job_id)
+            checkpoints = checkpoint_dir or checkpoint_root / str(job_id)
             self.db.execute(
                 "UPDATE jobs SET job_dir=?, checkpoint_dir=? WHERE id=?",
-                (str(job_dir), str(checkpoint_dir), job_id),
+                (str(job_dir), str(checkpoints), job_id),
             )
             self.add_event(job_id, "submitted")
             row = self.get(job_id)

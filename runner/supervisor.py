@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from tfrun.constants import EXIT_LOST, MONITOR_INTERVAL_S
 from tfrun.paths import Layout
@@ -33,6 +33,7 @@ class Supervisor:
         self.store = store
         self._starting: set[int] = set()
         self._final_events: dict[int, asyncio.Event] = {}
+        self.on_final: Callable[[int], None] = lambda job_id: None  # the daemon's restart policy
 
     # -- starting -----------------------------------------------------------------------------------------
 
@@ -178,12 +179,14 @@ class Supervisor:
         )
         self.store.add_event(row.id, "finished", f"{state}, exit code {code}")
         log.info("job %d: %s (exit code %d)", row.id, state, code)
+        self.on_final(row.id)
         self._notify_final(row.id)
 
     def _lose(self, row: JobRow, reason: str) -> None:
         self.store.update(row.id, state=JobState.LOST, exit_code=EXIT_LOST, finished_at=time.time(), reason=reason)
         self.store.add_event(row.id, "lost", reason)
         log.warning("job %d: lost: %s", row.id, reason)
+        self.on_final(row.id)
         self._notify_final(row.id)
 
     def _stop_orphan(self, shim: dict[str, Any]) -> None:
@@ -197,6 +200,7 @@ class Supervisor:
         """A job that never got as far as a shim."""
         self.store.update(row.id, state=JobState.FAILED, finished_at=time.time(), reason=reason)
         self.store.add_event(row.id, "failed", reason)
+        self.on_final(row.id)
         self._notify_final(row.id)
 
     async def monitor(self) -> None:

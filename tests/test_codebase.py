@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,34 @@ def test_the_ci_script_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
     command = [line for line in ci if line.strip() and not line.startswith("#")][-1]
     assert command.strip() in (ROOT / "README.md").read_text()
+
+
+JOB_SIDE = [ROOT / "jobs", ROOT / "tests" / "data" / "resumable.py"]  # what runs in a training process
+
+
+def test_the_job_side_needs_no_python_newer_than_3_8() -> None:
+    """It runs in the container's Python 3.8 (TF 2.9): vermin reports any newer syntax or library use."""
+    vermin = Path(sys.executable).with_name("vermin")  # installed beside this interpreter by '.[test]'
+    command = [str(vermin), "-t=3.8-", "--violations", "--no-tips", *map(str, JOB_SIDE)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_job_side_imports_only_the_standard_library_and_tensorflow() -> None:
+    """Nothing is installed into a job's interpreter: tfrun.jobs may use the standard library, TensorFlow
+    and numpy (a dependency of TensorFlow), and itself; an example may import its sibling modules."""
+    allowed = set(sys.stdlib_module_names) | {"tensorflow", "numpy", "tfrun"}
+    for path in (ROOT / "jobs").rglob("*.py"):
+        siblings = {p.stem for p in path.parent.glob("*.py")}
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top in allowed | siblings, f"{path.relative_to(ROOT)} imports {name}"
+                if top == "tfrun":
+                    assert name.startswith("tfrun.jobs"), f"{path.relative_to(ROOT)} imports {name}"

@@ -163,3 +163,65 @@ def test_a_job_outlives_the_client_that_submitted_it(tf: Tfrun, project: Path, g
     gate.touch()
     assert tf.run("wait", str(job["id"])).returncode == 0
     assert tf.log(job["id"]).decode().count("after") == 2
+
+
+COUNTING = (
+    "import os\n"
+    "path = os.path.join(os.environ['TFRUN_CHECKPOINT_DIR'], 'runs')\n"
+    "runs = int(open(path).read()) + 1 if os.path.exists(path) else 1\n"
+    "open(path, 'w').write(str(runs))\n"
+    "print('run', runs, open('data.txt').read(), flush=True)\n"
+)
+
+
+def test_restart_runs_the_snapshot_again_with_the_same_checkpoint_folder(tf: Tfrun, project: Path, gate: Path) -> None:
+    write_script(project, "count.py", COUNTING)
+    (project / "data.txt").write_text("v1")
+    first = tf.submit(str(project / "count.py"))
+    tf.ok("wait", str(first))
+    (project / "data.txt").write_text("v2")  # the user's files moved on; a restart runs what was submitted
+    result = tf.run("restart", "-f", str(first))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "run 2 v1\n"
+    second = tf.job(first)["restarted_as"]
+    record = tf.job(second)
+    assert record["restart_of"] == first and record["checkpoint_dir"] == tf.job(first)["checkpoint_dir"]
+    write_script(project, "slow.py", gated_job(1, 0, 0, gate))
+    running = tf.submit(str(project / "slow.py"))
+    refused = tf.run("restart", str(running))
+    assert refused.returncode == 2 and "still running" in refused.stderr and "Traceback" not in refused.stderr
+    gate.touch()
+    tf.ok("wait", str(running))
+
+
+def test_max_restarts_runs_a_failing_job_again_until_the_budget_is_spent(tf: Tfrun, project: Path) -> None:
+    write_script(project, "flaky.py", COUNTING + "raise SystemExit(3)\n")
+    (project / "data.txt").write_text("v1")
+    followed = tf.run("submit", "-f", "--max-restarts", "2", str(project / "flaky.py"))
+    assert followed.returncode == 3
+    assert followed.stdout == "run 1 v1\nrun 2 v1\nrun 3 v1\n"
+    assert followed.stderr.count("restarted as job") == 2
+    chain = [tf.job(1), tf.job(2), tf.job(3)]
+    assert [(j["restart_of"], j["restarted_as"], j["restarts_left"], j["exit_code"]) for j in chain] == [
+        (None, 2, 2, 3), (1, 3, 1, 3), (2, None, 0, 3),
+    ]  # fmt: skip
+    assert tf.run("wait", "1").returncode == 3, "waiting for the first job waits for the last restart"
+
+
+def test_a_cancelled_job_is_not_restarted(tf: Tfrun, project: Path, gate: Path) -> None:
+    write_script(project, "slow.py", gated_job(1, 0, 0, gate))
+    job = tf.submit("--max-restarts", "3", str(project / "slow.py"))
+    wait_for(lambda: tf.job(job)["state"] == "running", what="the job to run")
+    tf.ok("cancel", "--grace", "1", str(job))
+    assert tf.job(job)["restarted_as"] is None and len(tf.jobs()) == 1
+
+
+def test_jobs_get_metrics_file_and_gpu_memory_growth_unless_they_say_otherwise(tf: Tfrun, project: Path) -> None:
+    names = ("TFRUN_METRICS_FILE", "TF_FORCE_GPU_ALLOW_GROWTH")
+    write_script(project, "env.py", f"import os\nfor k in {names!r}: print(os.environ[k])\n")
+    default = tf.submit(str(project / "env.py"))
+    opted_out = tf.submit("--env", "TF_FORCE_GPU_ALLOW_GROWTH=false", str(project / "env.py"))
+    tf.ok("wait", str(default))
+    tf.ok("wait", str(opted_out))
+    assert tf.log(default).decode().split() == [str(tf.job_dir(default) / "metrics.jsonl"), "true"]
+    assert tf.log(opted_out).decode().split()[1] == "false"

@@ -116,6 +116,9 @@ class Job:
     git_dirty: Optional[bool] = None
     files: int = 0  # entries in the snapshot
     bytes: int = 0  # bytes in the snapshot
+    restart_of: Optional[int] = None  # the job this one runs again (same snapshot, same checkpoint folder)
+    restarted_as: Optional[int] = None  # the job that runs this one again
+    restarts_left: int = 0  # automatic restarts still allowed after a failure (submit --max-restarts)
 
 
 @dataclass
@@ -131,6 +134,7 @@ class FileEntry:
     size: int = 0
     digest: Optional[str] = None  # SHA-256 of a file's content, hex
     target: Optional[str] = None  # a symlink's target, as it was
+    mtime: Optional[float] = None  # when it was last written (listings only)
 
 
 FILE_KINDS = ("file", "dir", "symlink")
@@ -212,6 +216,16 @@ class Submit(Message):
     source: Optional[str] = None
     git_commit: Optional[str] = None
     git_dirty: Optional[bool] = None
+    max_restarts: int = 0  # run it again (same snapshot, same checkpoints) after a failure, up to N times
+
+
+@_message("restart")
+@dataclass
+class Restart(Message):
+    """Run an ended job again as a new job: its snapshot, command and checkpoint folder. Answered by
+    `JobReply` with the new job."""
+
+    job: str
 
 
 @_message("list")
@@ -362,6 +376,7 @@ class LogEnd(Message):
     offset: int
     state: str
     exit_code: Optional[int] = None
+    restarted_as: Optional[int] = None  # the job that carries on after this one failed, if any
 
 
 @_message("missing_blobs")

@@ -1,0 +1,86 @@
+"""Training state on the checkpoint volume: restored when a job starts, saved as it trains.
+
+A job that was cancelled, lost, OOM-killed or restarted runs the same script again with the same
+TFRUN_CHECKPOINT_DIR; `Checkpoints` finds the latest checkpoint there and restores the model, the
+optimizer and the epoch and step counters from it, so training continues where it stopped. Saving goes
+through tf.train.CheckpointManager, which writes a new checkpoint beside the old ones and keeps the last
+`keep`: a job killed in the middle of a save still has the previous one.
+
+    checkpoints = Checkpoints(model=model, optimizer=optimizer)     # restores, if there is anything
+    model.fit(data, epochs=10, initial_epoch=checkpoints.epoch, callbacks=[TfrunCallback(checkpoints)])
+
+Uses tf.train.Checkpoint, which Keras 2.9 and Keras 3 (TensorFlow backend) models both support.
+Python 3.8, standard library and TensorFlow only.
+"""
+
+import os
+
+import tensorflow as tf
+
+CHECKPOINT_DIR_ENV = "TFRUN_CHECKPOINT_DIR"
+_COUNTERS = ("step", "epoch", "epoch_step")  # steps trained, epochs finished, the step the epoch began at
+
+
+class Checkpoints:
+    """The job's checkpoints: restored at construction (unless `restore=False`), saved by `save()`.
+
+    `trackables` are what tf.train.Checkpoint takes: `model=`, `optimizer=`, anything with variables.
+    """
+
+    def __init__(self, directory=None, keep=3, restore=True, **trackables):
+        self.directory = directory or os.environ.get(CHECKPOINT_DIR_ENV) or "checkpoints"
+        self._counters = {
+            name: tf.Variable(0, dtype=tf.int64, trainable=False, name="tfrun_" + name) for name in _COUNTERS
+        }
+        model = trackables.get("model")
+        _build_optimizer(trackables.get("optimizer"), model)
+        if model is not None and getattr(model, "built", False):
+            # Keras 3 models do not list their variables to tf.train.Checkpoint: list them ourselves.
+            trackables["tfrun_model_weights"] = list(model.weights)
+        self.checkpoint = tf.train.Checkpoint(
+            **{"tfrun_" + name: variable for name, variable in self._counters.items()}, **trackables
+        )
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=keep)
+        self.step, self.epoch, self.epoch_step = 0, 0, 0
+        self.restored_from = None
+        if restore:
+            self.restore()
+
+    def restore(self):
+        """Load the latest checkpoint in the folder, if there is one; return its path or None."""
+        latest = self.manager.latest_checkpoint
+        if latest is None:
+            return None
+        self.checkpoint.restore(latest).expect_partial()
+        self.step, self.epoch, self.epoch_step = (int(self._counters[n].numpy()) for n in _COUNTERS)
+        self.restored_from = latest
+        print(f"tfrun: resumed from {latest} (epoch {self.epoch}, step {self.step})", flush=True)
+        return latest
+
+    def save(self, step, epoch, epoch_step=None):
+        """A checkpoint of everything after `step` steps and `epoch` finished epochs (`epoch_step`: the step
+        at which the unfinished epoch began, by default the step itself). Keeps the last `keep`."""
+        self.step, self.epoch = int(step), int(epoch)
+        self.epoch_step = self.step if epoch_step is None else int(epoch_step)
+        for name in _COUNTERS:
+            self._counters[name].assign(getattr(self, name))
+        return self.manager.save(checkpoint_number=self.step)
+
+
+def _build_optimizer(optimizer, model):
+    """Create the optimizer's variables before a restore, where its Keras makes them only at the first step.
+
+    Keras 3 (and Keras 2.11 and later) build optimizer variables lazily, and a restore into an optimizer
+    that has none would leave its state (Adam's moments, its step count) behind. Keras 2.9's optimizers
+    take a deferred restore by themselves.
+    """
+    build = getattr(optimizer, "build", None)
+    if callable(build) and model is not None and getattr(model, "built", False) and not _built(optimizer):
+        build(model.trainable_variables)
+
+
+def _built(optimizer):
+    for attribute in ("built", "_built"):
+        if hasattr(optimizer, attribute):
+            return bool(getattr(optimizer, attribute))
+    return bool(getattr(optimizer, "variables", None) and len(optimizer.variables) > 1)
