@@ -214,3 +214,20 @@ def test_a_long_home_path_still_gets_a_socket(tmp_path: Path, project: Path) -> 
         assert len(socket_path) < 108 and (Path(socket_path).parent.stat().st_mode & 0o777) == 0o700
     finally:
         tf.cleanup()
+
+
+def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_jobs(tf: Tfrun, project: Path) -> None:
+    write_script(project, "x.py", "print('kept')\n")
+    job = tf.submit(str(project / "x.py"))
+    tf.ok("wait", str(job))
+    tf.daemon("stop")
+    db = sqlite3.connect(tf.home / "tfrun.db")
+    with db:  # what a tfrund of schema 1 left behind: no restarted_as column
+        db.execute("ALTER TABLE jobs DROP COLUMN restarted_as")
+        db.execute("PRAGMA user_version=1")
+    db.close()
+    assert tf.job(job)["state"] == "succeeded" and tf.log(job) == b"kept\n"
+    assert tf.job(job)["restarted_as"] is None
+    db = sqlite3.connect(tf.home / "tfrun.db")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    db.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -26,7 +27,21 @@ def test_the_demo_job_trains_and_checkpoints_through_tfrun(tf: Tfrun) -> None:
     assert len(losses) == 2 and losses[1] < losses[0], result.stdout
     record = tf.jobs()[0]
     assert record["state"] == "succeeded"
-    assert any(p.name.startswith("final-1") for p in Path(record["checkpoint_dir"]).iterdir())
+    listed = tf.ok("checkpoints", "--json", str(record["id"]))
+    steps = [point["step"] for point in json.loads(listed)]
+    assert steps == [63, 126], "a checkpoint at the end of each epoch of 63 steps (4000 examples, 64 a batch)"
+
+
+def test_the_model_fit_example_trains_a_small_cnn_and_checkpoints_each_epoch(tf: Tfrun) -> None:
+    result = tf.run(
+        "submit", "--follow", "--python", sys.executable, str(EXAMPLES / "mnist_fit.py"),
+        "--epochs", "2", "--examples", "2000", "--synthetic", "--model", "cnn",
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("val_accuracy") == 2
+    points = json.loads(tf.ok("checkpoints", "--json", "1"))
+    assert [point["step"] for point in points] == [29, 58], "one checkpoint per epoch of 29 steps"
 
 
 def test_a_real_keras_fit_followed_with_a_filter_shows_each_epoch_once(tf: Tfrun, tmp_path: Path) -> None:
