@@ -34,6 +34,9 @@ from tfrun.protocol import (
     Cancel,
     CancelReply,
     Channel,
+    Check,
+    Doctor,
+    DoctorReport,
     ErrorCode,
     FileEntry,
     FileList,
@@ -651,6 +654,29 @@ async def _reconnect() -> Channel:
             if loop.time() > deadline:
                 raise
             await asyncio.sleep(0.5)
+
+
+@main.command()
+@host_options
+@click.option("--python", metavar="PATH", help="Check this job interpreter on the box (default: the one jobs get).")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON list.")
+def doctor(python: Optional[str], as_json: bool) -> None:
+    """Check the box for training, as its daemon sees it: the job interpreter and its TensorFlow (built
+    with CUDA, GPUs seen, memory growth), the NVIDIA driver and CUDA version from nvidia-smi, and the
+    checkpoint root (writable, free space). Each line passes or says what to do; exits 1 if any fails.
+    A box without GPUs gets warnings, not failures."""
+
+    async def conversation(channel: Channel) -> list[Check]:
+        reply = await channel.request(Doctor(python=python))
+        assert isinstance(reply, DoctorReport)
+        return reply.checks
+
+    checks = _run(_with_channel(conversation))
+    if as_json:
+        click.echo(render.to_json(checks))
+    else:
+        render.check_lines(checks, _console())
+    sys.exit(EXIT_FAILURE if any(check.status == "fail" for check in checks) else EXIT_OK)
 
 
 # -- files back ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import shlex
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from tfrun.protocol import FileEntry, Job, JobState
+from tfrun.protocol import Check, FileEntry, Job, JobState
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn: `tfrun submit` and `--json` never pay for it
     from rich.console import Console
@@ -172,6 +172,21 @@ def checkpoint_table(points: list[Checkpoint], console: Console) -> None:
         table.add_row(Text(point.name), "-" if point.step is None else str(point.step), when(point.saved),
                       size(point.size))  # fmt: skip
     console.print(table)
+
+
+_CHECK_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "bold red")}
+
+
+def check_lines(checks: list[Check], console: Console) -> None:
+    """`tfrun doctor`'s report: one line per check, what to do after it when there is something."""
+    from rich.text import Text
+
+    for check in checks:
+        label, style = _CHECK_STYLE.get(check.status, (check.status, ""))
+        line = Text(f"{label:<4}  ", style=style) + Text(f"{check.name}: ", style="bold") + Text(check.detail)
+        if check.advice:
+            line += Text(f"; {check.advice}", style="dim" if check.status == "ok" else "")
+        console.print(line, soft_wrap=True)  # one line per check, however narrow the terminal
 
 
 def size(n: float) -> str:

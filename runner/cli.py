@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import json
 import logging
@@ -216,6 +217,29 @@ def stop(timeout: float) -> None:
             deadline = time.monotonic() + timeout
         time.sleep(0.05)
     sys.exit(EXIT_OK)
+
+
+@main.command()
+@click.option("--python", metavar="PATH", help="Check this job interpreter (default: the one jobs get).")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON list.")
+def doctor(python: Optional[str], as_json: bool) -> None:
+    """Check this box for training: the job interpreter and its TensorFlow (CUDA build, GPUs, memory
+    growth), the NVIDIA driver, and the checkpoint root. Works with or without a running daemon;
+    exits 1 if any check fails (a warning is not a failure: a CPU-only box is allowed)."""
+    from tfrun.runner.doctor import FAIL, job_python, run_checks
+
+    try:
+        config = Config.load(Layout.from_env())
+    except ConfigError as exc:
+        _fail(str(exc))
+    checks = run_checks(config.checkpoint_root, python or job_python(config.job_python))
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(check) for check in checks], indent=2))
+    else:
+        for check in checks:
+            advice = f"; {check.advice}" if check.advice else ""
+            click.echo(f"{check.status:<4}  {check.name}: {check.detail}{advice}")
+    sys.exit(EXIT_FAILURE if any(check.status == FAIL for check in checks) else EXIT_OK)
 
 
 @main.command("dial-stdio")

@@ -27,6 +27,8 @@ from tfrun.protocol import (
     CancelResult,
     DaemonInfo,
     DaemonStatus,
+    Doctor,
+    DoctorReport,
     ErrorCode,
     FileChunk,
     FileEntry,
@@ -56,6 +58,7 @@ from tfrun.protocol import (
     write_message,
 )
 from tfrun.runner import jobdir
+from tfrun.runner.doctor import job_python, run_checks
 from tfrun.runner.lines import BlockMatcher, LineFilter, PatternError, Selector, Tail, TerminalLines, display
 from tfrun.runner.logindex import LogIndex, Stamper
 from tfrun.runner.store import JobRow
@@ -122,6 +125,12 @@ async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
         raise _invalid(f"cannot build the work dir: {exc}") from None
     await conn.send(JobReply(started.public()))
     daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
+
+
+async def doctor(daemon: Daemon, req: Doctor, conn: Connection) -> None:
+    python = req.python or job_python(daemon.config.job_python)
+    work = functools.partial(run_checks, daemon.config.checkpoint_root, python)
+    await conn.send(DoctorReport(await asyncio.get_running_loop().run_in_executor(None, work)))
 
 
 async def restart(daemon: Daemon, req: Restart, conn: Connection) -> None:
@@ -601,6 +610,7 @@ HANDLERS: dict[type[Message], Callable[[Daemon, Any, Connection], Awaitable[None
     Wait: wait,
     Cancel: cancel,
     ReadLog: read_log,
+    Doctor: doctor,
     Restart: restart,
     DaemonStatus: daemon_status,
     Shutdown: shutdown,

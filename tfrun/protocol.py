@@ -219,6 +219,31 @@ class Submit(Message):
     max_restarts: int = 0  # run it again (same snapshot, same checkpoints) after a failure, up to N times
 
 
+@_message("doctor")
+@dataclass
+class Doctor(Message):
+    """Check the box's health for training (runner/doctor.py); answered by `DoctorReport`.
+    `python`: the job interpreter to check (default: the one jobs get)."""
+
+    python: Optional[str] = None
+
+
+@dataclass
+class Check:
+    """One line of `tfrun doctor`: `status` is "ok", "warn" (works, but see `advice`) or "fail"."""
+
+    name: str
+    status: str
+    detail: str
+    advice: Optional[str] = None
+
+
+@_message("doctor_report")
+@dataclass
+class DoctorReport(Message):
+    checks: list[Check]
+
+
 @_message("restart")
 @dataclass
 class Restart(Message):

@@ -1,0 +1,79 @@
+"""`tfrund doctor` and `tfrun doctor`: each line passes or says what to do, on this GPU-less machine and
+against a stand-in nvidia-smi (the one part that cannot exist here: there is no GPU or driver)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import Tfrun
+
+pytest.importorskip("tensorflow", reason="the doctor checks the job interpreter's TensorFlow")
+
+FAKE_SMI = """#!/bin/sh
+# Prints what nvidia-smi prints on a box with two H100s, for the two ways the doctor calls it.
+case "$1" in
+  --query-gpu=*) for i in 0 1; do echo 'NVIDIA H100 80GB HBM3, 535.104.05, 81559 MiB'; done ;;
+  *) echo '| NVIDIA-SMI 535.104.05    Driver Version: 535.104.05    CUDA Version: 12.2     |' ;;
+esac
+"""
+
+
+def _checks(output: str) -> dict[str, dict[str, str]]:
+    return {check["name"]: check for check in json.loads(output)}
+
+
+def test_doctor_on_a_cpu_box_warns_but_passes(tf: Tfrun) -> None:
+    result = tf.daemon("doctor", "--json", "--python", sys.executable, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = _checks(result.stdout)
+    assert checks["tensorflow"]["status"] == "ok" and checks["tensorflow"]["detail"].startswith(tf_version())
+    assert checks["NVIDIA driver"]["status"] == "warn" and "--gpus all" in checks["NVIDIA driver"]["advice"]
+    assert checks["GPUs seen by TensorFlow"]["status"] == "warn"
+    assert checks["checkpoint root"]["status"] == "ok" and "GB free" in checks["checkpoint root"]["detail"]
+
+
+def tf_version() -> str:
+    import tensorflow
+
+    return str(tensorflow.__version__)
+
+
+@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+def test_doctor_fails_a_job_python_without_tensorflow_and_an_unwritable_checkpoint_root(
+    tf: Tfrun, tmp_path: Path
+) -> None:
+    bare = tmp_path / "bare-python"  # a real Python that cannot see any installed package
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    bare.chmod(0o755)
+    (tmp_path / "a-file").write_text("not a folder")
+    (tf.home).mkdir(parents=True, exist_ok=True)
+    (tf.home / "config.toml").write_text(f'checkpoint_root = "{tmp_path / "a-file" / "checkpoints"}"\n')
+    result = tf.run("doctor", "--python", str(bare), timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("FAIL") and "tensorflow: not importable" in line for line in lines), lines
+    assert any(line.startswith("FAIL") and "checkpoint root: " in line and "not writable" in line for line in lines)
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_doctor_fails_when_the_driver_sees_gpus_that_tensorflow_does_not(tf: Tfrun, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {**tf.env, "PATH": f"{bin_dir}{os.pathsep}{tf.env['PATH']}"}
+    tf.env = env
+    result = tf.daemon("doctor", "--json", "--python", sys.executable, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    checks = _checks(result.stdout)
+    driver = checks["NVIDIA driver"]
+    assert driver["status"] == "ok"
+    assert driver["detail"] == "driver 535.104.05, CUDA 12.2; 2 GPU(s): NVIDIA H100 80GB HBM3 (81559 MiB); " \
+        "NVIDIA H100 80GB HBM3 (81559 MiB)"  # fmt: skip
+    seen = checks["GPUs seen by TensorFlow"]
+    assert seen["status"] == "fail" and "nvidia-smi sees 2" in seen["detail"] and "CUDA" in seen["advice"]
+    assert checks["built with CUDA"]["status"] == "fail", "a CPU-only TensorFlow on a GPU box is a failure"
