@@ -150,6 +150,7 @@ class Daemon:
             return
         reason = f"{row.state} with exit code {row.exit_code}; {left - 1} automatic restart(s) left"
         new = rerun(self, row, reason, restarts_left=left - 1)
+        self.supervisor.preparing(new.id)
         log.info("job %d: %s; running it again as job %d", row.id, reason, new.id)
         self.in_background(start_rerun(self, new))
 

@@ -174,6 +174,8 @@ async def start_rerun(daemon: Daemon, row: JobRow) -> None:
         daemon.supervisor.mark_failed(row, f"could not start: {exc.message}")
     except ManifestError:
         pass  # recorded as the job's failure by _start
+    finally:
+        daemon.supervisor.launched(row.id)
 
 
 async def _start(daemon: Daemon, row: JobRow, files: list[FileEntry]) -> JobRow:

@@ -65,7 +65,7 @@ class Supervisor:
     async def resume_queued(self) -> None:
         """At daemon start: launch jobs accepted by a daemon that died before starting them."""
         for row in self.store.list(include_final=False):
-            if row.state != JobState.QUEUED:
+            if row.state != JobState.QUEUED or row.id in self._starting:  # a restart this daemon is preparing
                 continue
             if (Path(row.job_dir) / jobdir.SPEC).exists():
                 log.info("job %d: starting it (accepted before the last daemon stopped)", row.id)
@@ -99,6 +99,13 @@ class Supervisor:
                 self._lose(row, "the machine rebooted while it ran")
             else:
                 self.check(row.id, adopting=True)
+
+    def preparing(self, job_id: int) -> None:
+        """Mark a job as being prepared here (its work dir built) before `launch`, which unmarks it."""
+        self._starting.add(job_id)
+
+    def launched(self, job_id: int) -> None:
+        self._starting.discard(job_id)
 
     def active(self) -> list[int]:
         """Jobs the monitor must watch: not final, and not being started right now."""

@@ -200,3 +200,19 @@ def test_processes_a_job_leaves_behind_are_stopped_when_it_ends(tf: Tfrun, proje
     assert tf.run("wait", str(job_id)).returncode == 6
     pids = [int(p) for p in pids_file.read_text().split()]
     assert len(pids) == 2 and not any(alive(p) for p in pids)
+
+
+def test_a_job_lost_while_the_daemon_was_down_is_restarted_when_it_comes_back(
+    tf: Tfrun, project: Path, gate: Path
+) -> None:
+    write_script(project, "again.py", gated_job(1, 1, 0, gate))
+    job = tf.submit("--max-restarts", "1", str(project / "again.py"))
+    shim = tf.shim_pid(job)
+    tf.kill_daemon()
+    os.kill(shim, signal.SIGKILL)  # nobody is left to record how the job ends: it is lost
+    wait_for(lambda: not alive(shim), what="the shim to die")
+    gate.touch()
+    first = tf.job(job)  # starts a daemon, which reconciles: lost, and a restart is due
+    assert first["state"] == "lost" and first["restarted_as"] is not None
+    assert tf.run("wait", str(job)).returncode == 0, "the restart ran to the end"
+    assert tf.job(first["restarted_as"])["restart_of"] == job
