@@ -34,11 +34,9 @@ from tfrun.protocol import (
     Cancel,
     CancelReply,
     Channel,
-    Check,
     Doctor,
     DoctorReport,
     ErrorCode,
-    FileEntry,
     FileList,
     GetJob,
     Job,
@@ -50,6 +48,7 @@ from tfrun.protocol import (
     LogChunk,
     LogEnd,
     LogLines,
+    Message,
     ProtocolError,
     ReadLog,
     RemoteError,
@@ -137,6 +136,21 @@ async def _with_channel(action: Callable[[Channel], Awaitable[T]]) -> T:
         return await action(channel)
     finally:
         channel.close()
+
+
+R = TypeVar("R", bound=Message)
+
+
+def _ask(request: Message, reply_type: type[R]) -> R:
+    """One request to the daemon and its reply, which must be a `reply_type` (else a protocol error)."""
+
+    async def conversation(channel: Channel) -> R:
+        reply = await channel.request(request)
+        if not isinstance(reply, reply_type):
+            raise ProtocolError(f"expected {reply_type.TYPE!r} in reply to {request.TYPE!r}, got {reply.TYPE!r}")
+        return reply
+
+    return _run(_with_channel(conversation))
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -355,22 +369,11 @@ def submit(
 def ps(show_all: bool, as_json: bool) -> None:
     """List jobs that have not ended (with -a, every job)."""
 
-    async def conversation(channel: Channel) -> list[Job]:
-        reply = await channel.request(ListJobs(all=show_all))
-        assert isinstance(reply, JobList)
-        return reply.jobs
-
-    jobs = _run(_with_channel(conversation))
+    jobs = _ask(ListJobs(all=show_all), JobList).jobs
     if as_json:
         click.echo(render.to_json(jobs))
     else:
         render.job_table(jobs, _console())
-
-
-async def _get(channel: Channel, ref: str) -> Job:
-    reply = await channel.request(GetJob(job=ref))
-    assert isinstance(reply, JobReply)
-    return reply.job
 
 
 @main.command()
@@ -379,7 +382,7 @@ async def _get(channel: Channel, ref: str) -> Job:
 @click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON.")
 def status(job: str, as_json: bool) -> None:
     """Show one job: state, exit code, times, folders. JOB is an id or a name."""
-    record = _run(_with_channel(lambda channel: _get(channel, job)))
+    record = _ask(GetJob(job=job), JobReply).job
     if as_json:
         click.echo(render.to_json(record))
     else:
@@ -430,12 +433,7 @@ def cancel(jobs: tuple[str, ...], grace: float, as_json: bool) -> None:
     Returns once every job named has ended, with nothing of it left running.
     """
 
-    async def conversation(channel: Channel) -> CancelReply:
-        reply = await channel.request(Cancel(jobs=list(jobs), grace=grace))
-        assert isinstance(reply, CancelReply)
-        return reply
-
-    results = _run(_with_channel(conversation)).results
+    results = _ask(Cancel(jobs=list(jobs), grace=grace), CancelReply).results
     if as_json:
         click.echo(render.to_json(results))
     for result in results:
@@ -666,12 +664,7 @@ def doctor(python: Optional[str], as_json: bool) -> None:
     checkpoint root (writable, free space). Each line passes or says what to do; exits 1 if any fails.
     A box without GPUs gets warnings, not failures."""
 
-    async def conversation(channel: Channel) -> list[Check]:
-        reply = await channel.request(Doctor(python=python))
-        assert isinstance(reply, DoctorReport)
-        return reply.checks
-
-    checks = _run(_with_channel(conversation))
+    checks = _ask(Doctor(python=python), DoctorReport).checks
     if as_json:
         click.echo(render.to_json(checks))
     else:
@@ -691,12 +684,7 @@ def checkpoints(job: str, as_json: bool) -> None:
     its size. A restarted job shares its checkpoint folder with the job it runs again.
     `tfrun pull JOB` copies the folder here."""
 
-    async def conversation(channel: Channel) -> list[FileEntry]:
-        reply = await channel.request(ListFiles(job=job, path="checkpoints"))
-        assert isinstance(reply, FileList)
-        return reply.files
-
-    points = render.checkpoints(_run(_with_channel(conversation)))
+    points = render.checkpoints(_ask(ListFiles(job=job, path="checkpoints"), FileList).files)
     if as_json:
         click.echo(render.to_json(points))
     else:
