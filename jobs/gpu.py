@@ -37,7 +37,7 @@ def setup_gpus(mixed_precision=False, memory_growth=True, report=True):
                 names,
                 growth if gpus else "n/a",
                 "on" if mixed_precision else "off",
-                type(strategy).__name__,
+                f"MirroredStrategy over {len(gpus)} GPUs" if len(gpus) > 1 else "one device",
             ),
             flush=True,
         )
