@@ -110,6 +110,7 @@ def test_grep_options_combine_as_in_grep(tf: Tfrun, project: Path) -> None:
     assert lines("--tail", "1", "-i", "-e", "loss") == ["STEP 2 LOSS=0.4"]
 
 
+@both
 def test_invalid_utf8_is_shown_escaped_never_dropped(tf: Tfrun, project: Path) -> None:
     job = tf.submit(str(job_printing(project, b"loss \xff\xfe ok\nlast line without newline loss \xc3")))
     tf.ok("wait", str(job))
