@@ -225,6 +225,9 @@ def main() -> None:
       tfrun pull 3                         copy job 3's checkpoint folder here
       tfrun hosts add box alice@gpu-box    from now on, every verb runs on box (--host local: here)
       tfrun cancel 3                       SIGTERM, then SIGKILL after 10 s (--grace)
+      tfrun submit --max-restarts 3 t.py   after a crash or an OOM kill, run it again from its checkpoint
+      tfrun checkpoints 3                  what job 3 saved: step, time, size
+      tfrun doctor --host box              TensorFlow, CUDA, GPUs, driver, checkpoint space on the box
     """
 
 
