@@ -99,20 +99,23 @@ class Keeper:
         self.last_used = time.monotonic()
 
     async def serve(self, path: Path) -> None:
+        self.unusable = asyncio.Event()  # set when the SSH connection can no longer open channels
         server = await asyncio.start_unix_server(self._client, path=str(path))
         os.chmod(path, 0o600)
         print("ready", flush=True)
         _detach_stdio()
-        closed = asyncio.ensure_future(self.conn.wait_closed())
+        ended = [asyncio.ensure_future(self.conn.wait_closed()), asyncio.ensure_future(self.unusable.wait())]
         try:
-            while not closed.done():
-                await asyncio.wait([closed], timeout=5)
+            while not any(task.done() for task in ended):
+                await asyncio.wait(ended, timeout=5, return_when=asyncio.FIRST_COMPLETED)
                 if self.active == 0 and time.monotonic() - self.last_used > IDLE_EXIT_S:
                     break
         finally:
             server.close()
             path.unlink(missing_ok=True)
             self.conn.close()
+            for task in ended:
+                task.cancel()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Pipe one local connection to the daemon over an SSH channel of its own, both ways."""
@@ -120,9 +123,15 @@ class Keeper:
 
         self.active += 1
         try:
-            remote_reader, remote_writer = await open_raw(self.conn, self.host)
+            try:
+                remote_reader, remote_writer = await open_raw(self.conn, self.host)
+            except Exception:
+                # The connection cannot open a channel: it is dead, or the box changed under it. Stop
+                # serving it, so that the next verb (this one, retrying) starts a keeper afresh.
+                self.unusable.set()
+                raise
             await asyncio.gather(_pump(reader, remote_writer), _pump(remote_reader, writer))
-        except Exception:  # a failed channel ends this client's connection, never the keeper
+        except Exception:  # a failed channel ends this client's connection
             pass
         finally:
             writer.close()
