@@ -17,8 +17,12 @@ import errno
 import os
 import struct
 import time
-from pathlib import Path
-from typing import Optional
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the shim imports this)
+
+if TYPE_CHECKING:  # the shim imports this: no pathlib or typing at run time
+    from pathlib import Path
+    from typing import Optional
 
 INDEX_INTERVAL_S = 0.1
 _RECORD = struct.Struct("<Qd")  # offset (bytes), time (seconds since the epoch)
@@ -102,7 +106,7 @@ class Stamper:
         now = time.monotonic()
         if now - self._mtime[0] > INDEX_INTERVAL_S / 2:
             try:
-                self._mtime = (now, self.log.stat().st_mtime)
+                self._mtime = (now, os.stat(self.log).st_mtime)
             except OSError:
                 self._mtime = (now, time.time())
         return self._mtime[1]

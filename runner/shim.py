@@ -16,17 +16,18 @@ Standard library only, and no more of it than needed: it starts once per job.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any, Optional
 
 from tfrun.runner import jobdir, logindex
 from tfrun.runner.process import Identity, descendants
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the shim imports this)
+
+if TYPE_CHECKING:  # no typing or pathlib at run time: the shim starts once per job and should start fast
+    from typing import Any, Optional
 
 _PR_SET_CHILD_SUBREAPER = 36
 _HANDLED = (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP)
@@ -45,7 +46,7 @@ def _become_subreaper() -> None:
 
 
 class Shim:
-    def __init__(self, job_dir: Path, spec: dict[str, Any]) -> None:
+    def __init__(self, job_dir: str, spec: dict[str, Any]) -> None:
         self.job_dir = job_dir
         self.spec = spec
         self.job_pid = 0
@@ -62,17 +63,22 @@ class Shim:
 
     def start(self) -> None:
         """Start the job with its output on the log file; on failure, record it as the job's exit."""
-        log = os.open(self.job_dir / jobdir.OUTPUT, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        log = os.open(os.path.join(self.job_dir, jobdir.OUTPUT), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            proc = subprocess.Popen(
+            # posix_spawn rather than subprocess (which costs the shim ~15 ms of imports a job): the job gets
+            # a session and process group of its own, an empty signal mask, /dev/null in, the log out.
+            os.chdir(self.spec["cwd"])
+            pid = os.posix_spawn(
+                self.spec["command"][0],
                 self.spec["command"],
-                cwd=self.spec["cwd"],
-                env=self.spec["env"],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,  # own session and process group: the group is the job
-                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED),
+                self.spec["env"],
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, log, 1),
+                    (os.POSIX_SPAWN_DUP2, log, 2),
+                ],
+                setsid=True,
+                setsigmask=(),
             )
         except OSError as exc:
             os.write(log, f"tfrun: cannot start {self.spec['command'][0]}: {exc.strerror}\n".encode())
@@ -82,14 +88,13 @@ class Shim:
             os.close(log)
             raise
         self.log_fd = log
-        self.index_fd = os.open(self.job_dir / jobdir.INDEX, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.index_fd = os.open(os.path.join(self.job_dir, jobdir.INDEX), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.indexed = os.fstat(log).st_size
-        self.job_pid = proc.pid
-        proc.returncode = 0  # we reap it ourselves below; stop Popen's destructor from trying
+        self.job_pid = pid
         self.started_at = time.time()
         me, job = Identity.of(os.getpid()), Identity.of(self.job_pid)
         jobdir.write_json(
-            self.job_dir / jobdir.SHIM,
+            os.path.join(self.job_dir, jobdir.SHIM),
             {
                 "shim_pid": os.getpid(),
                 "shim_start": me.start if me else None,
@@ -151,7 +156,7 @@ class Shim:
 
     def _grace(self) -> float:
         try:
-            request = jobdir.read_json(self.job_dir / jobdir.CANCEL) or {}
+            request = jobdir.read_json(os.path.join(self.job_dir, jobdir.CANCEL)) or {}
         except ValueError:
             request = {}
         grace = request.get("grace", self.spec.get("grace", _DEFAULT_GRACE_S))
@@ -182,15 +187,13 @@ class Shim:
 
     def _signal_all(self, sig: int) -> None:
         """`sig` to the job's process group and to every descendant, in or out of that group."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.job_pid, sig)
+        _kill(self.job_pid, sig, group=True)
         for pid in descendants(os.getpid()):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
+            _kill(pid, sig)
 
     def _write_exit(self, code: int, sig: Optional[int], started: float, error: Optional[str] = None) -> None:
         jobdir.write_json(
-            self.job_dir / jobdir.EXIT,
+            os.path.join(self.job_dir, jobdir.EXIT),
             {
                 "exit_code": code,
                 "signal": sig,
@@ -203,6 +206,14 @@ class Shim:
         )
 
 
+def _kill(pid: int, sig: int, group: bool = False) -> None:
+    """Signal a process (or its group) that may be gone already. Not contextlib: one import less a job."""
+    try:
+        (os.killpg if group else os.kill)(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return
+
+
 def _decode(status: int) -> tuple[int, Optional[int]]:
     """(exit code as a shell reports it, signal number or None) from a wait status."""
     if os.WIFSIGNALED(status):
@@ -212,8 +223,8 @@ def _decode(status: int) -> tuple[int, Optional[int]]:
 
 
 def main(argv: list[str]) -> None:
-    job_dir = Path(argv[1])
-    spec = jobdir.read_json(job_dir / jobdir.SPEC)
+    job_dir = argv[1]
+    spec = jobdir.read_json(os.path.join(job_dir, jobdir.SPEC))
     if spec is None:
         raise SystemExit(f"tfrun shim: no {jobdir.SPEC} in {job_dir}")
     # Block the signals we handle before forking, so none is lost between here and sigtimedwait.

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import tfrun
 from tfrun.constants import EXIT_LOST, MONITOR_INTERVAL_S
 from tfrun.paths import Layout
 from tfrun.protocol import JobState
@@ -25,6 +26,7 @@ from tfrun.runner.process import Identity, boot_id
 from tfrun.runner.store import JobRow, Store
 
 log = logging.getLogger("tfrund")
+_TFRUN_PARENT = str(Path(tfrun.__file__).resolve().parent.parent)  # where `import tfrun` finds this tfrun
 
 
 class Supervisor:
@@ -77,9 +79,11 @@ class Supervisor:
         with open(job_dir / jobdir.SHIM_LOG, "ab") as shim_log:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
+                "-S",  # no site: the shim needs only tfrun (on PYTHONPATH) and starts ~30 ms sooner
                 "-m",
                 "tfrun.runner.shim",
                 str(job_dir),
+                env={**os.environ, "PYTHONPATH": _TFRUN_PARENT},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=shim_log,
