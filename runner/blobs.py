@@ -16,7 +16,6 @@ write outside the job's folder.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -28,7 +27,7 @@ from typing import Optional
 
 from tfrun.constants import SPARE_COUNT, SPARE_MAX_BYTES
 from tfrun.content import ManifestError, check_manifest, sha256_file, valid_digest
-from tfrun.protocol import FileEntry
+from tfrun.protocol import FileEntry, plain
 
 
 class BlobStore:
@@ -174,7 +173,7 @@ class Spares:
         try:
             self.blobs.build(files, partial / "tree")
             with open(partial / "files.json", "w") as f:
-                json.dump([dataclasses.asdict(e) for e in files], f)
+                f.write(json.dumps(plain(files)))
         except (OSError, ManifestError):
             shutil.rmtree(partial, ignore_errors=True)
             return

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import json
 import math
@@ -54,6 +53,7 @@ from tfrun.protocol import (
     Shutdown,
     Submit,
     Wait,
+    plain,
     validate_name,
     write_message,
 )
@@ -184,7 +184,7 @@ async def _start(daemon: Daemon, row: JobRow, files: list[FileEntry]) -> JobRow:
     try:
         if not (job_dir / jobdir.FILES).exists():
             with open(job_dir / jobdir.FILES, "w") as f:
-                json.dump([dataclasses.asdict(e) for e in files], f)
+                f.write(json.dumps(plain(files)))  # dumps, not dump: the C encoder, ~10x faster
         build = functools.partial(daemon.spares.build, files, job_dir / jobdir.WORK, row.spec.get("source"))
         await asyncio.get_running_loop().run_in_executor(None, build)
         Path(row.checkpoint_dir).mkdir(parents=True, exist_ok=True)

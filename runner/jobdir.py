@@ -43,7 +43,7 @@ def write_json(path: PathLike, data: dict[str, Any]) -> None:
     folder, name = os.path.split(os.fspath(path))
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
-        json.dump(data, f)
+        f.write(json.dumps(data))  # dumps, not dump: dump streams through the pure-Python encoder
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -630,20 +630,21 @@ def encode(msg: Message) -> bytes:
             payload = value
             body["size"] = len(value)
         else:
-            body[f.name] = _plain(value)
+            body[f.name] = plain(value)
     header = json.dumps(body, separators=(",", ":")).encode("ascii") + b"\n"
     return header + payload
 
 
-def _plain(value: Any) -> Any:
-    """`value` as JSON types. Not dataclasses.asdict: that deep-copies, and a manifest holds thousands."""
+def plain(value: Any) -> Any:
+    """`value` (a record, a list of them, anything JSON takes) as JSON types, for frames and for files.
+    Not dataclasses.asdict: that deep-copies, and a manifest holds thousands of records."""
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     names = _FIELD_NAMES.get(type(value))
     if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
         names = _FIELD_NAMES[type(value)] = tuple(f.name for f in dataclasses.fields(value))
     if names is not None:
-        return {name: _plain(getattr(value, name)) for name in names}
+        return {name: plain(getattr(value, name)) for name in names}
     return value
 
 
