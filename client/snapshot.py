@@ -28,8 +28,8 @@ IGNORE_FILES = (".gitignore", ".tfrunignore")
 class Snapshot:
     root: Path
     entries: list[FileEntry] = field(default_factory=list)
-    sources: dict[str, Path] = field(default_factory=dict)  # digest -> a local file with that content
-    paths: dict[str, Path] = field(default_factory=dict)  # a file entry's path -> the local file
+    sources: dict[str, str] = field(default_factory=dict)  # digest -> a local file with that content
+    paths: dict[str, str] = field(default_factory=dict)  # a file entry's path -> the local file
     skipped: list[str] = field(default_factory=list)  # special files and names that cannot be sent
     git_commit: Optional[str] = None
     git_dirty: Optional[bool] = None
@@ -59,19 +59,22 @@ class Snapshot:
 
 
 class _Ignores:
-    """The ignore files that apply to a folder: its own, its parents' within the snapshot or the git repo."""
+    """The ignore files that apply to a folder: its own, its parents' within the snapshot or the git repo.
 
-    def __init__(self, specs: list[tuple[Path, pathspec.GitIgnoreSpec]]) -> None:
+    Paths are strings, not Path objects: a snapshot of thousands of files goes through here.
+    """
+
+    def __init__(self, specs: list[tuple[str, pathspec.GitIgnoreSpec]]) -> None:
         self.specs = specs
 
-    def below(self, folder: Path) -> _Ignores:
-        found = [(folder, spec) for spec in _read_specs(folder)]
+    def below(self, folder: str) -> _Ignores:
+        found = [(folder, spec) for spec in _read_specs(Path(folder))]
         return _Ignores(self.specs + found) if found else self
 
-    def ignored(self, path: Path, is_dir: bool) -> bool:
+    def ignored(self, path: str, is_dir: bool) -> bool:
         for base, spec in self.specs:
-            relative = path.relative_to(base).as_posix() + ("/" if is_dir else "")
-            if spec.match_file(relative):
+            relative = os.path.relpath(path, base) if not path.startswith(base + "/") else path[len(base) + 1 :]
+            if spec.match_file(relative + "/" if is_dir else relative):
                 return True
         return False
 
@@ -89,9 +92,9 @@ def _read_specs(folder: Path) -> list[pathspec.GitIgnoreSpec]:
 
 def _parent_ignores(root: Path) -> _Ignores:
     """.gitignore files above the work dir, up to the top of its git repo, still apply to it."""
-    specs: list[tuple[Path, pathspec.GitIgnoreSpec]] = []
+    specs: list[tuple[str, pathspec.GitIgnoreSpec]] = []
     for parent in root.parents:
-        specs = [(parent, spec) for spec in _read_specs(parent)] + specs
+        specs = [(str(parent).rstrip("/") or "/", spec) for spec in _read_specs(parent)] + specs
         if (parent / ".git").exists():
             return _Ignores(specs)
     return _Ignores([])
@@ -105,33 +108,35 @@ def scan(root: Path, local: bool) -> Snapshot:
     snapshot = Snapshot(root)
     real_root = root.resolve()
     try:
-        _walk(root, root, _parent_ignores(root).below(root), snapshot, real_root, local)
+        _walk(str(root), "", _parent_ignores(root).below(str(root)), snapshot, real_root, local)
     except OSError as exc:
         raise TfrunError(f"cannot read {exc.filename or root}: {exc.strerror or exc}", EXIT_USAGE) from None
-    snapshot.git_commit, snapshot.git_dirty = git_state(root)
+    if any((folder / ".git").exists() for folder in (root, *root.parents)):  # no git process outside git
+        snapshot.git_commit, snapshot.git_dirty = git_state(root)
     return snapshot
 
 
-def _walk(root: Path, folder: Path, ignores: _Ignores, snapshot: Snapshot, real_root: Path, local: bool) -> None:
+def _walk(folder: str, prefix: str, ignores: _Ignores, snapshot: Snapshot, real_root: Path, local: bool) -> None:
+    """Add `folder` (whose entries are named `prefix` + name in the snapshot) and everything below it."""
     with os.scandir(folder) as it:
         children = sorted(it, key=lambda e: e.name)
     for child in children:
-        path = Path(child.path)
         st = child.stat(follow_symlinks=False)
         is_dir = stat.S_ISDIR(st.st_mode)
-        if (is_dir and child.name in SKIPPED_DIRS) or ignores.ignored(path, is_dir):
+        if (is_dir and child.name in SKIPPED_DIRS) or ignores.ignored(child.path, is_dir):
             continue
-        relative = path.relative_to(root).as_posix()
+        relative = prefix + child.name
         if "\n" in relative or "\0" in relative:
             snapshot.skipped.append(relative)
             continue
         if is_dir:
             snapshot.entries.append(FileEntry(relative, "dir", mode=stat.S_IMODE(st.st_mode)))
-            _walk(root, path, ignores.below(path), snapshot, real_root, local)
+            _walk(child.path, relative + "/", ignores.below(child.path), snapshot, real_root, local)
         elif stat.S_ISLNK(st.st_mode):
-            snapshot.entries.append(FileEntry(relative, "symlink", target=_link_target(path, real_root, local)))
+            target = _link_target(Path(child.path), real_root, local)
+            snapshot.entries.append(FileEntry(relative, "symlink", target=target))
         elif stat.S_ISREG(st.st_mode):
-            snapshot.paths[relative] = path
+            snapshot.paths[relative] = child.path
             snapshot.entries.append(FileEntry(relative, "file", mode=stat.S_IMODE(st.st_mode), size=st.st_size))
         else:
             snapshot.skipped.append(relative)  # FIFOs, sockets, devices: reading one could block forever

@@ -136,7 +136,7 @@ def _packs(digests: list[str], sizes: dict[str, int]) -> Iterator[list[str]]:
         yield batch
 
 
-def _source(snapshot: Snapshot, digest: str) -> Path:
+def _source(snapshot: Snapshot, digest: str) -> str:
     path = snapshot.sources.get(digest)
     if path is None:
         raise ProtocolError(f"daemon asked for unknown content {digest[:12]}")
@@ -144,7 +144,8 @@ def _source(snapshot: Snapshot, digest: str) -> Path:
 
 
 def _read(snapshot: Snapshot, digest: str) -> bytes:
-    return _source(snapshot, digest).read_bytes()
+    with open(_source(snapshot, digest), "rb") as f:
+        return f.read()
 
 
 async def pull(channel: Channel, job: str, paths: list[str], dest: Path) -> tuple[int, int]:
