@@ -27,15 +27,20 @@ class TfrunCallback(tf.keras.callbacks.Callback):
         self.step = 0
         self.epoch = 0
         self.stopped_on_nan = False
+        self._epoch_began_at = 0  # the step count when this epoch began
+        self._saved_at = 0  # the step count at the last checkpoint
 
     def on_train_begin(self, logs=None):
-        self.step = self.checkpoints.step if self.checkpoints is not None else 0
+        self.step = self._saved_at = self.checkpoints.step if self.checkpoints is not None else 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
+        self._epoch_began_at = self.step
 
     def on_train_batch_end(self, batch, logs=None):
-        self.step += 1
+        # From Keras's batch index, not a count of calls: with steps_per_execution=N, Keras calls this once
+        # every N steps, with the index of the last of them.
+        self.step = self._epoch_began_at + batch + 1
         logs = logs or {}
         self.metrics.write(self.step, self.epoch, **logs)
         if self.stop_on_nan and is_bad(logs.get("loss")):
@@ -43,7 +48,7 @@ class TfrunCallback(tf.keras.callbacks.Callback):
             print("tfrun: loss is {} at step {}: stopping".format(logs.get("loss"), self.step), flush=True)
             self.model.stop_training = True
             return
-        if self.save_every_steps and self.step % self.save_every_steps == 0:
+        if self.save_every_steps and self.step // self.save_every_steps > self._saved_at // self.save_every_steps:
             self._save(self.epoch)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -59,5 +64,6 @@ class TfrunCallback(tf.keras.callbacks.Callback):
         self.metrics.flush()
 
     def _save(self, epochs_done):
+        self._saved_at = self.step
         if self.checkpoints is not None:
             self.checkpoints.save(step=self.step, epoch=epochs_done)

@@ -110,3 +110,28 @@ def test_the_callback_writes_exact_metrics_and_stops_on_nan(tf: Tfrun, project: 
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < 50 * 8, "one line a step, stopped early"
     last = [r["loss"] for r in records if "loss" in r][-1]
     assert not last < float("inf"), "the last loss recorded is the NaN (or inf) that stopped training"
+
+
+@pytest.mark.parametrize("which", PYTHONS)
+def test_steps_are_counted_right_when_keras_runs_several_per_call(tf: Tfrun, project: Path, which: object) -> None:
+    """With steps_per_execution=4 Keras calls the callback every 4 steps: the step count still ends at
+    epochs x steps, and a checkpoint every 10 steps is taken at the first call past each multiple."""
+    python = _python(which)
+    (project / "spe.py").write_text(
+        "import numpy as np, tensorflow as tf\n"
+        "from tfrun.jobs import Checkpoints, TfrunCallback\n"
+        "x = np.random.rand(160, 3).astype('float32'); y = x.sum(axis=1, keepdims=True)\n"
+        "model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1)])\n"
+        "model.compile(optimizer='sgd', loss='mse', steps_per_execution=4)\n"
+        "checkpoints = Checkpoints(model=model, optimizer=model.optimizer)\n"
+        "model.fit(x, y, batch_size=8, epochs=2, verbose=0,\n"
+        "          callbacks=[TfrunCallback(checkpoints, save_every_epochs=0, save_every_steps=10)])\n"
+        "print('iterations', int(model.optimizer.iterations.numpy()))\n"
+    )
+    job = int(tf.ok("submit", "--python", python, str(project / "spe.py")).strip())
+    assert tf.run("wait", str(job), timeout=300).returncode == 0, tf.log(job).decode()[-2000:]
+    steps = [json.loads(line)["step"] for line in (tf.job_dir(job) / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(4, 41, 4)), "one record per call, counted in steps: 2 epochs x 20 steps"
+    assert "iterations 40" in tf.log(job).decode()
+    saved = [point["step"] for point in json.loads(tf.ok("checkpoints", "--json", str(job)))]
+    assert saved == [20, 32, 40], "saved at 12, 20, 32 and 40; the last 3 kept"
