@@ -99,8 +99,7 @@ def main() -> None:
     rows: list[tuple[str, str, str, float]] = []
     try:
         tf = remote_client(Tfrun(work / "home"), sshd)
-        ssh = ["ssh", "-p", str(sshd.port), "-i", str(sshd.user_key), "-o", "BatchMode=yes",
-               "-o", f"UserKnownHostsFile={tf.client_home / '.ssh' / 'known_hosts'}", "root@127.0.0.1"]  # fmt: skip
+        ssh = sshd.ssh_command(tf.client_home / ".ssh" / "known_hosts")
         project = work / "project"
         project.mkdir()
         (project / "writer.py").write_text(WRITER)

@@ -59,8 +59,7 @@ def main() -> None:
     rows: list[tuple[str, list[float], list[float]]] = []
     try:
         tf = remote_client(Tfrun(work / "home"), sshd)
-        ssh = ["ssh", "-p", str(sshd.port), "-i", str(sshd.user_key), "-o", "BatchMode=yes",
-               "-o", f"UserKnownHostsFile={tf.client_home / '.ssh' / 'known_hosts'}", "root@127.0.0.1"]  # fmt: skip
+        ssh = sshd.ssh_command(tf.client_home / ".ssh" / "known_hosts")
         job_dir = work / "job"
         job_dir.mkdir()
         (job_dir / "job.py").write_text("import time\ntime.sleep(60)\n")

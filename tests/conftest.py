@@ -184,6 +184,11 @@ LogLevel ERROR
     def known_hosts_line(self) -> str:
         return f"[127.0.0.1]:{self.port} {Path(f'{self.host_key}.pub').read_text().strip()}\n"
 
+    def ssh_command(self, known_hosts: Path) -> list[str]:
+        """Plain OpenSSH to this sshd as the test user: the baseline the benchmarks compare tfrun with."""
+        return ["ssh", "-p", str(self.port), "-i", str(self.user_key), "-o", "BatchMode=yes",
+                "-o", f"UserKnownHostsFile={known_hosts}", "root@127.0.0.1"]  # fmt: skip
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=20)
