@@ -11,6 +11,7 @@ only this package on every job's PYTHONPATH: nothing is installed into the job's
     callback.py     TfrunCallback: the Keras callback (metrics, checkpoints, stop on NaN)
     progress.py     Progress: the same for custom training loops
     gpu.py          setup_gpus: memory growth, mixed precision, MirroredStrategy, a report line
+    probe.py        what this interpreter's TensorFlow sees, for `tfrund doctor` (run as a script)
 
 Names are imported on first use, so `import tfrun.jobs` costs nothing and needs no TensorFlow.
 """

@@ -80,7 +80,8 @@ def _build_optimizer(optimizer, model):
 
 
 def _built(optimizer):
+    """Whether the optimizer has its variables: Keras 3 says `built`, Keras 2.11+ `_built`."""
     for attribute in ("built", "_built"):
         if hasattr(optimizer, attribute):
             return bool(getattr(optimizer, attribute))
-    return bool(getattr(optimizer, "variables", None) and len(optimizer.variables) > 1)
+    return False

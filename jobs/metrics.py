@@ -28,10 +28,6 @@ class MetricWriter:
         self._file = open(path, "a", buffering=1 << 16) if path else None  # noqa: SIM115 - kept open
         self._flushed = time.monotonic()
 
-    @property
-    def enabled(self):
-        return self._file is not None
-
     def write(self, step, epoch=None, **values):
         """Record `values` (numbers; NaN and infinities are kept as such) at `step` of `epoch`."""
         if self._file is None:

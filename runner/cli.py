@@ -1,4 +1,4 @@
-"""`tfrund`: the daemon's own commands (run, start, stop, status, dial-stdio)."""
+"""`tfrund`: the daemon's own commands (run, start, stop, status, doctor, dial-stdio)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -26,7 +27,7 @@ _PROBE_TIMEOUT_S = 180  # importing TensorFlow on a cold disk takes a while
 _LOW_SPACE_BYTES = 10 * 10**9
 
 
-def run_checks(checkpoint_root: Path, python: Optional[str]) -> list[Check]:
+def run_checks(checkpoint_root: Path, python: str) -> list[Check]:
     """Every check, in the order a person would fix things."""
     checks: list[Check] = []
     interpreter = _interpreter(python)
@@ -40,14 +41,13 @@ def run_checks(checkpoint_root: Path, python: Optional[str]) -> list[Check]:
     return checks
 
 
-def job_python(configured: Optional[str]) -> Optional[str]:
-    """The interpreter a .py job gets: the setting, else python3 on the daemon's PATH."""
-    return configured or shutil.which("python3")
+def job_python(configured: Optional[str]) -> str:
+    """The interpreter a .py job gets by default: the setting, else python3 on the daemon's PATH, else the
+    daemon's own."""
+    return configured or shutil.which("python3") or sys.executable
 
 
-def _interpreter(python: Optional[str]) -> tuple[Check, Optional[str]]:
-    if python is None:
-        return Check("job python", FAIL, "no python3 on the daemon's PATH", "set job_python in config.toml"), None
+def _interpreter(python: str) -> tuple[Check, Optional[str]]:
     found = python if os.sep in python else shutil.which(python)
     if found is None or not os.access(found, os.X_OK):
         return Check("job python", FAIL, f"{python} is not an executable", "set job_python to one"), None

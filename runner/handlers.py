@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import math
 import os
 import shutil
 import stat
-import sys
 import time
 from collections.abc import Awaitable
 from pathlib import Path, PurePosixPath
@@ -53,11 +51,11 @@ from tfrun.protocol import (
     Shutdown,
     Submit,
     Wait,
-    plain,
     validate_name,
     write_message,
 )
 from tfrun.runner import jobdir
+from tfrun.runner.blobs import read_manifest, write_manifest
 from tfrun.runner.doctor import job_python, run_checks
 from tfrun.runner.lines import BlockMatcher, LineFilter, PatternError, Selector, Tail, TerminalLines, display
 from tfrun.runner.logindex import LogIndex, Stamper
@@ -183,8 +181,7 @@ async def _start(daemon: Daemon, row: JobRow, files: list[FileEntry]) -> JobRow:
     job_dir = Path(row.job_dir)
     try:
         if not (job_dir / jobdir.FILES).exists():
-            with open(job_dir / jobdir.FILES, "w") as f:
-                f.write(json.dumps(plain(files)))  # dumps, not dump: the C encoder, ~10x faster
+            write_manifest(job_dir / jobdir.FILES, files)
         build = functools.partial(daemon.spares.build, files, job_dir / jobdir.WORK, row.spec.get("source"))
         await asyncio.get_running_loop().run_in_executor(None, build)
         Path(row.checkpoint_dir).mkdir(parents=True, exist_ok=True)
@@ -206,8 +203,7 @@ async def _start(daemon: Daemon, row: JobRow, files: list[FileEntry]) -> JobRow:
 def _snapshot_files(row: JobRow) -> list[FileEntry]:
     """The manifest a job's work dir was built from."""
     try:
-        with open(Path(row.job_dir) / jobdir.FILES) as f:
-            return [FileEntry(**entry) for entry in json.load(f)]
+        return read_manifest(Path(row.job_dir) / jobdir.FILES)
     except (OSError, ValueError, TypeError) as exc:
         raise _invalid(f"job {row.id} kept no readable snapshot manifest ({exc}); submit it again") from None
 
@@ -241,7 +237,7 @@ def _command(daemon: Daemon, req: Submit, script: PurePosixPath) -> list[str]:
     """The argv the shim runs: `.py` through the job interpreter, anything else directly."""
     if script.suffix != ".py":
         return [f"./{script}", *req.args]
-    python = req.python or daemon.config.job_python or shutil.which("python3") or sys.executable
+    python = req.python or job_python(daemon.config.job_python)
     if os.sep in python:
         if not os.access(python, os.X_OK):
             raise _invalid(f"job interpreter {python} does not exist or is not executable")

@@ -52,15 +52,6 @@ class Identity:
         self.start = start
         self.boot = boot
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Identity) and (self.pid, self.start, self.boot) == (other.pid, other.start, other.boot)
-
-    def __hash__(self) -> int:
-        return hash((self.pid, self.start, self.boot))
-
-    def __repr__(self) -> str:
-        return f"Identity(pid={self.pid}, start={self.start}, boot={self.boot!r})"
-
     @classmethod
     def of(cls, pid: int) -> Optional[Identity]:
         start = start_ticks(pid)
