@@ -31,6 +31,7 @@ from tfrun.constants import (
     UPLOAD_WARN_BYTES,
 )
 from tfrun.protocol import (
+    AlertList,
     Cancel,
     CancelReply,
     Channel,
@@ -39,16 +40,21 @@ from tfrun.protocol import (
     ErrorCode,
     FileList,
     GetJob,
+    GetMetrics,
     Job,
     JobList,
     JobReply,
     JobState,
+    ListAlerts,
     ListFiles,
     ListJobs,
     LogChunk,
     LogEnd,
     LogLines,
     Message,
+    MetricsReply,
+    NotifyReport,
+    NotifyTest,
     ProtocolError,
     ReadLog,
     RemoteError,
@@ -276,6 +282,16 @@ def _snapshot_notes(snap: Snapshot) -> None:
 @click.option("--max-restarts", type=click.IntRange(0, 1000), default=0, metavar="N", help="If the job fails or is "
               "lost (not cancelled), run it again as a new job with the same snapshot and checkpoint folder, up "
               "to N times; with tfrun.jobs it resumes from its last checkpoint.")  # fmt: skip
+@click.option("--alert", "alerts", multiple=True, metavar="RULE[=VALUE][,...]", help="Turn on or tune alert rules "
+              "for this job: oom, spike[=FACTOR], stall[=TIME], failed, done, lost (e.g. --alert stall=10m); all "
+              "are on unless the daemon's config says otherwise.")  # fmt: skip
+@click.option("--no-alert", "no_alerts", multiple=True, metavar="RULE[,...]", help="Turn alert rules off for this "
+              "job (`all` for every one), e.g. --no-alert done.")  # fmt: skip
+@click.option("--notify", multiple=True, metavar="URL", help="Also send this job's alerts to URL (any apprise URL: "
+              "mailto://, slack://, json://, ...); repeatable. Kept on the box, never shown unmasked.")  # fmt: skip
+@click.option("--metric", "metric_patterns", multiple=True, metavar="REGEX", help="Read more metrics from the "
+              "output: each named group is one, `step`/`epoch` are counters, e.g. 'it (?P<step>\\d+) "
+              "f1=(?P<f1>[0-9.]+)'.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON instead of its id.")
 @host_options
 @click.argument("script")
@@ -287,6 +303,10 @@ def submit(
     python: Optional[str],
     follow: bool,
     max_restarts: int,
+    alerts: tuple[str, ...],
+    no_alerts: tuple[str, ...],
+    notify: tuple[str, ...],
+    metric_patterns: tuple[str, ...],
     as_json: bool,
     script: str,
     args: tuple[str, ...],
@@ -303,6 +323,10 @@ def submit(
     The job's environment has PYTHONUNBUFFERED=1, TFRUN_JOB_ID, TFRUN_JOB_DIR, TFRUN_CHECKPOINT_DIR
     (a folder of its own for checkpoints), TFRUN_METRICS_FILE and TF_FORCE_GPU_ALLOW_GROWTH=true (unless
     set already) on top of the daemon's environment and your --env.
+
+    Alerts (out of memory, loss spikes, stalls, failure, success, loss of the job) go to the daemon's
+    notify URLs and to each --notify URL; `tfrun alerts` lists them. Metrics come from tfrun.jobs when the
+    script uses it, else from its Keras, Lightning or plain `loss` prints: `tfrun metrics`.
     """
     from tfrun.client.snapshot import relative_script, scan
     from tfrun.client.transfer import LazyProgress, upload
@@ -341,6 +365,10 @@ def submit(
         git_commit=snap.git_commit,
         git_dirty=snap.git_dirty,
         max_restarts=max_restarts,
+        alerts=_split(alerts),
+        no_alerts=_split(no_alerts),
+        notify=list(notify),
+        metric_patterns=list(metric_patterns),
     )
 
     async def conversation(channel: Channel) -> int:
@@ -360,6 +388,11 @@ def submit(
         return await _follow(str(job.id), channel)
 
     sys.exit(_run(_with_channel(conversation)))
+
+
+def _split(values: tuple[str, ...]) -> list[str]:
+    """Options that may repeat and take comma-separated lists: --alert oom,stall=5m --alert done."""
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
 
 
 # -- looking at jobs ----------------------------------------------------------------------------------------
@@ -673,6 +706,69 @@ def doctor(python: Optional[str], as_json: bool) -> None:
     else:
         render.check_lines(checks, _console())
     sys.exit(EXIT_FAILURE if any(check.status == "fail" for check in checks) else EXIT_OK)
+
+
+# -- alerts and metrics -------------------------------------------------------------------------------------
+
+
+@main.command()
+@host_options
+@click.argument("job", required=False)
+@click.option("-n", "--last", type=click.IntRange(1, 10_000), default=20, show_default=True, metavar="N",
+              help="Show the newest N alerts.")  # fmt: skip
+@click.option("-v", "--verbose", is_flag=True, help="Show each alert's whole message, as it was sent.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of alerts with their deliveries.")
+def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
+    """What fired, when, and whether it was delivered: the alerts of JOB, or of every job and the box.
+
+    Each alert is stored on the box before it is sent, then delivered to the daemon's notify URLs (its
+    config.toml) and the job's --notify URLs, retried with backoff for a day while a server is down.
+    URLs are shown with their secrets masked."""
+
+    found = _ask(ListAlerts(job=job, limit=last), AlertList).alerts
+    if as_json:
+        click.echo(render.to_json(found))
+    else:
+        render.alert_lines(found, verbose, _console())
+
+
+@main.command("notify-test")
+@host_options
+@click.argument("url", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON result per URL.")
+def notify_test(url: Optional[str], as_json: bool) -> None:
+    """Send a test message from the box to URL (any apprise URL), or to each notify URL of the daemon's
+    config; say for each whether it was sent or why not. Exits 1 if any failed. Nothing is retried."""
+
+    results = _ask(NotifyTest(url=url), NotifyReport).results
+    if as_json:
+        click.echo(render.to_json(results))
+    else:
+        for result in results:
+            if result.state == "sent":
+                click.echo(f"sent to {result.target}")
+            else:
+                click.echo(f"tfrun: not sent to {result.target}: {result.error}", err=True)
+    sys.exit(EXIT_OK if all(result.state == "sent" for result in results) else EXIT_FAILURE)
+
+
+@main.command()
+@host_options
+@click.argument("job")
+@click.option("-n", "--last", type=click.IntRange(min=1), metavar="N", help="Only the newest N samples "
+              "(default: 20 in the table, all with --json).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the samples as a JSON list.")
+def metrics(job: str, last: Optional[int], as_json: bool) -> None:
+    """JOB's metrics by step: exact per-step values when the script uses tfrun.jobs (its callback or
+    Progress), else what the daemon read from its output (Keras and Lightning progress bars, prints such
+    as `step 100 loss=1.23`, and --metric patterns). Keras prints a running mean of each epoch; the values
+    here are the means over the steps between two of its prints, worked back from them."""
+
+    reply = _ask(GetMetrics(job=job, last=last if (last or as_json) else 20), MetricsReply)
+    if as_json:
+        click.echo(render.to_json(reply.samples))
+    else:
+        render.metric_table(reply.source, reply.samples, _console())
 
 
 # -- files back ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import shlex
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from tfrun.protocol import Check, FileEntry, Job, JobState
+from tfrun.protocol import Alert, Check, FileEntry, Job, JobState, MetricSample
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn: `tfrun submit` and `--json` never pay for it
     from rich.console import Console
@@ -110,6 +110,8 @@ def job_detail(job: Job, console: Console) -> None:
         ("restart of", "-" if job.restart_of is None else f"job {job.restart_of}"),
         ("restarted as", "-" if job.restarted_as is None else f"job {job.restarted_as}"),
         ("restarts left", str(job.restarts_left)),
+        ("alerts", ", ".join(job.alert_rules) or "none"),
+        ("notify", ", ".join(job.notify) or "the daemon's URLs only"),
     ]
     rows += [(f"env {k}", v) for k, v in sorted(job.env.items())]
     table = Table(box=None, show_header=False, pad_edge=False)
@@ -187,6 +189,62 @@ def check_lines(checks: list[Check], console: Console) -> None:
         if check.advice:
             line += Text(f"; {check.advice}", style="dim" if check.status == "ok" else "")
         console.print(line, soft_wrap=True)  # one line per check, however narrow the terminal
+
+
+_DELIVERY_STYLE = {"sent": "green", "pending": "yellow", "expired": "red", "failed": "red"}
+
+
+def alert_lines(alerts: list[Alert], verbose: bool, console: Console) -> None:
+    """`tfrun alerts`: per alert its time, rule and summary, then how each delivery went."""
+    from rich.text import Text
+
+    if not alerts:
+        console.print("no alerts", style="dim")
+        return
+    for alert in alerts:
+        head = Text(f"{when(alert.at)}  ") + Text(f"{alert.rule:<10} ", style="bold") + Text(alert.summary)
+        console.print(head, soft_wrap=True)
+        if not alert.deliveries:
+            console.print(Text("    not sent: no notify URL configured", style="dim"), soft_wrap=True)
+        for delivery in alert.deliveries:
+            line = Text("    ") + Text(f"{delivery.state:<8}", style=_DELIVERY_STYLE.get(delivery.state, ""))
+            line += Text(f" {delivery.target}")
+            if delivery.state == "sent":
+                line += Text(f" at {when(delivery.sent_at)}", style="dim")
+            else:
+                line += Text(f" ({delivery.attempts} attempt(s)", style="dim")
+                if delivery.next_at is not None:
+                    line += Text(f", next at {when(delivery.next_at)}", style="dim")
+                line += Text(")", style="dim")
+                if delivery.error:
+                    line += Text(f": {delivery.error}")
+            console.print(line, soft_wrap=True)
+        if verbose:
+            console.print(
+                Text("\n".join("    | " + line for line in alert.body.rstrip("\n").split("\n"))), soft_wrap=True
+            )
+
+
+def metric_table(source: str, samples: list[MetricSample], console: Console) -> None:
+    """`tfrun metrics`: one row per step, a column per metric (loss first), and where they came from."""
+    from rich.table import Table
+
+    if not samples:
+        console.print("no metrics yet: nothing the daemon can read as a metric was printed", style="dim")
+        return
+    names: dict[str, None] = {}
+    for sample in samples:
+        names.update(dict.fromkeys(sample.values))
+    columns = sorted(names, key=lambda n: (n != "loss", n.startswith("val_"), n))
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("STEP", "EPOCH", *(c.upper() for c in columns)):
+        table.add_column(column, no_wrap=True, justify="right")
+    for sample in samples:
+        values = [f"{sample.values[c]:.6g}" if c in sample.values else "" for c in columns]
+        table.add_row(str(sample.step), "" if sample.epoch is None else str(sample.epoch), *values)
+    console.print(table)
+    where = {"callback": "written by tfrun.jobs (exact)", "log": "read from the output"}.get(source, source)
+    console.print(f"{len(samples)} sample(s), {where}", style="dim")
 
 
 def size(n: float) -> str:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import datetime
-import re
 from dataclasses import dataclass
 from typing import Optional
 
 import click
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+from tfrun.duration import parse_duration
 
 
 @dataclass(frozen=True)
@@ -20,17 +18,6 @@ class Since:
 
     ago: Optional[float] = None
     at: Optional[float] = None
-
-
-def parse_duration(text: str) -> Optional[float]:
-    """Seconds in `text` such as 90s, 10m, 1h30m, 2d, 500ms; None if it is not a duration."""
-    pos, total = 0, 0.0
-    for match in _PART.finditer(text):
-        if match.start() != pos:
-            return None
-        total += float(match.group(1)) * _UNITS[match.group(2)]
-        pos = match.end()
-    return total if pos == len(text) and text else None
 
 
 def parse_since(text: str) -> Since:

@@ -34,9 +34,11 @@ from tfrun.protocol import (
     read_message,
     write_message,
 )
+from tfrun.runner.alerts import Alerts
 from tfrun.runner.blobs import BlobStore, Spares
 from tfrun.runner.config import Config
 from tfrun.runner.handlers import HANDLERS, Connection, RequestError, rerun, start_rerun
+from tfrun.runner.outbox import Outbox
 from tfrun.runner.store import Store
 from tfrun.runner.supervisor import Supervisor
 from tfrun.runner.watch import LogWatch
@@ -122,7 +124,9 @@ class Daemon:
         self.blobs = BlobStore(layout.blobs_dir)
         self.spares = Spares(layout.spares_dir, self.blobs)
         self._background: set[asyncio.Future[Any]] = set()
-        self.supervisor.on_final = self._restart_if_wanted
+        self.outbox = Outbox(store, config.cooldown, config.expire)
+        self.alerts = Alerts(config, store, self.outbox)
+        self.supervisor.on_final = self._ended
         self._connections = 0
         self.started_at = time.time()
         self._stopping: Optional[asyncio.Event] = None  # made in serve(): on 3.9 an Event binds to a loop
@@ -140,6 +144,12 @@ class Daemon:
         future = loop.create_task(work) if asyncio.iscoroutine(work) else loop.run_in_executor(None, work)
         self._background.add(future)
         future.add_done_callback(done)
+
+    def _ended(self, job_id: int) -> None:
+        """A job just became final: its end alerts are due (the watch stores them once it has read the rest
+        of the log) and the restart policy decides whether it runs again."""
+        self.store.db.execute("INSERT OR IGNORE INTO watches (job_id, state) VALUES (?, '{}')", (job_id,))
+        self._restart_if_wanted(job_id)
 
     def _restart_if_wanted(self, job_id: int) -> None:
         """The restart policy, applied the moment a job becomes final: a job that failed or was lost and
@@ -172,12 +182,15 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         monitor = asyncio.create_task(self.supervisor.monitor())
+        watch = asyncio.create_task(self.alerts.run())
+        outbox = asyncio.create_task(self.outbox.run())
         log.info("tfrund %s (pid %d) serving %s", tfrun.__version__, os.getpid(), socket_path)
         try:
             await self._stopping.wait()
         finally:
             server.close()
-            monitor.cancel()
+            for task in (monitor, watch, outbox):
+                task.cancel()
             self.log_watch.stop()
             socket_path.unlink(missing_ok=True)
             log.info("tfrund (pid %d) stopped; running jobs keep running", os.getpid())

@@ -15,10 +15,19 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Optional
 
 from tfrun import __version__
-from tfrun.constants import DEFAULT_GRACE_S, FILE_CHUNK_BYTES, FOLLOW_POLL_S, LOG_CHUNK_BYTES, MAX_CONTEXT, MAX_GRACE_S
+from tfrun.constants import (
+    DEFAULT_GRACE_S,
+    FILE_CHUNK_BYTES,
+    FOLLOW_POLL_S,
+    LOG_CHUNK_BYTES,
+    MAX_CONTEXT,
+    MAX_GRACE_S,
+    MAX_METRIC_SAMPLES,
+)
 from tfrun.content import ManifestError, check_manifest, check_relative
 from tfrun.protocol import (
     PROTOCOL_VERSION,
+    AlertList,
     Cancel,
     CancelReply,
     CancelResult,
@@ -31,17 +40,23 @@ from tfrun.protocol import (
     FileEntry,
     FileList,
     GetJob,
+    GetMetrics,
     HaveBlobs,
+    Job,
     JobList,
     JobReply,
     JobState,
+    ListAlerts,
     ListFiles,
     ListJobs,
     LogChunk,
     LogEnd,
     LogLines,
     Message,
+    MetricsReply,
     MissingBlobs,
+    NotifyReport,
+    NotifyTest,
     Ok,
     PutBlob,
     PutBlobs,
@@ -54,11 +69,15 @@ from tfrun.protocol import (
     validate_name,
     write_message,
 )
-from tfrun.runner import jobdir
+from tfrun.runner import jobdir, rules
+from tfrun.runner.alerts import read_metrics
 from tfrun.runner.blobs import read_manifest, write_manifest
 from tfrun.runner.doctor import job_python, run_checks
 from tfrun.runner.lines import BlockMatcher, LineFilter, PatternError, Selector, Tail, TerminalLines, display
 from tfrun.runner.logindex import LogIndex, Stamper
+from tfrun.runner.metrics import LogMetrics
+from tfrun.runner.metrics import PatternError as MetricPatternError
+from tfrun.runner.outbox import masked, usable
 from tfrun.runner.store import JobRow
 
 if TYPE_CHECKING:
@@ -116,13 +135,43 @@ async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
         "bytes": sum(e.size for e in req.files if e.kind == "file"),
         "max_restarts": req.max_restarts,
     }
+    alert_rules = _alert_rules(daemon, req)
     row = daemon.store.create_job(req.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root)
+    daemon.store.set_job_alerts(row.id, alert_rules, req.notify, req.metric_patterns)
     try:
         started = await _start(daemon, row, req.files)
     except ManifestError as exc:
         raise _invalid(f"cannot build the work dir: {exc}") from None
-    await conn.send(JobReply(started.public()))
+    await conn.send(JobReply(public(daemon, started)))
     daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
+
+
+def _alert_rules(daemon: Daemon, req: Submit) -> dict[str, Optional[float]]:
+    """The job's alert rules from the daemon's and the request's; its URLs and metric patterns checked."""
+    try:
+        chosen = rules.combine(daemon.config.rules, req.alerts, req.no_alerts)
+    except rules.RuleError as exc:
+        raise _invalid(str(exc)) from None
+    try:
+        LogMetrics(req.metric_patterns)
+    except MetricPatternError as exc:
+        raise _invalid(f"--metric: {exc}") from None
+    for url in req.notify:
+        if not usable(url):
+            raise _invalid(
+                f"--notify {masked(url)}: not a URL apprise knows (see https://github.com/caronc/apprise/wiki)"
+            )
+    return {name: value for name, value in chosen.items() if name in rules.JOB_RULES}
+
+
+def public(daemon: Daemon, row: JobRow) -> Job:
+    """The job as a client sees it, with its alert rules and its URLs masked."""
+    job = row.public()
+    stored = daemon.store.job_alerts(row.id)
+    chosen, urls = (stored[0], stored[1]) if stored else (daemon.config.rules, [])
+    job.alert_rules = rules.specs({k: v for k, v in chosen.items() if k in rules.JOB_RULES})
+    job.notify = [masked(url) for url in urls]
+    return job
 
 
 async def doctor(daemon: Daemon, req: Doctor, conn: Connection) -> None:
@@ -141,7 +190,7 @@ async def restart(daemon: Daemon, req: Restart, conn: Connection) -> None:
         started = await _start(daemon, new, _snapshot_files(row))
     except ManifestError as exc:
         raise _invalid(f"cannot build job {row.id}'s work dir again: {exc}") from None
-    await conn.send(JobReply(started.public()))
+    await conn.send(JobReply(public(daemon, started)))
 
 
 def rerun(daemon: Daemon, row: JobRow, reason: str, restarts_left: Optional[int] = None) -> JobRow:
@@ -158,6 +207,9 @@ def rerun(daemon: Daemon, row: JobRow, reason: str, restarts_left: Optional[int]
         row.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root, Path(row.checkpoint_dir)
     )
     shutil.copyfile(Path(row.job_dir) / jobdir.FILES, Path(new.job_dir) / jobdir.FILES)
+    settings = daemon.store.job_alerts(row.id)
+    if settings is not None:
+        daemon.store.set_job_alerts(new.id, *settings)
     daemon.store.update(row.id, restarted_as=new.id)
     daemon.store.add_event(row.id, "restarted", f"as job {new.id}: {reason}")
     daemon.store.add_event(new.id, "restart", f"of job {row.id}: {reason}")
@@ -269,16 +321,16 @@ def _job_env(daemon: Daemon, row: JobRow, user_env: dict[str, str]) -> dict[str,
 
 
 async def list_jobs(daemon: Daemon, req: ListJobs, conn: Connection) -> None:
-    await conn.send(JobList([row.public() for row in daemon.store.list(include_final=req.all)]))
+    await conn.send(JobList([public(daemon, row) for row in daemon.store.list(include_final=req.all)]))
 
 
 async def get_job(daemon: Daemon, req: GetJob, conn: Connection) -> None:
-    await conn.send(JobReply(_find(daemon, req.job).public()))
+    await conn.send(JobReply(public(daemon, _find(daemon, req.job))))
 
 
 async def wait(daemon: Daemon, req: Wait, conn: Connection) -> None:
     row = await daemon.supervisor.wait_final(_find(daemon, req.job).id)
-    await conn.send(JobReply(row.public()))
+    await conn.send(JobReply(public(daemon, row)))
 
 
 async def cancel(daemon: Daemon, req: Cancel, conn: Connection) -> None:
@@ -573,6 +625,38 @@ async def read_file(daemon: Daemon, req: ReadFile, conn: Connection) -> None:
                 return
 
 
+# -- alerts and metrics -------------------------------------------------------------------------------------
+
+
+async def list_alerts(daemon: Daemon, req: ListAlerts, conn: Connection) -> None:
+    job_id = _find(daemon, req.job).id if req.job is not None else None
+    limit = max(1, min(req.limit, 10_000))
+    await conn.send(AlertList(daemon.outbox.alerts(job_id, limit)))
+
+
+async def notify_test(daemon: Daemon, req: NotifyTest, conn: Connection) -> None:
+    """One message to the URL given, or to each of the daemon's; the report says how each went."""
+    urls = [req.url] if req.url else daemon.config.notify
+    if not urls:
+        raise _invalid(
+            f"no URL given, and the daemon has no notify URLs (set notify = [...] in {daemon.layout.config_file})"
+        )
+    host = daemon.alerts.host
+    title = f"tfrun: test message from {host}"
+    body = f"This is a test message from tfrund on {host}. Alerts about jobs on this box will arrive like this.\n"
+    await conn.send(NotifyReport(await daemon.outbox.test(urls, title, body)))
+
+
+async def get_metrics(daemon: Daemon, req: GetMetrics, conn: Connection) -> None:
+    row = _find(daemon, req.job)
+    if req.last is not None and req.last < 1:
+        raise _invalid("--last must be at least 1")
+    last = min(req.last or MAX_METRIC_SAMPLES, MAX_METRIC_SAMPLES)
+    work = functools.partial(read_metrics, Path(row.job_dir), last)
+    source, samples = await asyncio.get_running_loop().run_in_executor(None, work)
+    await conn.send(MetricsReply(source=source, samples=samples))
+
+
 # -- the daemon itself --------------------------------------------------------------------------------------
 
 
@@ -610,6 +694,9 @@ HANDLERS: dict[type[Message], Callable[[Daemon, Any, Connection], Awaitable[None
     ReadLog: read_log,
     Doctor: doctor,
     Restart: restart,
+    ListAlerts: list_alerts,
+    NotifyTest: notify_test,
+    GetMetrics: get_metrics,
     DaemonStatus: daemon_status,
     Shutdown: shutdown,
 }

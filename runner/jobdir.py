@@ -5,11 +5,12 @@
     work/         the snapshot of the user's work dir, the job's cwd
     output.log    stdout and stderr of the job, appended by the job itself (O_APPEND)
     output.idx    (offset, time) records of the log's growth, appended by the shim (runner/logindex.py)
-    shim.json     the shim's and the job's identities (written by the shim once the job runs)
+    shim.json     the shim's and the job's identities, its cgroup's OOM-kill count (written once the job runs)
     cancel.json   a cancel request with its grace period (written by the daemon, read by the shim)
     exit.json     how the job ended (written by the shim once nothing of the job is left)
     shim.log      the shim's own complaints, if any
     metrics.jsonl per-step metrics the job writes through tfrun.jobs (TFRUN_METRICS_FILE)
+    logmetrics.jsonl  metrics the daemon read from the log, for jobs that write no metrics.jsonl
 
 Every JSON file is written to a temporary name and renamed, so a reader sees all of it or nothing.
 """
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # the shim imports this: no pathlib or typing at run time, ~1
 SPEC = "spec.json"
 FILES = "files.json"
 METRICS = "metrics.jsonl"
+LOG_METRICS = "logmetrics.jsonl"
 WORK = "work"
 OUTPUT = "output.log"
 INDEX = "output.idx"

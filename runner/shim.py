@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 
-from tfrun.runner import jobdir, logindex
+from tfrun.runner import cgroup, jobdir, logindex
 from tfrun.runner.process import Identity, descendants
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the shim imports this)
@@ -64,6 +64,8 @@ class Shim:
     def start(self) -> None:
         """Start the job with its output on the log file; on failure, record it as the job's exit."""
         log = os.open(os.path.join(self.job_dir, jobdir.OUTPUT), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        oom_file = cgroup.oom_counter_file()  # the job inherits our cgroup: its OOM kills count there
+        oom_kills = cgroup.oom_kills(oom_file)
         try:
             # posix_spawn rather than subprocess (which costs the shim ~15 ms of imports a job): the job gets
             # a session and process group of its own, an empty signal mask, /dev/null in, the log out.
@@ -102,6 +104,8 @@ class Shim:
                 "job_pid": self.job_pid,
                 "job_start": job.start if job else None,
                 "started_at": self.started_at,
+                "oom_file": oom_file,
+                "oom_kills": oom_kills,
             },
         )
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from tfrun.protocol import Job, JobState
 from tfrun.runner import jobdir
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -51,6 +51,43 @@ _MIGRATIONS: dict[int, str] = {
     """,
     2: """
     ALTER TABLE jobs ADD COLUMN restarted_as INTEGER;  -- the job that runs this one again
+    """,
+    3: """
+    -- A job's alert settings, apart from its record: its URLs hold secrets that no client may see.
+    CREATE TABLE job_alerts (
+        job_id INTEGER PRIMARY KEY REFERENCES jobs(id),
+        rules TEXT NOT NULL,           -- JSON {rule: setting or null}: what watches this job
+        notify TEXT NOT NULL,          -- JSON [url]: where its alerts go besides the daemon's URLs (secret)
+        patterns TEXT NOT NULL         -- JSON [regex]: its own metric patterns
+    );
+    -- Where the watch over each job's output stands, so that a new daemon resumes it and alerts nothing twice.
+    CREATE TABLE watches (
+        job_id INTEGER PRIMARY KEY REFERENCES jobs(id),
+        state TEXT NOT NULL            -- JSON: log offset, metric reader and spike detector state, ...
+    );
+    -- The outbox: an alert is stored here before anything is sent.
+    CREATE TABLE alerts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id INTEGER,                -- NULL for the box's own alerts (gpu-memory)
+        rule TEXT NOT NULL,
+        at REAL NOT NULL,
+        summary TEXT NOT NULL,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX alerts_job_rule ON alerts(job_id, rule, at);
+    CREATE TABLE deliveries (
+        id INTEGER PRIMARY KEY,
+        alert_id INTEGER NOT NULL REFERENCES alerts(id),
+        url TEXT NOT NULL,             -- secret: never leaves the daemon
+        target TEXT NOT NULL,          -- the URL with its secrets masked
+        state TEXT NOT NULL,           -- pending, sent, expired
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        sent_at REAL,
+        error TEXT                     -- the last failure, secrets masked
+    );
+    CREATE INDEX deliveries_due ON deliveries(state, next_at);
     """,
 }
 
@@ -204,8 +241,30 @@ class Store:
 
     def delete(self, job_id: int) -> None:
         """Forget a job that never started (its submission failed half way)."""
-        self.db.execute("DELETE FROM events WHERE job_id=?", (job_id,))
+        for table in ("events", "job_alerts", "watches"):
+            self.db.execute(f"DELETE FROM {table} WHERE job_id=?", (job_id,))
         self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+
+    def set_job_alerts(
+        self, job_id: int, rules: dict[str, Optional[float]], notify: list[str], patterns: list[str]
+    ) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO job_alerts (job_id, rules, notify, patterns) VALUES (?,?,?,?)",
+            (job_id, json.dumps(rules), json.dumps(notify), json.dumps(patterns)),
+        )
+
+    def job_alerts(self, job_id: int) -> Optional[tuple[dict[str, Optional[float]], list[str], list[str]]]:
+        """A job's alert rules, its own notification URLs (secret) and metric patterns; None for a job
+        submitted before alerts existed."""
+        row = self.db.execute("SELECT rules, notify, patterns FROM job_alerts WHERE job_id=?", (job_id,)).fetchone()
+        return (json.loads(row[0]), json.loads(row[1]), json.loads(row[2])) if row else None
+
+    def watch_state(self, job_id: int) -> Optional[dict[str, Any]]:
+        row = self.db.execute("SELECT state FROM watches WHERE job_id=?", (job_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def save_watch_state(self, job_id: int, state: dict[str, Any]) -> None:
+        self.db.execute("INSERT OR REPLACE INTO watches (job_id, state) VALUES (?,?)", (job_id, json.dumps(state)))
 
     def add_event(self, job_id: int, kind: str, detail: Optional[str] = None) -> None:
         self.db.execute(

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from conftest import TFRUN, TFRUND, Tfrun, processes_of, wait_for, write_script
 
-from tfrun.protocol import Hello, JobList, ListJobs, encode, read_message
+from tfrun.protocol import PROTOCOL_VERSION, Hello, JobList, ListJobs, encode, read_message
+from tfrun.runner.store import SCHEMA_VERSION
 
 
 def daemons_of(home: Path) -> list[int]:
@@ -62,7 +63,7 @@ def test_status_says_what_a_script_needs(tf: Tfrun, project: Path) -> None:
     write_script(project, "ok.py", "pass\n")
     tf.ok("wait", str(tf.submit(str(project / "ok.py"))))
     status = json.loads(tf.daemon("status", "--json").stdout)
-    assert status["pid"] == tf.daemon_pid() and status["version"] and status["protocol"] == 1
+    assert status["pid"] == tf.daemon_pid() and status["version"] and status["protocol"] == PROTOCOL_VERSION
     assert Path(status["socket"]).is_socket() and status["home"] == str(tf.home)
     assert status["jobs"]["succeeded"] == 1 and status["jobs"]["running"] == 0
     assert (Path(status["socket"]).parent.stat().st_mode & 0o777) == 0o700
@@ -108,7 +109,7 @@ def test_a_client_of_another_protocol_is_told_both_versions(tf: Tfrun) -> None:
         sock.sendall(encode(Hello(protocol=99, version="9.9.9", role="client")))
         reply = json.loads(sock.makefile("rb").readline())
     assert reply["type"] == "error" and reply["code"] == "version_mismatch"
-    assert "protocol 99" in reply["message"] and "protocol 1" in reply["message"] and "9.9.9" in reply["message"]
+    assert "protocol 99" in reply["message"] and f"protocol {PROTOCOL_VERSION}" in reply["message"] and "9.9.9" in reply["message"]
 
 
 def test_a_daemon_of_another_protocol_is_refused_by_the_client(tf: Tfrun, tmp_path: Path) -> None:
@@ -121,19 +122,22 @@ def test_a_daemon_of_another_protocol_is_refused_by_the_client(tf: Tfrun, tmp_pa
     client = subprocess.Popen([*TFRUN, "ps"], env=tf.env, stdout=-1, stderr=-1, text=True)
     conn, _ = server.accept()
     conn.makefile("rb").readline()
-    conn.sendall(encode(Hello(protocol=2, version="2.0.0", role="daemon")))
+    conn.sendall(encode(Hello(protocol=PROTOCOL_VERSION + 1, version="2.0.0", role="daemon")))
     _, err = client.communicate(timeout=30)
     conn.close()
     server.close()
     assert client.returncode == 125
-    assert err.startswith("tfrun: error: protocol mismatch") and "protocol 2" in err and "tfrund 2.0.0" in err
+    assert err.startswith("tfrun: error: protocol mismatch") and f"protocol {PROTOCOL_VERSION + 1}" in err
+    assert "tfrund 2.0.0" in err
     assert len(err.strip().splitlines()) == 1
 
 
 def test_dial_stdio_bridges_the_protocol_over_a_pipe(tf: Tfrun) -> None:
     bridge = subprocess.Popen([*TFRUND, "dial-stdio"], env=tf.env, stdin=-1, stdout=-1)
     assert bridge.stdin is not None and bridge.stdout is not None
-    bridge.stdin.write(encode(Hello(protocol=1, version="test", role="client")) + encode(ListJobs(all=True)))
+    bridge.stdin.write(
+        encode(Hello(protocol=PROTOCOL_VERSION, version="test", role="client")) + encode(ListJobs(all=True))
+    )
     bridge.stdin.close()
     data = bridge.stdout.read()
     assert bridge.wait(timeout=30) == 0
@@ -222,12 +226,14 @@ def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_jobs(tf: Tfrun
     tf.ok("wait", str(job))
     tf.daemon("stop")
     db = sqlite3.connect(tf.home / "tfrun.db")
-    with db:  # what a tfrund of schema 1 left behind: no restarted_as column
+    with db:  # what a tfrund of schema 1 left behind: no restarted_as column, no alert tables
         db.execute("ALTER TABLE jobs DROP COLUMN restarted_as")
+        for table in ("job_alerts", "watches", "deliveries", "alerts"):
+            db.execute(f"DROP TABLE {table}")
         db.execute("PRAGMA user_version=1")
     db.close()
     assert tf.job(job)["state"] == "succeeded" and tf.log(job) == b"kept\n"
     assert tf.job(job)["restarted_as"] is None
     db = sqlite3.connect(tf.home / "tfrun.db")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     db.close()

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import TFRUN, Tfrun, wait_for, write_script
 
-from tfrun.client.timespec import Since, parse_duration, parse_since
+from tfrun.client.timespec import Since, parse_since
+from tfrun.duration import parse_duration
 from tfrun.runner import logindex
 from tfrun.runner.lines import MAX_LINE_BYTES, BlockMatcher, LineFilter, Selector, TerminalLines, display, plain
 from tfrun.runner.logindex import LogIndex

@@ -52,7 +52,7 @@ def sample_job() -> Job:
 @pytest.mark.parametrize(
     "msg",
     [
-        Hello(protocol=1, version="0.1.0", role="client"),
+        Hello(protocol=2, version="0.1.0", role="client"),
         Submit(
             files=[
                 FileEntry("a b", "dir", mode=0o755),

@@ -39,3 +39,4 @@ MAX_CONTEXT = 10_000  # lines of `logs -A/-B` context a request may ask for
 DAEMON_START_TIMEOUT_S = 30.0
 SPARE_COUNT = 4  # ready copies of recent snapshots that the daemon keeps for re-submits (runner/blobs.py)
 SPARE_MAX_BYTES = 256 << 20  # no spare of a snapshot larger than this: it would double its disk use
+MAX_METRIC_SAMPLES = 100_000  # the newest samples `tfrun metrics` gets at most: about 10 MB in one frame

@@ -33,7 +33,7 @@ from tfrun import __version__
 from tfrun.constants import MAX_ENV, MAX_HEADER_BYTES, MAX_LIST_ITEMS, MAX_NAME, MAX_PAYLOAD_BYTES, MAX_STRING
 
 # Bump on any change a peer of the previous version would misread. Both sides refuse a mismatch.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class JobState:
@@ -119,6 +119,8 @@ class Job:
     restart_of: Optional[int] = None  # the job this one runs again (same snapshot, same checkpoint folder)
     restarted_as: Optional[int] = None  # the job that runs this one again
     restarts_left: int = 0  # automatic restarts still allowed after a failure (submit --max-restarts)
+    alert_rules: list[str] = field(default_factory=list)  # the rules that watch it, e.g. "stall=30m"
+    notify: list[str] = field(default_factory=list)  # its own alert URLs, secrets masked (never the URLs)
 
 
 @dataclass
@@ -149,6 +151,41 @@ class CancelResult:
     message: str
     id: Optional[int] = None
     state: Optional[str] = None
+
+
+@dataclass
+class Delivery:
+    """One alert's way to one notification URL: `target` is the URL with its secrets masked."""
+
+    target: str
+    state: str  # "pending" (will retry), "sent", "expired" (gave up), or for `NotifyTest`: "sent"/"failed"
+    attempts: int = 0
+    sent_at: Optional[float] = None
+    error: Optional[str] = None  # the last failure, secrets masked
+    next_at: Optional[float] = None  # when a pending delivery is tried again
+
+
+@dataclass
+class Alert:
+    """An alert as the daemon recorded it (before sending it anywhere)."""
+
+    id: int
+    rule: str  # oom, spike, stall, failed, done, lost, gpu-memory
+    at: float
+    summary: str  # one line
+    body: str  # the whole message: host, job, the metric context, the last lines of output, checkpoints
+    job_id: Optional[int] = None  # None for the box's own alerts (gpu-memory)
+    deliveries: list[Delivery] = field(default_factory=list)
+
+
+@dataclass
+class MetricSample:
+    """Metrics at one step of a job: from the tfrun.jobs callback (exact) or read from its log."""
+
+    step: int
+    values: dict[str, float]
+    epoch: Optional[int] = None
+    time: Optional[float] = None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -217,6 +254,10 @@ class Submit(Message):
     git_commit: Optional[str] = None
     git_dirty: Optional[bool] = None
     max_restarts: int = 0  # run it again (same snapshot, same checkpoints) after a failure, up to N times
+    alerts: list[str] = field(default_factory=list)  # rules to turn on or tune for this job: "stall=10m", "done"
+    no_alerts: list[str] = field(default_factory=list)  # rules to turn off for this job ("all": every one)
+    notify: list[str] = field(default_factory=list)  # apprise URLs for this job's alerts; secret: never echoed
+    metric_patterns: list[str] = field(default_factory=list)  # regexes with named groups for its log's metrics
 
 
 @_message("doctor")
@@ -332,6 +373,33 @@ class ReadFile(Message):
     offset: int = 0
 
 
+@_message("list_alerts")
+@dataclass
+class ListAlerts(Message):
+    """Alerts of one job (or of all, newest last), with how their delivery went; answered by `AlertList`."""
+
+    job: Optional[str] = None
+    limit: int = 100
+
+
+@_message("notify_test")
+@dataclass
+class NotifyTest(Message):
+    """Send one test message to `url`, or to each URL the daemon is configured with; answered by
+    `NotifyReport` once every attempt is over. Nothing is stored or retried."""
+
+    url: Optional[str] = None
+
+
+@_message("get_metrics")
+@dataclass
+class GetMetrics(Message):
+    """A job's metrics, the last `last` samples (all when None); answered by `MetricsReply`."""
+
+    job: str
+    last: Optional[int] = None
+
+
 @_message("daemon_status")
 @dataclass
 class DaemonStatus(Message):
@@ -422,6 +490,27 @@ class FileChunk(Message):
     offset: int
     last: bool
     data: bytes
+
+
+@_message("alerts")
+@dataclass
+class AlertList(Message):
+    alerts: list[Alert]
+
+
+@_message("notify_report")
+@dataclass
+class NotifyReport(Message):
+    results: list[Delivery]
+
+
+@_message("metrics")
+@dataclass
+class MetricsReply(Message):
+    """`source`: "callback" (tfrun.jobs wrote them), "log" (read from the output), or "none" yet."""
+
+    source: str
+    samples: list[MetricSample]
 
 
 @_message("daemon_info")

@@ -1,0 +1,325 @@
+"""Metrics read from a job's raw output, for the alert rules of a script that does not use tfrun.jobs.
+
+The daemon hands over output.log as it grows, in chunks cut anywhere. The unit here is a segment: the text
+between two of \\r, \\n and \\b, which is one redraw of a progress bar or one printed line; a segment cut by
+the end of a chunk waits for the next. Recognised, in this order (ANSI colour removed, bad UTF-8 replaced):
+
+- the user's patterns (RE2, named groups), which win over the formats below where they find a metric;
+- Keras 2 and 3 `model.fit` (verbose 1 and 2): `Epoch 3/10`, then `5/9 [===>...] - ETA: 0s - loss: 0.7428`;
+- PyTorch Lightning's bar: `Epoch 0:  45%|████▌     | 45/100 [00:01<00:02, 25.0it/s, v_num=0, loss=1.23]`;
+- a plain print with a loss: `Epoch 1, Avg Loss: 0.2345`, `step 100 loss=1.23`, `iter 100 | loss 1.2300`.
+
+Keras prints the running mean of each metric since the start of the epoch. An alert needs what the model does
+now, so each redraw gives the mean over the batches since the previous redraw, decoded from two running means
+(b batches, mean m): (b2*m2 - b1*m1) / (b2 - b1). That is exact up to Keras's rounding to 4 digits, which this
+multiplies by about (b2 + b1) / (b2 - b1): late in a long epoch redrawn at every batch, an interval mean is only
+good to a few hundredths (tfrun.jobs writes exact losses, and the daemon prefers them). Values printed once
+an epoch (val_*, and any that appear only on the epoch's last line) are taken as printed.
+
+A daemon reads every job's whole output, up to tens of MB/s: a block with no "loss" or "epoch" in it (nor a
+match of a user pattern) costs a few byte searches, and only the segments that hold one are looked at.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+MAX_SEGMENT = 1 << 16  # longer segments are not metrics: skipped, and never buffered whole
+_MARKERS = (b"oss", b"OSS", b"poch", b"POCH")  # loss, Loss, LOSS, epoch, Epoch, EPOCH: every format has one
+_FLAT = bytes.maketrans(b"\r\b", b"\n\n")
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+_NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|(?i:nan|inf(?:inity)?))"
+_END = r"(?![\w.:])"  # a number ends here: not `0s` (an ETA), not `1:02`, not `1.2.3`
+_NUMBER = re.compile(_NUM)
+_KERAS_HEADER = re.compile(r"\s*Epoch (\d+)/\d+\s*")
+_KERAS_BAR = re.compile(r"\s*(\d+)/(\d+|Unknown) ")
+_KERAS_PAIR = re.compile(rf" - ([A-Za-z_][\w./]*): ({_NUM}){_END}")
+_LIGHTNING = re.compile(r"\s*Epoch (\d+):.*?(\d+)(?:/(\d+|\?)|it) \[([^\]]*)")
+_LIGHTNING_PAIR = re.compile(rf"([A-Za-z_][\w./]*)=({_NUM}){_END}")
+_COUNTER = re.compile(r"(?i)\b(global_step|step|iteration|iter|batch|epoch)s?\b\s*[\[(#:=]?\s*(\d+)(?:\s*/\s*(\d+))?")
+_QUALIFIERS = "train|training|val|valid|validation|test|eval|avg|average|mean|total|running|epoch|batch"
+_PRINT_PAIR = re.compile(
+    rf"(?i)(?<!\w)(?:({_QUALIFIERS}) )?([a-z_]*(?:loss|accuracy|acc)(?:_\w*)?|lr|learning_rate)"
+    rf"\s*(?:[:=]\s*|\s)({_NUM}){_END}"
+)
+
+
+class PatternError(ValueError):
+    """A user pattern that cannot be used; str() is a one-line reason."""
+
+
+@dataclass
+class Sample:
+    """Metrics of one moment of training."""
+
+    step: int  # global training step (batches since the start of training), best known
+    values: dict[str, float]  # e.g. {"loss": 0.2345, "accuracy": 0.91}; NaN and Inf kept
+    epoch: Optional[int] = None  # as printed: 1-based for Keras ("Epoch 3/10" is 3), 0-based for Lightning
+    source: str = "keras"  # "keras", "lightning", "print" or "pattern" (a user pattern)
+
+
+def training_loss(values: Mapping[str, float]) -> Optional[float]:
+    """The loss to watch among a sample's values: `loss`, else a `...loss` that is not validation or test."""
+    if "loss" in values:
+        return values["loss"]
+    for name, value in values.items():
+        if name.endswith("loss") and not name.startswith(("val", "test", "eval")):
+            return value
+    return None
+
+
+@dataclass
+class _Keras:
+    """Where model.fit is: the epoch, and the running means of its last redraw."""
+
+    epoch: Optional[int] = None
+    open: bool = False  # between `Epoch k/N` and the epoch's last line; other bars (evaluate) are not training
+    size: Optional[int] = None  # batches an epoch, once Keras knows it
+    batch: int = 0  # the batch of the last redraw
+    means: dict[str, float] = field(default_factory=dict)  # its running means
+    base: int = 0  # batches of the epochs before this one
+
+
+@dataclass
+class _Counters:
+    """Steps of the formats that do not say them whole."""
+
+    lightning_epoch: Optional[int] = None
+    lightning_batch: int = 0
+    lightning_base: int = 0  # batches of the epochs before, when the bar has no total
+    lightning_last: str = ""  # the last redraw taken, to skip one drawn again unchanged
+    prints: int = 0  # samples from plain prints
+    print_last: Optional[int] = None  # the last step counter printed
+    print_offset: int = 0  # added to printed steps that restart at each epoch
+    print_epoch: Optional[int] = None  # the last epoch counter printed
+    patterns: int = 0  # samples from user patterns
+
+
+class LogMetrics:
+    """Feed it the raw bytes of a job's output in order; it answers the metric samples in them."""
+
+    def __init__(self, patterns: Sequence[str] = ()) -> None:
+        """`patterns`: user regexes with named groups; each named group that matches a number is a metric,
+        groups named `step` / `epoch` are counters. RE2, so that no pattern can stall the daemon."""
+        self.patterns = [_compile(pattern) for pattern in patterns]
+        self.pending = b""  # the segment cut by the end of the last chunk
+        self.skipping = False  # inside a segment longer than MAX_SEGMENT, until its end
+        self.keras = _Keras()
+        self.counters = _Counters()
+
+    def feed(self, data: bytes) -> list[Sample]:
+        """Samples found in this chunk (a partial segment at the end is kept for the next call)."""
+        if self.skipping:
+            ends = [cut for cut in (data.find(b"\n"), data.find(b"\r"), data.find(b"\b")) if cut >= 0]
+            if not ends:
+                return []
+            data, self.skipping = data[min(ends) :], False
+        block = self.pending + data if self.pending else data
+        cut = max(block.rfind(b"\n"), block.rfind(b"\r"), block.rfind(b"\b")) + 1
+        self.pending = block[cut:]
+        if len(self.pending) > MAX_SEGMENT:
+            self.pending, self.skipping = b"", True
+        return self._scan(block[:cut]) if cut else []
+
+    def _scan(self, block: bytes) -> list[Sample]:
+        text = _ANSI.sub(b"", block) if b"\x1b" in block else block
+        if not self.patterns and not any(marker in text for marker in _MARKERS):
+            return []
+        flat = text.translate(_FLAT)  # every segment a line: one search per segment, ^ and $ at its ends
+        segments = _segments(flat)
+        matched = self._pattern_matches(flat, segments)
+        samples = []
+        for start in sorted(segments):
+            end = segments[start]
+            if end - start > MAX_SEGMENT:
+                continue
+            sample = self._pattern_sample(matched[start]) if start in matched else None
+            if sample is None:
+                sample = self._parse(flat[start:end].decode("utf-8", "replace"), text[end] == ord("\n"))
+            if sample is not None:
+                samples.append(sample)
+        return samples
+
+    def _pattern_matches(self, flat: bytes, segments: dict[int, int]) -> dict[int, dict[bytes, Optional[bytes]]]:
+        """The named groups of the user patterns in each segment that one matches, by the segment's start;
+        those segments are added to `segments`."""
+        matched: dict[int, dict[bytes, Optional[bytes]]] = {}
+        for pattern in self.patterns:
+            found = pattern.search(flat)
+            while found is not None:
+                start = flat.rfind(b"\n", 0, found.start()) + 1
+                end = flat.find(b"\n", found.start())
+                segments[start] = end
+                groups = matched.setdefault(start, {})
+                for name, value in found.groupdict().items():
+                    groups.setdefault(name, value)
+                found = pattern.search(flat, end + 1)
+        return matched
+
+    def _pattern_sample(self, groups: Mapping[bytes, Optional[bytes]]) -> Optional[Sample]:
+        counters: dict[str, int] = {}
+        values: dict[str, float] = {}
+        for raw_name, raw in groups.items():
+            name, text = raw_name.decode(), (raw or b"").decode("utf-8", "replace").strip()
+            if name in ("step", "epoch"):
+                if text.isdigit():
+                    counters[name] = int(text)
+            elif _NUMBER.fullmatch(text):
+                values[name] = float(text)
+        if not values:
+            return None
+        self.counters.patterns += 1
+        return Sample(counters.get("step", self.counters.patterns), values, counters.get("epoch"), "pattern")
+
+    def _parse(self, segment: str, line_end: bool) -> Optional[Sample]:
+        header = _KERAS_HEADER.fullmatch(segment)
+        if header:
+            self._keras_epoch(int(header.group(1)))
+            return None
+        bar = _KERAS_BAR.match(segment)
+        if bar:
+            pairs = {name: float(value) for name, value in _KERAS_PAIR.findall(segment, bar.end())}
+            if pairs:
+                size = int(bar.group(2)) if bar.group(2).isdigit() else None
+                return self._keras_bar(int(bar.group(1)), size, pairs, line_end)
+        lightning = _LIGHTNING.match(segment)
+        if lightning:
+            return self._lightning(lightning)
+        return self._print(segment)
+
+    def _keras_epoch(self, epoch: int) -> None:
+        keras = self.keras
+        self.keras = _Keras(epoch=epoch, open=True, base=keras.base + (keras.size or keras.batch))
+
+    def _keras_bar(
+        self, batch: int, size: Optional[int], printed: dict[str, float], line_end: bool
+    ) -> Optional[Sample]:
+        keras = self.keras
+        if not keras.open or batch < keras.batch or (size and keras.size and size != keras.size):
+            return None  # model.evaluate or predict after an epoch, or another bar: not training
+        keras.size = size or keras.size
+        values = {}
+        for name, value in printed.items():
+            if name.startswith("val_") or name not in keras.means:
+                values[name] = value  # once an epoch, or the first redraw (a mean since the epoch began)
+            elif batch > keras.batch:
+                values[name] = _interval_mean(keras.batch, keras.means[name], batch, value)
+        keras.means = {name: value for name, value in printed.items() if not name.startswith("val_")}
+        keras.batch = batch
+        if line_end and keras.size is not None and batch >= keras.size:
+            keras.open = False
+        return Sample(keras.base + batch, values, keras.epoch, "keras") if values else None
+
+    def _lightning(self, bar: re.Match[str]) -> Optional[Sample]:
+        epoch, batch, size, postfix = int(bar.group(1)), int(bar.group(2)), bar.group(3), bar.group(4)
+        values = {name: float(value) for name, value in _LIGHTNING_PAIR.findall(postfix) if name != "v_num"}
+        counters = self.counters
+        if counters.lightning_epoch is not None and epoch != counters.lightning_epoch:
+            counters.lightning_base += counters.lightning_batch
+        counters.lightning_epoch, counters.lightning_batch = epoch, batch
+        step = epoch * int(size) + batch if size and size.isdigit() else counters.lightning_base + batch
+        drawn = f"{step} {postfix}"
+        if not values or drawn == counters.lightning_last:
+            return None
+        counters.lightning_last = drawn
+        return Sample(step, values, epoch, "lightning")
+
+    def _print(self, segment: str) -> Optional[Sample]:
+        values: dict[str, float] = {}
+        for qualifier, name, value in _PRINT_PAIR.findall(segment):
+            values.setdefault(f"{qualifier}_{name}".lower() if qualifier else name.lower(), float(value))
+        if not any("loss" in name for name in values):
+            return None
+        counters = self.counters
+        counters.prints += 1
+        step: Optional[int] = None
+        epoch: Optional[int] = None
+        for counter in _COUNTER.finditer(segment):
+            if counter.group(1).lower() == "epoch":
+                epoch = epoch if epoch is not None else int(counter.group(2))
+            elif step is None:
+                step = self._print_step(int(counter.group(2)), counter.group(3), epoch)
+        if step is None:
+            step = counters.prints if counters.print_last is None else counters.print_offset + counters.print_last
+        counters.print_epoch = epoch if epoch is not None else counters.print_epoch
+        return Sample(step, values, epoch, "print")
+
+    def _print_step(self, printed: int, total: Optional[str], epoch: Optional[int]) -> int:
+        """A printed step made global: one that goes back (or repeats in a new epoch) restarted with an epoch."""
+        counters = self.counters
+        last = counters.print_last
+        new_epoch = epoch is not None and epoch != counters.print_epoch
+        if last is not None and (printed < last or (printed == last and new_epoch)):
+            counters.print_offset += int(total) if total else last + 1
+        counters.print_last = printed
+        return counters.print_offset + printed
+
+    def state(self) -> dict[str, Any]:
+        """Where reading has got to, as JSON, so that a restarted daemon goes on where it stopped."""
+        keras = asdict(self.keras)
+        keras["means"] = {name: _json_float(value) for name, value in self.keras.means.items()}
+        return {
+            "pending": self.pending.decode("latin-1"),  # any bytes, one code point each
+            "skipping": self.skipping,
+            "keras": keras,
+            "counters": asdict(self.counters),
+        }
+
+    @classmethod
+    def restore(cls, state: dict[str, Any], patterns: Sequence[str] = ()) -> LogMetrics:
+        metrics = cls(patterns)
+        metrics.pending = state["pending"].encode("latin-1")
+        metrics.skipping = bool(state["skipping"])
+        keras = dict(state["keras"])
+        keras["means"] = {name: float(value) for name, value in keras["means"].items()}
+        metrics.keras = _Keras(**keras)
+        metrics.counters = _Counters(**state["counters"])
+        return metrics
+
+
+def _compile(pattern: str) -> Any:
+    """A user pattern as RE2 over bytes, for one segment at a time; PatternError if it cannot be one."""
+    import re2  # google-re2: linear time whatever the pattern
+
+    options = re2.Options()
+    options.log_errors = False
+    options.never_nl = True  # segments are lines of the flattened block: a match never spans two
+    try:
+        re2.compile(pattern.encode(), options)  # first as written, so that an error quotes only the user's text
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else ""
+        text = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+        raise PatternError(f"invalid pattern {pattern!r}: {text}") from None
+    compiled = re2.compile(f"(?m){pattern}".encode(), options)  # ^ and $ at the ends of each segment
+    if not set(compiled.groupindex) - {b"step", b"epoch"}:
+        raise PatternError(f"pattern {pattern!r} names no metric: name a group, e.g. loss=(?P<loss>\\S+)")
+    return compiled
+
+
+def _segments(flat: bytes) -> dict[int, int]:
+    """Start and end of each segment (line of `flat`) that holds a marker, found with one search each."""
+    segments: dict[int, int] = {}
+    for marker in _MARKERS:
+        at = flat.find(marker)
+        while at >= 0:
+            start = flat.rfind(b"\n", 0, at) + 1
+            end = flat.find(b"\n", at)
+            segments[start] = end
+            at = flat.find(marker, end)
+    return segments
+
+
+def _interval_mean(batch1: int, mean1: float, batch2: int, mean2: float) -> float:
+    """The mean over batches batch1+1..batch2, from the running means after batch1 and batch2."""
+    if not (math.isfinite(mean1) and math.isfinite(mean2)):
+        return mean2  # NaN or Inf since the epoch began stays so: report it as printed
+    return (batch2 * mean2 - batch1 * mean1) / (batch2 - batch1)
+
+
+def _json_float(value: float) -> Any:
+    """JSON has no NaN or Inf: those as their names, which float() reads back."""
+    return value if math.isfinite(value) else str(value)

@@ -1,0 +1,408 @@
+"""Alerts end to end: real jobs print real OOM text, diverge, stall, get SIGKILLed; a real daemon stores the
+alerts and delivers them through apprise to a real SMTP server (aiosmtpd) and a real HTTP receiver
+(apprise's json://) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Mailbox, Receiver, Tfrun, alive, no_internet, wait_for, write_script
+
+DATA = Path(__file__).parent / "data"
+
+# Real messages, as the frameworks print them (TensorFlow's come from a live TF job below).
+PYTORCH_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+    "23.65 GiB of which 3.12 GiB is free. Including non-PyTorch memory, this process has 20.52 GiB memory in use."
+)
+JAX_OOM = (
+    "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+    "17179869184 bytes."
+)
+TF_NOT_A_FAILURE = (
+    "2022-06-01 10:00:00.000000: W tensorflow/core/common_runtime/bfc_allocator.cc:275] Allocator (GPU_0_bfc) "
+    "ran out of memory trying to allocate 2.20GiB with freed_by_count=0. The caller indicates that this is not "
+    "a failure, but may mean that there could be performance gains if more memory were available."
+)
+TF_RETRY = (
+    "2022-06-01 10:00:00.000000: E tensorflow/stream_executor/cuda/cuda_driver.cc:802] failed to allocate "
+    "22.10G (23730470912 bytes) from device: CUDA_ERROR_OUT_OF_MEMORY: out of memory"
+)
+
+
+def configure(tf: Tfrun, *urls: str, alerts: str = "") -> None:
+    """The daemon's config.toml, written before the first command starts the daemon."""
+    tf.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tf.home.chmod(0o700)
+    (tf.home / "config.toml").write_text(f"notify = {json.dumps(list(urls))}\n[alerts]\n{alerts}")
+    no_internet(tf.env)
+
+
+def alerts_of(tf: Tfrun, job: int | None = None) -> list[dict[str, Any]]:
+    return json.loads(tf.ok("alerts", "--json", *([str(job)] if job is not None else [])))  # type: ignore[no-any-return]
+
+
+def rules_fired(tf: Tfrun, job: int) -> list[str]:
+    return [alert["rule"] for alert in alerts_of(tf, job)]
+
+
+def settled(tf: Tfrun, job: int, rules: int) -> list[dict[str, Any]]:
+    """The job's alerts once it has ended and `rules` of them are stored, and a little longer: a second copy
+    of anything would have been stored by then."""
+    tf.run("wait", str(job))
+    wait_for(lambda: len(alerts_of(tf, job)) >= rules, what=f"{rules} alert(s) of job {job}")
+    time.sleep(1.0)
+    return alerts_of(tf, job)
+
+
+def printing(*lines: str, code: int = 0) -> str:
+    return "import sys, time\n" + "".join(f"print({line!r}, flush=True)\n" for line in lines) + f"sys.exit({code})\n"
+
+
+# -- OOM ----------------------------------------------------------------------------------------------------
+
+
+def test_a_tensorflow_oom_is_mailed_and_posted_once_with_its_context(
+    tf: Tfrun, project: Path, mailbox: Mailbox, receiver: Receiver
+) -> None:
+    configure(tf, mailbox.url, receiver.url)
+    write_script(
+        project,
+        "big.py",
+        "import tensorflow as tf\nprint('step 1 loss=0.9', flush=True)\nprint('step 2 loss=0.8', flush=True)\n"
+        "x = tf.zeros([1 << 38])  # 1 TiB: TensorFlow refuses with ResourceExhaustedError\nprint(x.shape)\n",
+    )
+    job = tf.submit("--name", "bigmodel", "--python", sys.executable, str(project / "big.py"))
+    found = settled(tf, job, 2)
+    assert [a["rule"] for a in found] == ["oom", "failed"]
+    oom = found[0]
+    assert "out of memory (TensorFlow)" in oom["summary"] and "OOM when allocating tensor" in oom["summary"]
+    assert f"job {job} (bigmodel)" in oom["summary"]
+    wait_for(lambda: len(mailbox.messages) >= 2 and len(receiver.posts) >= 2, what="mail and posts")
+    time.sleep(1.0)
+    subjects = [subject for subject, _ in mailbox.texts()]
+    assert len(subjects) == 2 and "out of memory" in subjects[0] and "failed" in subjects[1]
+    _, body = mailbox.texts()[0]
+    checkpoints = tf.job(job)["checkpoint_dir"]
+    assert os.uname().nodename in body and checkpoints in body and f"tfrun logs {job}" in body
+    assert "Last losses: (step: loss) 1: 0.9, 2: 0.8" in body  # the metric context
+    assert "Last lines of output:" in body and "ResourceExhaustedError" in body
+    assert [" ".join(post["title"].split()) for post in receiver.posts] == [" ".join(s.split()) for s in subjects]
+    assert "RESOURCE_EXHAUSTED: OOM when allocating tensor with shape[274877906944]" in oom["summary"]
+    assert all(d["state"] == "sent" for a in found for d in a["deliveries"])
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [(PYTORCH_OOM, "PyTorch"), (JAX_OOM, "JAX/XLA"), ("MemoryError", "Python")],
+    ids=["pytorch", "jax", "python"],
+)
+def test_pytorch_jax_and_python_oom_text(tf: Tfrun, project: Path, receiver: Receiver, text: str, kind: str) -> None:
+    configure(tf, receiver.url)
+    write_script(project, "job.py", printing("Traceback (most recent call last):", text, code=1))
+    job = tf.submit(str(project / "job.py"))
+    found = settled(tf, job, 2)
+    assert [a["rule"] for a in found] == ["oom", "failed"]
+    assert f"out of memory ({kind})" in found[0]["summary"]
+
+
+def test_non_fatal_memory_messages_are_not_oom(tf: Tfrun, project: Path, receiver: Receiver) -> None:
+    configure(tf, receiver.url)
+    write_script(project, "job.py", printing(TF_NOT_A_FAILURE, TF_RETRY, "step 1 loss=0.5", "done training"))
+    job = tf.submit(str(project / "job.py"))
+    assert [a["rule"] for a in settled(tf, job, 1)] == ["done"]
+
+
+def test_an_oom_printed_again_within_the_cooldown_is_one_alert(tf: Tfrun, project: Path, receiver: Receiver) -> None:
+    configure(tf, receiver.url)
+    # The job survives it (it caught the error) and hits it again a second later.
+    script = f"import time\nprint({PYTORCH_OOM!r}, flush=True)\ntime.sleep(1.5)\nprint({PYTORCH_OOM!r}, flush=True)\n"
+    write_script(project, "job.py", script)
+    job = tf.submit(str(project / "job.py"))
+    assert [a["rule"] for a in settled(tf, job, 2)] == ["oom", "done"]
+    wait_for(lambda: len(receiver.posts) >= 2, what="posts")
+    assert len(receiver.posts) == 2
+
+
+def _memory_cgroup(tmp_path: Path) -> Path:
+    """A memory cgroup (v1 or v2) limited to 200 MB that this test may put a daemon into, or skip."""
+    name = f"tfrun-test-{uuid.uuid4().hex[:8]}"
+    for root, limit_file in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes"), ("/sys/fs/cgroup", "memory.max")):
+        group = Path(root) / name
+        try:
+            group.mkdir()
+            (group / limit_file).write_text(str(200 << 20))
+            if (group / "memory.swap.max").exists():
+                (group / "memory.swap.max").write_text("0")
+            return group
+        except OSError:
+            if group.exists():
+                group.rmdir()
+    pytest.skip("cannot create a memory cgroup here (needs root and a writable cgroup filesystem)")
+
+
+def test_a_kill_by_the_kernel_oom_killer_is_an_oom(
+    tf: Tfrun, project: Path, receiver: Receiver, tmp_path: Path
+) -> None:
+    group = _memory_cgroup(tmp_path)
+    try:
+        configure(tf, receiver.url)
+        # The daemon starts in the cgroup: its shims and jobs inherit it, as in a container with a memory limit.
+        tf.prefix = ["sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh"]
+        write_script(project, "hog.py", "print('allocating', flush=True)\nblocks = []\nwhile True:\n"
+                     "    blocks.append(bytearray(16 << 20))\n")  # fmt: skip
+        job = tf.submit(str(project / "hog.py"))
+        found = settled(tf, job, 2)
+        assert tf.job(job)["signal"] == signal.SIGKILL
+        assert [a["rule"] for a in found] == ["oom", "failed"]
+        assert "kernel's OOM killer" in found[0]["summary"]
+    finally:
+        tf.cleanup()
+        tf.prefix = []
+        wait_for(lambda: not (group / "cgroup.procs").read_text().strip(), what="the cgroup to empty")
+        group.rmdir()
+
+
+def test_a_sigkill_without_the_oom_killer_is_a_failure_only(tf: Tfrun, project: Path, receiver: Receiver) -> None:
+    configure(tf, receiver.url)
+    write_script(project, "job.py", "import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    job = tf.submit(str(project / "job.py"))
+    pid = wait_for(lambda: tf.job(job)["pid"], what="job pid")
+    wait_for(lambda: b"up" in tf.log(job), what="output")
+    os.kill(pid, signal.SIGKILL)
+    found = settled(tf, job, 1)
+    assert [a["rule"] for a in found] == ["failed"]
+    assert "killed by signal 9" in found[0]["summary"]
+
+
+# -- loss ---------------------------------------------------------------------------------------------------
+
+
+def test_a_nan_loss_alerts_at_once(tf: Tfrun, project: Path, receiver: Receiver) -> None:
+    configure(tf, receiver.url)
+    write_script(project, "job.py", printing("step 1 loss=0.70", "step 2 loss=0.69", "step 3 loss=nan", code=1))
+    job = tf.submit("--no-alert", "failed", str(project / "job.py"))
+    found = settled(tf, job, 1)
+    assert [a["rule"] for a in found] == ["spike"]
+    assert "loss is nan at step 3" in found[0]["summary"]
+
+
+def _curve_job(curve: str) -> str:
+    """A job that prints a real recorded loss curve (tests/data/curves) the way a plain training loop does."""
+    return f"""\
+import json
+for line in open({str(DATA / "curves" / curve)!r}):
+    record = json.loads(line)
+    if "step" in record:
+        print(f"step {{record['step']}} loss={{record['loss']:.6f}}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("curve", ["healthy.jsonl", "noisy.jsonl"])
+def test_a_healthy_or_noisy_real_loss_curve_raises_no_spike(
+    tf: Tfrun, project: Path, receiver: Receiver, curve: str
+) -> None:
+    configure(tf, receiver.url)
+    write_script(project, "job.py", _curve_job(curve))
+    job = tf.submit(str(project / "job.py"))
+    assert [a["rule"] for a in settled(tf, job, 1)] == ["done"]
+    samples = json.loads(tf.ok("metrics", "--json", str(job)))
+    assert len(samples) == sum(1 for line in (DATA / "curves" / curve).open() if '"step"' in line)
+
+
+def test_a_real_loss_spike_alerts_once_near_where_it_happened(tf: Tfrun, project: Path, receiver: Receiver) -> None:
+    configure(tf, receiver.url)
+    lines = (DATA / "curves" / "spike.jsonl").read_text().splitlines()
+    spike_at = next(json.loads(line)["spike_at"] for line in lines if "spike_at" in line)
+    write_script(project, "job.py", _curve_job("spike.jsonl"))
+    job = tf.submit("--no-alert", "done", str(project / "job.py"))
+    found = settled(tf, job, 1)
+    assert [a["rule"] for a in found] == ["spike"]
+    step = int(found[0]["summary"].split("loss spike at step ")[1].split(":")[0])
+    assert spike_at <= step <= spike_at + 20
+    assert "Last losses" in found[0]["body"]
+
+
+# -- stall, done, lost --------------------------------------------------------------------------------------
+
+
+def test_a_job_silent_for_the_stall_time_alerts_once(tf: Tfrun, project: Path, receiver: Receiver) -> None:
+    configure(tf, receiver.url)
+    write_script(project, "job.py", "import time\nprint('loading data', flush=True)\ntime.sleep(6)\nprint('go')\n")
+    job = tf.submit("--alert", "stall=2s", "--no-alert", "done", str(project / "job.py"))
+    found = settled(tf, job, 1)
+    assert [a["rule"] for a in found] == ["stall"]
+    assert "no output for 2 s while it runs" in found[0]["summary"] or "no output for" in found[0]["summary"]
+    assert tf.job(job)["alert_rules"] == ["oom", "spike=2", "stall=2s", "failed", "lost"]
+
+
+def test_a_job_lost_while_the_daemon_was_down_alerts_at_the_next_start(
+    tf: Tfrun, project: Path, receiver: Receiver
+) -> None:
+    configure(tf, receiver.url)
+    write_script(project, "job.py", "import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    job = tf.submit(str(project / "job.py"))
+    wait_for(lambda: b"up" in tf.log(job), what="output")
+    shim = tf.shim_pid(job)
+    tf.kill_daemon()
+    os.kill(shim, signal.SIGKILL)  # the job's supervisor dies while no daemon watches
+    wait_for(lambda: not alive(shim), what="shim to die")
+    found = settled(tf, job, 1)
+    assert [a["rule"] for a in found] == ["lost"]
+    wait_for(lambda: len(receiver.posts) >= 1, what="post")
+
+
+# -- delivery -----------------------------------------------------------------------------------------------
+
+
+def test_an_alert_waits_out_a_mail_server_down_and_a_daemon_restart_and_arrives_once(tf: Tfrun, project: Path) -> None:
+    mailbox = Mailbox()  # not started: the mail server is down
+    configure(tf, mailbox.url)
+    write_script(project, "job.py", printing(PYTORCH_OOM, code=1))
+    job = tf.submit("--no-alert", "failed", str(project / "job.py"))
+    found = settled(tf, job, 1)
+    wait_for(lambda: alerts_of(tf, job)[0]["deliveries"][0]["attempts"] >= 1, what="a failed attempt")
+    delivery = alerts_of(tf, job)[0]["deliveries"][0]
+    assert delivery["state"] == "pending" and delivery["error"] and found[0]["rule"] == "oom"
+    tf.daemon("stop")
+    mailbox.start()
+    try:
+        tf.ok("ps")  # starts the daemon again; its outbox retries what is pending at once
+        wait_for(lambda: len(mailbox.messages) >= 1, what="the mail")
+        time.sleep(3.0)
+        assert len(mailbox.messages) == 1 and "out of memory" in mailbox.texts()[0][0]
+        assert alerts_of(tf, job)[0]["deliveries"][0]["state"] == "sent"
+    finally:
+        mailbox.stop()
+
+
+def test_a_slack_url_is_accepted_and_its_secrets_never_shown(tf: Tfrun, project: Path) -> None:
+    tokens = ("T1JJ3T3L2", "A1BRTD4JD", "TIiajkdnlazkcOXrIdevi7FQ")
+    slack = "slack://{}/{}/{}/#training".format(*tokens)
+    configure(tf)
+    write_script(project, "job.py", printing(PYTORCH_OOM, code=1))
+    job = tf.submit("--notify", slack, "--no-alert", "failed", str(project / "job.py"))
+    wait_for(lambda: alerts_of(tf, job) and alerts_of(tf, job)[0]["deliveries"][0]["attempts"] >= 1, what="attempt")
+    shown = [
+        tf.ok("status", "--json", str(job)),
+        tf.ok("status", str(job)),
+        tf.ok("ps", "-a", "--json"),
+        tf.ok("alerts", "--json"),
+        tf.ok("alerts", "-v"),
+        (tf.home / "tfrund.log").read_text(),
+        (tf.job_dir(job) / "spec.json").read_text(),
+    ]
+    db = sqlite3.connect(tf.home / "tfrun.db")
+    shown += [json.dumps(row) for row in db.execute("SELECT * FROM jobs")]
+    shown += [json.dumps(row) for row in db.execute("SELECT id, job_id, rule, summary, body FROM alerts")]
+    shown += [json.dumps(row) for row in db.execute("SELECT target, error FROM deliveries")]
+    db.close()
+    for text in shown:
+        for token in tokens:
+            assert token not in text
+    record = tf.job(job)
+    assert record["notify"] == ["slack://T...2/A...D/T...Q/%23training/"]
+    delivery = alerts_of(tf, job)[0]["deliveries"][0]
+    assert delivery["target"].startswith("slack://T...2/") and delivery["state"] == "pending"
+
+
+def test_notify_test_reports_success_and_the_reason_of_a_failure(
+    tf: Tfrun, mailbox: Mailbox, receiver: Receiver
+) -> None:
+    configure(tf, mailbox.url, receiver.url)
+    result = tf.run("notify-test")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("sent to ") == 2
+    wait_for(lambda: mailbox.messages and receiver.posts, what="test messages")
+    assert "test message" in mailbox.texts()[0][0]
+    down = Mailbox()  # nothing listens on its port
+    failed = tf.run("notify-test", down.url)
+    assert failed.returncode == 1 and "not sent to mailto://127.0.0.1" in failed.stderr
+    assert len(failed.stderr.strip().splitlines()) == 1
+    bad = tf.run("notify-test", "nosuchservice://x")
+    assert bad.returncode == 1 and "apprise cannot use this URL" in bad.stderr
+
+
+def test_bad_alert_options_are_one_line_errors(tf: Tfrun, project: Path) -> None:
+    configure(tf)
+    write_script(project, "job.py", "print(1)\n")
+    for args, message in (
+        (["--alert", "bogus"], "unknown alert rule 'bogus'"),
+        (["--alert", "stall=soon"], "stall takes a duration"),
+        (["--no-alert", "nope"], "unknown alert rule 'nope'"),
+        (["--notify", "nosuchservice://x"], "not a URL apprise knows"),
+        (["--metric", "loss=(?P<loss>[0-9.]+"], "--metric"),
+    ):
+        result = tf.run("submit", *args, str(project / "job.py"))
+        assert result.returncode != 0 and message in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert tf.jobs() == []
+
+
+def test_a_bad_daemon_config_is_refused_in_one_line(tf: Tfrun) -> None:
+    tf.home.mkdir(mode=0o700, parents=True)
+    (tf.home / "config.toml").write_text('[alerts]\nrules = ["oom", "stall=later"]\n')
+    result = tf.daemon("run")
+    assert result.returncode != 0 and "stall takes a duration" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_memory_above_the_threshold_alerts_once(tf: Tfrun, receiver: Receiver, tmp_path: Path) -> None:
+    standin = tmp_path / "nvml.json"
+    gib = 1 << 30
+    standin.write_text(json.dumps([{"index": 0, "name": "NVIDIA H200", "used": 30 * gib, "total": 141 * gib}]))
+    configure(tf, receiver.url, alerts='gpu_memory_for = "1s"\n')
+    tf.env["TFRUN_GPU_STANDIN"] = str(standin)
+    tf.ok("ps")
+    time.sleep(4)
+    assert alerts_of(tf) == []  # 21%: nothing
+    standin.write_text(json.dumps([{"index": 0, "name": "NVIDIA H200", "used": 135 * gib, "total": 141 * gib}]))
+    wait_for(lambda: alerts_of(tf), what="the gpu-memory alert")
+    time.sleep(5)
+    found = alerts_of(tf)
+    assert [a["rule"] for a in found] == ["gpu-memory"] and found[0]["job_id"] is None
+    assert "GPU 0 (NVIDIA H200) memory at 96%" in found[0]["summary"]
+
+
+# -- metrics ------------------------------------------------------------------------------------------------
+
+
+def test_metrics_of_a_real_keras_fit_are_read_from_its_progress_bar(tf: Tfrun, project: Path) -> None:
+    configure(tf)
+    write_script(project, "fit.py", (DATA / "keras_fit.py").read_text())
+    job = tf.submit("--python", sys.executable, str(project / "fit.py"))
+    assert tf.run("wait", str(job)).returncode == 0
+    samples = json.loads(tf.ok("metrics", "--json", str(job)))
+    # A sample per step with the loss; the epoch's last line adds the validation values at its last step.
+    assert samples and all("loss" in s["values"] or "val_loss" in s["values"] for s in samples)
+    steps = [s["step"] for s in samples if "loss" in s["values"]]
+    assert steps == sorted(set(steps)) and steps[-1] == 27  # 3 epochs of 9 steps
+    assert any("val_loss" in s["values"] for s in samples)
+    table = tf.ok("metrics", str(job))
+    assert "LOSS" in table and "read from the output" in table
+
+
+def test_metrics_written_by_tfrun_jobs_are_preferred(tf: Tfrun, project: Path) -> None:
+    configure(tf)
+    write_script(
+        project,
+        "loop.py",
+        "from tfrun.jobs.metrics import MetricWriter\nw = MetricWriter()\n"
+        "for step in range(1, 6):\n    w.write(step, epoch=1, loss=1.0 / step)\n"
+        "    print(f'step {step} loss={1.0 / step:.1f}')\nw.close()\n",
+    )
+    job = tf.submit("--python", sys.executable, str(project / "loop.py"))
+    assert tf.run("wait", str(job)).returncode == 0
+    samples = json.loads(tf.ok("metrics", "--json", str(job)))
+    assert [s["step"] for s in samples] == [1, 2, 3, 4, 5]
+    assert samples[2]["values"] == {"loss": pytest.approx(1 / 3)}  # exact, not the printed 0.3
+    assert "written by tfrun.jobs" in tf.ok("metrics", str(job))
