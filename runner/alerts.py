@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -36,10 +37,12 @@ from tfrun.runner.metrics import LogMetrics, PatternError, training_loss
 from tfrun.runner.outbox import Outbox
 from tfrun.runner.spikes import DEFAULT_FACTOR, DEFAULT_PATIENCE, Spike, SpikeDetector
 from tfrun.runner.store import JobRow, Store
+from tfrun.runner.watch import LogWatch, Subscription
 
 log = logging.getLogger("tfrund")
 
-WATCH_INTERVAL_S = 0.1
+WATCH_INTERVAL_S = 0.5
+MIN_LOOK_INTERVAL_S = 0.02
 READ_LIMIT_BYTES = 8 << 20  # per job and look: a job that writes faster is caught up over several looks
 SAVE_EVERY_S = 2.0
 MAX_LINE_BYTES = 64 << 10  # an unfinished line kept for the OOM search; longer ones are searched by their start
@@ -111,23 +114,37 @@ class Alerts:
         self.outbox = outbox
         self.host = socket.gethostname()
         self._watches: dict[int, Watch] = {}
+        self._settings: dict[int, Settings] = {}
         self._gpu_high_since: dict[int, float] = {}
 
     # -- the loop -----------------------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Forever: look at every job being watched; now and then at the GPUs."""
-        gpu_next = 0.0
-        while True:
-            for job_id in self._watched():
-                try:
-                    self._look(job_id)
-                except Exception:  # one odd job must not stop the watch over the others
-                    log.exception("job %d: alert watch failed", job_id)
-            if time.monotonic() >= gpu_next and "gpu-memory" in self.config.rules:
-                gpu_next = time.monotonic() + GPU_INTERVAL_S
-                await self._look_at_gpus()
-            await asyncio.sleep(WATCH_INTERVAL_S)
+    async def run(self, log_watch: LogWatch) -> None:
+        """Forever: look at every job being watched, as soon as a log grows (file events), at least every
+        WATCH_INTERVAL_S (for stalls, and where events are missing); now and then at the GPUs."""
+        grew = Subscription()
+        with contextlib.ExitStack() as following:
+            followed: dict[int, contextlib.ExitStack] = {}
+            gpu_next = 0.0
+            while True:
+                watched = self._watched()
+                for job_id in watched:
+                    if job_id not in followed:
+                        followed[job_id] = following.enter_context(contextlib.ExitStack())
+                        row = self.store.get(job_id)
+                        if row is not None:
+                            followed[job_id].enter_context(log_watch.follow(Path(row.job_dir) / jobdir.OUTPUT, grew))
+                    try:
+                        self._look(job_id)
+                    except Exception:  # one odd job must not stop the watch over the others
+                        log.exception("job %d: alert watch failed", job_id)
+                for job_id in set(followed) - set(watched):
+                    followed.pop(job_id).close()
+                if time.monotonic() >= gpu_next and "gpu-memory" in self.config.rules:
+                    gpu_next = time.monotonic() + GPU_INTERVAL_S
+                    await self._look_at_gpus()
+                await asyncio.sleep(MIN_LOOK_INTERVAL_S)  # a log written nonstop wakes us at most this often
+                await grew.wait(WATCH_INTERVAL_S)
 
     def _watched(self) -> list[int]:
         """Unfinished jobs, and ended jobs whose end alerts are not stored yet."""
@@ -144,7 +161,7 @@ class Alerts:
         row = self.store.get(job_id)
         if row is None or row.state == JobState.QUEUED:
             return
-        settings = self.settings(row.id)
+        settings = self._settings.get(job_id) or self._settings.setdefault(job_id, self.settings(job_id))
         watch = self._watches.get(job_id) or self._load(row, settings)
         caught_up = self._read_log(row, watch, settings)
         self._read_callback_metrics(row, watch, settings)
@@ -156,6 +173,7 @@ class Alerts:
         if caught_up:
             self._ended(row, watch, settings)
             self._watches.pop(job_id, None)
+            self._settings.pop(job_id, None)
             self.store.save_watch_state(job_id, {"finished": True})
 
     def _load(self, row: JobRow, settings: Settings) -> Watch:

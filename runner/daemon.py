@@ -182,7 +182,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         monitor = asyncio.create_task(self.supervisor.monitor())
-        watch = asyncio.create_task(self.alerts.run())
+        watch = asyncio.create_task(self.alerts.run(self.log_watch))
         outbox = asyncio.create_task(self.outbox.run())
         log.info("tfrund %s (pid %d) serving %s", tfrun.__version__, os.getpid(), socket_path)
         try:

@@ -53,11 +53,12 @@ class LogWatch:
             self.observer.stop()
 
     @contextlib.contextmanager
-    def follow(self, path: Path) -> Iterator[Subscription]:
-        """Watch `path` for as long as the block runs: one follower's subscription to its growth."""
+    def follow(self, path: Path, subscription: Optional[Subscription] = None) -> Iterator[Subscription]:
+        """Watch `path` for as long as the block runs: one follower's subscription to its growth (or a
+        subscription given, which then wakes when any of the files it follows grows)."""
         key = os.fspath(path)
         folder = os.path.dirname(key)
-        subscription = Subscription()
+        subscription = subscription or Subscription()
         self.waiters.setdefault(key, set()).add(subscription.event)
         self._watch(folder)
         try:

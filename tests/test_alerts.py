@@ -90,7 +90,8 @@ def test_a_tensorflow_oom_is_mailed_and_posted_once_with_its_context(
     wait_for(lambda: len(mailbox.messages) >= 2 and len(receiver.posts) >= 2, what="mail and posts")
     time.sleep(1.0)
     subjects = [subject for subject, _ in mailbox.texts()]
-    assert len(subjects) == 2 and "out of memory" in subjects[0] and "failed" in subjects[1]
+    assert len(subjects) == 2 and subjects[0].startswith("[tfrun oom] job ") and "out of memory" in subjects[0]
+    assert subjects[1].startswith("[tfrun failed] job ")
     _, body = mailbox.texts()[0]
     checkpoints = tf.job(job)["checkpoint_dir"]
     assert os.uname().nodename in body and checkpoints in body and f"tfrun logs {job}" in body
@@ -283,6 +284,30 @@ def test_an_alert_waits_out_a_mail_server_down_and_a_daemon_restart_and_arrives_
         assert alerts_of(tf, job)[0]["deliveries"][0]["state"] == "sent"
     finally:
         mailbox.stop()
+
+
+def test_a_daemon_killed_after_an_alert_does_not_send_it_again(tf: Tfrun, project: Path, receiver: Receiver) -> None:
+    configure(tf, receiver.url)
+    script = f"import time\nprint({PYTORCH_OOM!r}, flush=True)\ntime.sleep(4)\nprint('recovered', flush=True)\n"
+    write_script(project, "job.py", script)
+    job = tf.submit(str(project / "job.py"))
+    wait_for(lambda: len(receiver.posts) >= 1, what="the oom alert")
+    tf.kill_daemon()
+    assert [a["rule"] for a in settled(tf, job, 2)] == ["oom", "done"]  # the next daemon resumes the watch
+    wait_for(lambda: len(receiver.posts) >= 2, what="the done alert")
+    time.sleep(1.0)
+    assert [post["title"].split("]")[0] for post in receiver.posts] == ["[tfrun oom", "[tfrun done"]
+
+
+def test_a_delivery_that_keeps_failing_expires_and_says_why(tf: Tfrun, project: Path) -> None:
+    configure(tf, Mailbox().url, alerts='expire = "3s"\n')  # nothing ever listens there
+    write_script(project, "job.py", printing("done"))
+    job = tf.submit(str(project / "job.py"))
+    delivery = wait_for(
+        lambda: [d for a in alerts_of(tf, job) for d in a["deliveries"] if d["state"] == "expired"], what="expiry"
+    )[0]
+    assert delivery["attempts"] >= 2 and "127.0.0.1" in delivery["target"] and delivery["error"]
+    assert "expired" in tf.ok("alerts", str(job))
 
 
 def test_a_slack_url_is_accepted_and_its_secrets_never_shown(tf: Tfrun, project: Path) -> None:

@@ -109,7 +109,11 @@ def test_a_client_of_another_protocol_is_told_both_versions(tf: Tfrun) -> None:
         sock.sendall(encode(Hello(protocol=99, version="9.9.9", role="client")))
         reply = json.loads(sock.makefile("rb").readline())
     assert reply["type"] == "error" and reply["code"] == "version_mismatch"
-    assert "protocol 99" in reply["message"] and f"protocol {PROTOCOL_VERSION}" in reply["message"] and "9.9.9" in reply["message"]
+    assert (
+        "protocol 99" in reply["message"]
+        and f"protocol {PROTOCOL_VERSION}" in reply["message"]
+        and "9.9.9" in reply["message"]
+    )
 
 
 def test_a_daemon_of_another_protocol_is_refused_by_the_client(tf: Tfrun, tmp_path: Path) -> None:
