@@ -6,9 +6,9 @@ read for metrics (runner/metrics.py; kept in the job's logmetrics.jsonl); the jo
 tfrun.jobs writes one, is read too and is the exact source the spike rule prefers (runner/spikes.py); no
 growth of either for the stall time is a stall. When a job ends, the rest of its log is read first, then
 `failed`, `done`, `lost` fire, and a SIGKILL with a risen OOM-kill count of its cgroup (runner/cgroup.py)
-is an `oom`. Where the watch stands is saved in the database (`watches`), and a job's watch is finished only
-after its end alerts are stored, so a daemon that dies at any point resumes the watch and loses no alert;
-the outbox's cooldown keeps the rescanned end of a log from alerting twice.
+is an `oom`. Where the watch stands is saved in the database (`watches`, a row per job being watched), and
+a job's row is deleted only after its end alerts are stored, so a daemon that dies at any point resumes the
+watch and loses no alert; the outbox's cooldown keeps the rescanned end of a log from alerting twice.
 """
 
 from __future__ import annotations
@@ -149,12 +149,7 @@ class Alerts:
     def _watched(self) -> list[int]:
         """Unfinished jobs, and ended jobs whose end alerts are not stored yet."""
         running = {row.id for row in self.store.list(include_final=False)}
-        unfinished = {
-            job_id
-            for (job_id,) in self.store.db.execute(
-                "SELECT job_id FROM watches WHERE json_extract(state, '$.finished') IS NOT 1"
-            )
-        }
+        unfinished = {job_id for (job_id,) in self.store.db.execute("SELECT job_id FROM watches")}
         return sorted(running | unfinished)
 
     def _look(self, job_id: int) -> None:
@@ -174,7 +169,7 @@ class Alerts:
             self._ended(row, watch, settings)
             self._watches.pop(job_id, None)
             self._settings.pop(job_id, None)
-            self.store.save_watch_state(job_id, {"finished": True})
+            self.store.finish_watch(job_id)
 
     def _load(self, row: JobRow, settings: Settings) -> Watch:
         state = self.store.watch_state(row.id)

@@ -60,7 +60,8 @@ _MIGRATIONS: dict[int, str] = {
         notify TEXT NOT NULL,          -- JSON [url]: where its alerts go besides the daemon's URLs (secret)
         patterns TEXT NOT NULL         -- JSON [regex]: its own metric patterns
     );
-    -- Where the watch over each job's output stands, so that a new daemon resumes it and alerts nothing twice.
+    -- Where the watch over each job's output stands, so that a new daemon resumes it and alerts nothing twice;
+    -- a row from the job's start until its end alerts are stored.
     CREATE TABLE watches (
         job_id INTEGER PRIMARY KEY REFERENCES jobs(id),
         state TEXT NOT NULL            -- JSON: log offset, metric reader and spike detector state, ...
@@ -265,6 +266,10 @@ class Store:
 
     def save_watch_state(self, job_id: int, state: dict[str, Any]) -> None:
         self.db.execute("INSERT OR REPLACE INTO watches (job_id, state) VALUES (?,?)", (job_id, json.dumps(state)))
+
+    def finish_watch(self, job_id: int) -> None:
+        """The job has ended and its end alerts are stored: nothing more to watch."""
+        self.db.execute("DELETE FROM watches WHERE job_id=?", (job_id,))
 
     def add_event(self, job_id: int, kind: str, detail: Optional[str] = None) -> None:
         self.db.execute(

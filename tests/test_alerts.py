@@ -431,3 +431,18 @@ def test_metrics_written_by_tfrun_jobs_are_preferred(tf: Tfrun, project: Path) -
     assert [s["step"] for s in samples] == [1, 2, 3, 4, 5]
     assert samples[2]["values"] == {"loss": pytest.approx(1 / 3)}  # exact, not the printed 0.3
     assert "written by tfrun.jobs" in tf.ok("metrics", str(job))
+
+
+def test_a_nan_loss_written_by_tfrun_jobs_is_a_spike(tf: Tfrun, project: Path, receiver: Receiver) -> None:
+    configure(tf, receiver.url)
+    write_script(
+        project,
+        "loop.py",
+        "from tfrun.jobs.metrics import MetricWriter\nw = MetricWriter()\n"
+        "for step, loss in enumerate([0.9, 0.8, float('nan')], start=1):\n    w.write(step, epoch=1, loss=loss)\n"
+        "w.close()\nprint('training went on quietly')\n",
+    )
+    job = tf.submit("--python", sys.executable, str(project / "loop.py"))
+    found = settled(tf, job, 2)
+    assert [a["rule"] for a in found] == ["spike", "done"]
+    assert "loss is nan at step 3" in found[0]["summary"] and "1: 0.9, 2: 0.8, 3: nan" in found[0]["body"]
