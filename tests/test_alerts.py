@@ -188,6 +188,7 @@ def test_a_sigkill_without_the_oom_killer_is_a_failure_only(tf: Tfrun, project: 
 # -- loss ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
 def test_a_nan_loss_alerts_at_once(tf: Tfrun, project: Path, receiver: Receiver) -> None:
     configure(tf, receiver.url)
     write_script(project, "job.py", printing("step 1 loss=0.70", "step 2 loss=0.69", "step 3 loss=nan", code=1))
@@ -340,6 +341,7 @@ def test_a_slack_url_is_accepted_and_its_secrets_never_shown(tf: Tfrun, project:
     assert delivery["target"].startswith("slack://T...2/") and delivery["state"] == "pending"
 
 
+@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
 def test_notify_test_reports_success_and_the_reason_of_a_failure(
     tf: Tfrun, mailbox: Mailbox, receiver: Receiver
 ) -> None:
@@ -416,6 +418,7 @@ def test_metrics_of_a_real_keras_fit_are_read_from_its_progress_bar(tf: Tfrun, p
     assert "LOSS" in table and "read from the output" in table
 
 
+@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
 def test_metrics_written_by_tfrun_jobs_are_preferred(tf: Tfrun, project: Path) -> None:
     configure(tf)
     write_script(
