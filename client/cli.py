@@ -41,12 +41,14 @@ from tfrun.protocol import (
     FileList,
     GetJob,
     GetMetrics,
+    GpuList,
     Job,
     JobList,
     JobReply,
     JobState,
     ListAlerts,
     ListFiles,
+    ListGpus,
     ListJobs,
     LogChunk,
     LogEnd,
@@ -282,6 +284,12 @@ def _snapshot_notes(snap: Snapshot) -> None:
 @click.option("--max-restarts", type=click.IntRange(0, 1000), default=0, metavar="N", help="If the job fails or is "
               "lost (not cancelled), run it again as a new job with the same snapshot and checkpoint folder, up "
               "to N times; with tfrun.jobs it resumes from its last checkpoint.")  # fmt: skip
+@click.option("--gpus", type=click.IntRange(min=0), metavar="N", help="GPUs of its own (CUDA_VISIBLE_DEVICES); "
+              "it waits until N are free. Default: the daemon's default_gpus, else 1 if the box has GPUs.")  # fmt: skip
+@click.option("--priority", type=int, default=0, metavar="P", help="Among waiting jobs, higher P starts first "
+              "(default 0); equal ones start in the order they were submitted.")  # fmt: skip
+@click.option("--after", "after", multiple=True, metavar="JOB[,JOB...]", help="Start only once these jobs have "
+              "succeeded; if one fails, is cancelled or lost, this job fails without starting.")  # fmt: skip
 @click.option("--alert", "alerts", multiple=True, metavar="RULE[=VALUE][,...]", help="Turn on or tune alert rules "
               "for this job: oom, spike[=FACTOR], stall[=TIME], failed, done, lost (e.g. --alert stall=10m); all "
               "are on unless the daemon's config says otherwise.")  # fmt: skip
@@ -303,6 +311,9 @@ def submit(
     python: Optional[str],
     follow: bool,
     max_restarts: int,
+    gpus: Optional[int],
+    priority: int,
+    after: tuple[str, ...],
     alerts: tuple[str, ...],
     no_alerts: tuple[str, ...],
     notify: tuple[str, ...],
@@ -369,6 +380,9 @@ def submit(
         no_alerts=_split(no_alerts),
         notify=list(notify),
         metric_patterns=list(metric_patterns),
+        gpus=gpus,
+        priority=priority,
+        after=_split(after),
     )
 
     async def conversation(channel: Channel) -> int:
@@ -380,7 +394,7 @@ def submit(
         if as_json:
             click.echo(render.to_json(job))
         elif follow:
-            click.echo(f"job {job.id} submitted", err=True)
+            click.echo(f"job {job.id} submitted" + (f", {job.waiting}" if job.waiting else ""), err=True)
         else:
             click.echo(job.id)
         if not follow:
@@ -706,6 +720,21 @@ def doctor(python: Optional[str], as_json: bool) -> None:
     else:
         render.check_lines(checks, _console())
     sys.exit(EXIT_FAILURE if any(check.status == "fail" for check in checks) else EXIT_OK)
+
+
+@main.command()
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of GPUs.")
+def gpus(as_json: bool) -> None:
+    """The box's GPUs: memory in use, utilisation, and the job each is given to (`submit --gpus N` gives a
+    job N GPUs of its own). The devices are those NVML sees, or those the daemon's config or TFRUN_GPUS
+    names."""
+
+    found = _ask(ListGpus(), GpuList).gpus
+    if as_json:
+        click.echo(render.to_json(found))
+    else:
+        render.gpu_table(found, _console())
 
 
 # -- alerts and metrics -------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import shlex
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from tfrun.protocol import Alert, Check, FileEntry, Job, JobState, MetricSample
+from tfrun.protocol import Alert, Check, FileEntry, Gpu, Job, JobState, MetricSample
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn: `tfrun submit` and `--json` never pay for it
     from rich.console import Console
@@ -69,13 +69,14 @@ def job_table(jobs: list[Job], console: Console) -> None:
         console.print("no jobs", style="dim")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("ID", "NAME", "STATE", "EXIT", "STARTED", "RUNTIME", "COMMAND"):
+    for column in ("ID", "NAME", "STATE", "GPUS", "EXIT", "STARTED", "RUNTIME", "COMMAND"):
         table.add_column(column, no_wrap=column != "COMMAND", overflow="fold")
     for job in jobs:
         table.add_row(  # Text, not markup: a name like "[red]" is shown as typed
             str(job.id),
             Text(job.name or "-"),
             Text(job.state, style=_STATE_STYLE.get(job.state, "")),
+            ",".join(job.gpus) or ("-" if not job.gpus_requested else f"({job.gpus_requested})"),
             "-" if job.exit_code is None else str(job.exit_code),
             when(job.started_at),
             duration(runtime(job)),
@@ -110,6 +111,17 @@ def job_detail(job: Job, console: Console) -> None:
         ("restart of", "-" if job.restart_of is None else f"job {job.restart_of}"),
         ("restarted as", "-" if job.restarted_as is None else f"job {job.restarted_as}"),
         ("restarts left", str(job.restarts_left)),
+        (
+            "gpus",
+            ",".join(job.gpus)
+            if job.gpus
+            else f"{job.gpus_requested} asked, none given yet"
+            if job.gpus_requested
+            else "none",
+        ),
+        ("waiting", job.waiting or "-"),
+        ("after", ", ".join(f"job {ref}" for ref in job.after) or "-"),
+        ("priority", str(job.priority)),
         ("alerts", ", ".join(job.alert_rules) or "none"),
         ("notify", ", ".join(job.notify) or "the daemon's URLs only"),
     ]
@@ -189,6 +201,32 @@ def check_lines(checks: list[Check], console: Console) -> None:
         if check.advice:
             line += Text(f"; {check.advice}", style="dim" if check.status == "ok" else "")
         console.print(line, soft_wrap=True)  # one line per check, however narrow the terminal
+
+
+def gpu_table(gpus: list[Gpu], console: Console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    if not gpus:
+        console.print("no GPUs on this box (or none NVML can see)", style="dim")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("GPU", "NAME", "MEMORY", "USE", "JOB"):
+        table.add_column(column, no_wrap=True, justify="right" if column in ("MEMORY", "USE") else "left")
+    for gpu in gpus:
+        memory = "-"
+        if gpu.memory_used is not None and gpu.memory_total:
+            memory = (
+                f"{size(gpu.memory_used)} / {size(gpu.memory_total)} ({100 * gpu.memory_used / gpu.memory_total:.0f}%)"
+            )
+        table.add_row(
+            Text(gpu.device),
+            Text(gpu.name or "-"),
+            memory,
+            "-" if gpu.utilization is None else f"{gpu.utilization}%",
+            "-" if gpu.job is None else str(gpu.job),
+        )
+    console.print(table)
 
 
 _DELIVERY_STYLE = {"sent": "green", "pending": "yellow", "expired": "red", "failed": "red"}

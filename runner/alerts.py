@@ -31,7 +31,7 @@ from tfrun.constants import EXIT_LOST
 from tfrun.protocol import JobState, MetricSample
 from tfrun.runner import cgroup, jobdir, oom
 from tfrun.runner.config import Config
-from tfrun.runner.gpus import GpuMemory, read_gpu_memory
+from tfrun.runner.gpus import GpuReading, read_gpu_memory
 from tfrun.runner.lines import TerminalLines, display, plain
 from tfrun.runner.metrics import LogMetrics, PatternError, training_loss
 from tfrun.runner.outbox import Outbox
@@ -364,7 +364,7 @@ class Alerts:
         """gpu-memory: a GPU above the threshold for the config's gpu_memory_for is one alert (the box's, not a
         job's; the cooldown makes a GPU that stays full one message)."""
         threshold = self.config.rules.get("gpu-memory") or 90.0
-        gpus: list[GpuMemory] = await asyncio.get_running_loop().run_in_executor(None, read_gpu_memory)
+        gpus: list[GpuReading] = await asyncio.get_running_loop().run_in_executor(None, read_gpu_memory)
         now = time.time()
         for gpu in gpus:
             percent = 100.0 * gpu.used / gpu.total if gpu.total else 0.0

@@ -3,6 +3,9 @@
 checkpoint_root = "/mnt/checkpoints"   # TFRUN_CHECKPOINT_ROOT; each job gets a folder under it
 job_python = "/usr/bin/python3"        # TFRUN_JOB_PYTHON; runs .py scripts unless --python says
 notify = ["mailto://user:pass@smtp.example.com?to=me@example.com", "slack://T0/B0/XXX"]  # TFRUN_NOTIFY
+gpus = ["0", "1"]                      # TFRUN_GPUS=0,1; the devices jobs get (default: those NVML sees)
+default_gpus = 1                       # GPUs a job gets without --gpus (default: 1 where there are GPUs, else 0)
+max_cpu_jobs = 4                       # CPU-only jobs running at once (default: no cap)
 
 [alerts]
 rules = ["oom", "spike=2", "stall=30m", "failed", "done", "lost", "gpu-memory=90%"]  # the default: all
@@ -49,6 +52,9 @@ class Config:
     expire: float = DEFAULT_EXPIRE_S
     gpu_memory_for: float = DEFAULT_GPU_MEMORY_FOR_S
     metric_patterns: list[str] = field(default_factory=list)
+    gpus: Optional[list[str]] = None  # None: ask NVML
+    default_gpus: Optional[int] = None
+    max_cpu_jobs: int = 0  # 0: no cap
 
     @classmethod
     def load(cls, layout: Layout) -> Config:
@@ -85,7 +91,30 @@ class Config:
             expire=_seconds(alerts, "expire", DEFAULT_EXPIRE_S, where),
             gpu_memory_for=_seconds(alerts, "gpu_memory_for", DEFAULT_GPU_MEMORY_FOR_S, where),
             metric_patterns=patterns,
+            gpus=_devices(raw, where),
+            default_gpus=_count(raw, "default_gpus", where),
+            max_cpu_jobs=_count(raw, "max_cpu_jobs", where) or 0,
         )
+
+
+def _devices(raw: dict[str, Any], where: str) -> Optional[list[str]]:
+    """The GPUs jobs are given, by CUDA index or UUID: TFRUN_GPUS ("0,1", "none"), else the config's list."""
+    named = os.environ.get("TFRUN_GPUS")
+    if named:
+        return [] if named.strip() == "none" else [d.strip() for d in named.split(",") if d.strip()]
+    if "gpus" not in raw:
+        return None
+    value = raw["gpus"]
+    if not isinstance(value, list) or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
+        raise ConfigError(f"{where}: gpus must be a list of device indices or UUIDs")
+    return [str(v) for v in value]
+
+
+def _count(raw: dict[str, Any], key: str, where: str) -> Optional[int]:
+    value = raw.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ConfigError(f"{where}: {key} must be a whole number, 0 or more")
+    return value
 
 
 def _string(raw: dict[str, Any], key: str, where: str) -> Optional[str]:

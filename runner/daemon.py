@@ -39,6 +39,7 @@ from tfrun.runner.blobs import BlobStore, Spares
 from tfrun.runner.config import Config
 from tfrun.runner.handlers import HANDLERS, Connection, RequestError, rerun, start_rerun
 from tfrun.runner.outbox import Outbox
+from tfrun.runner.scheduler import Scheduler
 from tfrun.runner.store import Store
 from tfrun.runner.supervisor import Supervisor
 from tfrun.runner.watch import LogWatch
@@ -126,6 +127,7 @@ class Daemon:
         self._background: set[asyncio.Future[Any]] = set()
         self.outbox = Outbox(store, config.cooldown, config.expire)
         self.alerts = Alerts(config, store, self.outbox)
+        self.scheduler = Scheduler(self)
         self.supervisor.on_final = self._ended
         self._connections = 0
         self.started_at = time.time()
@@ -147,9 +149,10 @@ class Daemon:
 
     def _ended(self, job_id: int) -> None:
         """A job just became final: its end alerts are due (the watch stores them once it has read the rest
-        of the log) and the restart policy decides whether it runs again."""
+        of the log), the restart policy decides whether it runs again, and waiting jobs may start."""
         self.store.db.execute("INSERT OR IGNORE INTO watches (job_id, state) VALUES (?, '{}')", (job_id,))
         self._restart_if_wanted(job_id)
+        self.in_background(self.scheduler.run_pass())  # its GPUs are free, jobs that run after it may start
 
     def _restart_if_wanted(self, job_id: int) -> None:
         """The restart policy, applied the moment a job becomes final: a job that failed or was lost and
@@ -174,6 +177,7 @@ class Daemon:
         self.log_watch = LogWatch(asyncio.get_running_loop())
         self.supervisor.reconcile()
         await self.supervisor.resume_queued()
+        await self.scheduler.run_pass()
         socket_path = self.layout.socket
         socket_path.unlink(missing_ok=True)  # left by a daemon that died; we hold the lock, so it is stale
         server = await asyncio.start_unix_server(self._connection, path=str(socket_path), limit=MAX_HEADER_BYTES + 1)

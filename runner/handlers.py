@@ -41,6 +41,8 @@ from tfrun.protocol import (
     FileList,
     GetJob,
     GetMetrics,
+    Gpu,
+    GpuList,
     HaveBlobs,
     Job,
     JobList,
@@ -48,6 +50,7 @@ from tfrun.protocol import (
     JobState,
     ListAlerts,
     ListFiles,
+    ListGpus,
     ListJobs,
     LogChunk,
     LogEnd,
@@ -73,6 +76,7 @@ from tfrun.runner import jobdir, rules
 from tfrun.runner.alerts import read_metrics
 from tfrun.runner.blobs import read_manifest, write_manifest
 from tfrun.runner.doctor import job_python, run_checks
+from tfrun.runner.gpus import read_gpu_memory
 from tfrun.runner.lines import BlockMatcher, LineFilter, PatternError, Selector, Tail, TerminalLines, display
 from tfrun.runner.logindex import LogIndex, Stamper
 from tfrun.runner.metrics import LogMetrics
@@ -135,6 +139,7 @@ async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
         "bytes": sum(e.size for e in req.files if e.kind == "file"),
         "max_restarts": req.max_restarts,
     }
+    spec.update(_resources(daemon, req))
     alert_rules = _alert_rules(daemon, req)
     row = daemon.store.create_job(req.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root)
     daemon.store.set_job_alerts(row.id, alert_rules, req.notify, req.metric_patterns)
@@ -144,6 +149,24 @@ async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
         raise _invalid(f"cannot build the work dir: {exc}") from None
     await conn.send(JobReply(public(daemon, started)))
     daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
+
+
+def _resources(daemon: Daemon, req: Submit) -> dict[str, Any]:
+    """What the job waits for: its GPUs, its priority, the jobs it runs after (by id)."""
+    devices = daemon.scheduler.devices
+    gpus = daemon.scheduler.default_gpus() if req.gpus is None else req.gpus
+    if gpus < 0:
+        raise _invalid("--gpus must not be negative")
+    if gpus > len(devices):
+        has = f"has {len(devices)} ({', '.join(devices)})" if devices else "has none"
+        raise _invalid(f"the job asks for {gpus} GPU(s) and this box {has}")
+    after = []
+    for ref in req.after:
+        dep = daemon.store.find(ref)
+        if dep is None:
+            raise RequestError(ErrorCode.NO_SUCH_JOB, f"--after: no job {ref!r}")
+        after.append(dep.id)
+    return {"gpus": gpus, "priority": req.priority, "after": after}
 
 
 def _alert_rules(daemon: Daemon, req: Submit) -> dict[str, Optional[float]]:
@@ -229,7 +252,8 @@ async def start_rerun(daemon: Daemon, row: JobRow) -> None:
 
 
 async def _start(daemon: Daemon, row: JobRow, files: list[FileEntry]) -> JobRow:
-    """Build the job's work dir from `files` (its snapshot), keep the manifest, start the shim."""
+    """Build the job's work dir from `files` (its snapshot) and keep the manifest; then the scheduler starts
+    it, now or once its GPUs, its turn and the jobs it runs after allow."""
     job_dir = Path(row.job_dir)
     try:
         if not (job_dir / jobdir.FILES).exists():
@@ -244,11 +268,8 @@ async def _start(daemon: Daemon, row: JobRow, files: list[FileEntry]) -> JobRow:
             daemon.store.delete(row.id)  # nothing was started: leave no trace of a job that never was
             shutil.rmtree(job_dir, ignore_errors=True)
         raise ManifestError(str(exc)) from None
-    try:
-        await daemon.supervisor.start(row, _job_env(daemon, row, row.spec["env"]), DEFAULT_GRACE_S)
-    except OSError as exc:  # e.g. a full disk: the job is recorded as failed, not left queued forever
-        daemon.supervisor.mark_failed(row, f"could not start: {exc}")
-        raise RequestError(ErrorCode.INTERNAL, f"job {row.id} could not start: {exc.strerror or exc}") from None
+    daemon.store.update(row.id, prepared=1)
+    await daemon.scheduler.run_pass()
     return daemon.store.get(row.id) or row
 
 
@@ -299,22 +320,6 @@ def _command(daemon: Daemon, req: Submit, script: PurePosixPath) -> list[str]:
             raise _invalid(f"job interpreter {python!r} is not on the daemon's PATH")
         python = found
     return [python, str(script), *req.args]
-
-
-def _job_env(daemon: Daemon, row: JobRow, user_env: dict[str, str]) -> dict[str, str]:
-    """The daemon's environment, the user's --env on top, and tfrun's own variables, which always win."""
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(user_env)
-    pythonpath = [str(daemon.layout.job_pythonpath), env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in pythonpath if p)
-    env["TFRUN_JOB_ID"] = str(row.id)
-    env["TFRUN_JOB_DIR"] = row.job_dir
-    env["TFRUN_CHECKPOINT_DIR"] = row.checkpoint_dir
-    env["TFRUN_METRICS_FILE"] = str(Path(row.job_dir) / jobdir.METRICS)
-    # Without it TensorFlow takes all of every GPU's memory at start; a job that sets it keeps its choice.
-    env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
-    return env
 
 
 # -- queries ------------------------------------------------------------------------------------------------
@@ -657,6 +662,20 @@ async def get_metrics(daemon: Daemon, req: GetMetrics, conn: Connection) -> None
     await conn.send(MetricsReply(source=source, samples=samples))
 
 
+async def list_gpus(daemon: Daemon, req: ListGpus, conn: Connection) -> None:
+    readings = await asyncio.get_running_loop().run_in_executor(None, read_gpu_memory)
+    held = daemon.scheduler.held()
+    gpus = []
+    for device in daemon.scheduler.devices:
+        reading = next((r for r in readings if r.is_device(device)), None)
+        gpu = Gpu(device=device, job=held.get(device))
+        if reading is not None:
+            gpu.name, gpu.memory_used, gpu.memory_total = reading.name, reading.used, reading.total
+            gpu.utilization = reading.utilization
+        gpus.append(gpu)
+    await conn.send(GpuList(gpus))
+
+
 # -- the daemon itself --------------------------------------------------------------------------------------
 
 
@@ -697,6 +716,7 @@ HANDLERS: dict[type[Message], Callable[[Daemon, Any, Connection], Awaitable[None
     ListAlerts: list_alerts,
     NotifyTest: notify_test,
     GetMetrics: get_metrics,
+    ListGpus: list_gpus,
     DaemonStatus: daemon_status,
     Shutdown: shutdown,
 }

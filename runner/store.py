@@ -16,7 +16,7 @@ from typing import Any, Optional
 from tfrun.protocol import Job, JobState
 from tfrun.runner import jobdir
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -90,6 +90,11 @@ _MIGRATIONS: dict[int, str] = {
     );
     CREATE INDEX deliveries_due ON deliveries(state, next_at);
     """,
+    4: """
+    ALTER TABLE jobs ADD COLUMN prepared INTEGER NOT NULL DEFAULT 0;  -- its work dir is built: it may start
+    ALTER TABLE jobs ADD COLUMN gpus TEXT;     -- JSON [device id]: the GPUs it was given (NULL: not scheduled)
+    ALTER TABLE jobs ADD COLUMN waiting TEXT;  -- why a queued job has not started yet
+    """,
 }
 
 
@@ -118,6 +123,9 @@ class JobRow:
     boot_id: Optional[str] = None
     reason: Optional[str] = None
     restarted_as: Optional[int] = None
+    prepared: int = 0
+    gpus: Optional[list[str]] = None
+    waiting: Optional[str] = None
 
     @property
     def final(self) -> bool:
@@ -152,12 +160,18 @@ class JobRow:
             restart_of=self.spec.get("restart_of"),
             restarted_as=self.restarted_as,
             restarts_left=self.spec.get("max_restarts", 0),
+            gpus_requested=self.spec.get("gpus", 0),
+            gpus=self.gpus or [],
+            priority=self.spec.get("priority", 0),
+            after=self.spec.get("after", []),
+            waiting=self.waiting if self.state == JobState.QUEUED else None,
         )
 
 
 _COLUMNS = [
     "id", "name", "state", "spec", "job_dir", "checkpoint_dir", "created_at", "started_at", "finished_at",
-    "exit_code", "signal", "pid", "shim_pid", "shim_start", "boot_id", "reason", "restarted_as",
+    "exit_code", "signal", "pid", "shim_pid", "shim_start", "boot_id", "reason", "restarted_as", "prepared",
+    "gpus", "waiting",
 ]  # fmt: skip
 _UPDATABLE = set(_COLUMNS) - {"id", "spec", "created_at"}
 
@@ -310,4 +324,5 @@ class Store:
 def _row(row: sqlite3.Row) -> JobRow:
     values = dict(zip(_COLUMNS, row))
     values["spec"] = json.loads(values["spec"])
+    values["gpus"] = None if values["gpus"] is None else json.loads(values["gpus"])
     return JobRow(**values)

@@ -35,7 +35,7 @@ class Supervisor:
         self.store = store
         self._starting: set[int] = set()
         self._final_events: dict[int, asyncio.Event] = {}
-        self.on_final: Callable[[int], None] = lambda job_id: None  # the daemon's restart policy
+        self.on_final: Callable[[int], None] = lambda job_id: None  # the daemon's: alerts, restarts, the queue
 
     # -- starting -----------------------------------------------------------------------------------------
 
@@ -72,8 +72,9 @@ class Supervisor:
             if (Path(row.job_dir) / jobdir.SPEC).exists():
                 log.info("job %d: starting it (accepted before the last daemon stopped)", row.id)
                 await self.launch(row)
-            else:
+            elif not row.prepared:
                 self.mark_failed(row, "the daemon stopped while preparing it")
+            # else: it waits for the scheduler, as it did
 
     async def _spawn_shim(self, job_dir: Path) -> None:
         with open(job_dir / jobdir.SHIM_LOG, "ab") as shim_log:
@@ -260,6 +261,7 @@ class Supervisor:
                 finished_at=time.time(),
                 reason="cancelled before it started",
             )
+            self.on_final(row.id)
             self._notify_final(row.id)
         elif identity.alive():
             os.kill(identity.pid, signal.SIGTERM)

@@ -230,8 +230,9 @@ def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_jobs(tf: Tfrun
     tf.ok("wait", str(job))
     tf.daemon("stop")
     db = sqlite3.connect(tf.home / "tfrun.db")
-    with db:  # what a tfrund of schema 1 left behind: no restarted_as column, no alert tables
-        db.execute("ALTER TABLE jobs DROP COLUMN restarted_as")
+    with db:  # what a tfrund of schema 1 left behind: no restarted_as or scheduling columns, no alert tables
+        for column in ("restarted_as", "prepared", "gpus", "waiting"):
+            db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
         for table in ("job_alerts", "watches", "deliveries", "alerts"):
             db.execute(f"DROP TABLE {table}")
         db.execute("PRAGMA user_version=1")
@@ -239,5 +240,5 @@ def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_jobs(tf: Tfrun
     assert tf.job(job)["state"] == "succeeded" and tf.log(job) == b"kept\n"
     assert tf.job(job)["restarted_as"] is None
     db = sqlite3.connect(tf.home / "tfrun.db")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     db.close()

@@ -121,6 +121,11 @@ class Job:
     restarts_left: int = 0  # automatic restarts still allowed after a failure (submit --max-restarts)
     alert_rules: list[str] = field(default_factory=list)  # the rules that watch it, e.g. "stall=30m"
     notify: list[str] = field(default_factory=list)  # its own alert URLs, secrets masked (never the URLs)
+    gpus_requested: int = 0  # GPUs it asked for (submit --gpus)
+    gpus: list[str] = field(default_factory=list)  # the devices it was given (CUDA_VISIBLE_DEVICES)
+    priority: int = 0  # higher starts first among waiting jobs
+    after: list[int] = field(default_factory=list)  # jobs that must succeed before it starts
+    waiting: Optional[str] = None  # why a queued job has not started yet
 
 
 @dataclass
@@ -176,6 +181,18 @@ class Alert:
     body: str  # the whole message: host, job, the metric context, the last lines of output, checkpoints
     job_id: Optional[int] = None  # None for the box's own alerts (gpu-memory)
     deliveries: list[Delivery] = field(default_factory=list)
+
+
+@dataclass
+class Gpu:
+    """One of the box's GPUs as `tfrun gpus` shows it; figures are None where NVML cannot be asked."""
+
+    device: str  # as jobs are given it in CUDA_VISIBLE_DEVICES: an index or a UUID
+    name: Optional[str] = None
+    memory_used: Optional[int] = None  # bytes
+    memory_total: Optional[int] = None
+    utilization: Optional[int] = None  # percent
+    job: Optional[int] = None  # the unfinished job it is given to
 
 
 @dataclass
@@ -258,6 +275,9 @@ class Submit(Message):
     no_alerts: list[str] = field(default_factory=list)  # rules to turn off for this job ("all": every one)
     notify: list[str] = field(default_factory=list)  # apprise URLs for this job's alerts; secret: never echoed
     metric_patterns: list[str] = field(default_factory=list)  # regexes with named groups for its log's metrics
+    gpus: Optional[int] = None  # GPUs of its own (None: the daemon's default: 1 where there are GPUs, else 0)
+    priority: int = 0  # among waiting jobs, higher starts first
+    after: list[str] = field(default_factory=list)  # jobs (ids or names) that must succeed before it starts
 
 
 @_message("doctor")
@@ -400,6 +420,12 @@ class GetMetrics(Message):
     last: Optional[int] = None
 
 
+@_message("list_gpus")
+@dataclass
+class ListGpus(Message):
+    """The box's GPUs, their memory and load, and the job each is given to; answered by `GpuList`."""
+
+
 @_message("daemon_status")
 @dataclass
 class DaemonStatus(Message):
@@ -511,6 +537,12 @@ class MetricsReply(Message):
 
     source: str
     samples: list[MetricSample]
+
+
+@_message("gpus")
+@dataclass
+class GpuList(Message):
+    gpus: list[Gpu]
 
 
 @_message("daemon_info")

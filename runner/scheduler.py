@@ -1,0 +1,140 @@
+"""Which queued job starts when: GPUs of its own for each job, first in first out by priority, `--after`.
+
+A job asks for N GPUs (`submit --gpus N`; default: the config's `default_gpus`, else 1 where the box has
+GPUs and 0 where it has none). The scheduler gives it N devices that no other unfinished job holds, through
+CUDA_VISIBLE_DEVICES, and records them with the job before it starts, so a daemon that restarts sees the
+same assignment. Jobs wait in order of priority (higher first), then of submission; the first GPU job that
+does not fit holds back the GPU jobs behind it, so a 2-GPU job is not starved by a stream of 1-GPU jobs.
+Jobs without GPUs wait only for the cap on concurrent CPU-only jobs (`max_cpu_jobs`, none by default). A
+job submitted `--after` others waits until they have all succeeded; if one did not, it fails, saying which.
+
+A pass runs whenever a job is submitted or ends and when the daemon starts; passes never overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from tfrun.constants import DEFAULT_GRACE_S
+from tfrun.protocol import JobState
+from tfrun.runner import jobdir
+from tfrun.runner.gpus import device_ids
+from tfrun.runner.store import JobRow
+
+if TYPE_CHECKING:
+    from tfrun.runner.daemon import Daemon
+
+log = logging.getLogger("tfrund")
+
+
+class Scheduler:
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.devices = device_ids(daemon.config.gpus)
+        self._lock = asyncio.Lock()
+
+    def default_gpus(self) -> int:
+        configured = self.daemon.config.default_gpus
+        return configured if configured is not None else min(1, len(self.devices))
+
+    def held(self) -> dict[str, int]:
+        """Devices held by unfinished jobs, and by which."""
+        holders = {}
+        for row in self.daemon.store.list(include_final=False):
+            for device in row.gpus or []:
+                holders[device] = row.id
+        return holders
+
+    async def run_pass(self) -> None:
+        """Start every waiting job whose turn it is and whose GPUs are free; fail those whose `--after`
+        job did not succeed."""
+        async with self._lock:
+            held = self.held()
+            free = [d for d in self.devices if d not in held]
+            cpu_running = sum(
+                1 for row in self.daemon.store.list(include_final=False) if row.gpus == [] and not _waiting(row)
+            )
+            gpu_blocked = False
+            for row in sorted(self._waiting(), key=lambda r: (-r.spec.get("priority", 0), r.id)):
+                why = self._dependencies(row)
+                if why is not None:
+                    self._wait(row, why)
+                    continue
+                need = row.spec.get("gpus", 0)
+                if need:
+                    if gpu_blocked or need > len(free):
+                        self._wait(
+                            row,
+                            f"waiting for {need} GPU(s); {len(free)} free"
+                            + (", others first" if gpu_blocked and need <= len(free) else ""),
+                        )
+                        gpu_blocked = True
+                        continue
+                    devices, free = free[:need], free[need:]
+                else:
+                    cap = self.daemon.config.max_cpu_jobs
+                    if cap and cpu_running >= cap:
+                        self._wait(row, f"waiting for one of the {cap} CPU-only job slots")
+                        continue
+                    cpu_running += 1
+                    devices = []
+                await self._launch(row, devices)
+
+    def _waiting(self) -> list[JobRow]:
+        """Queued jobs whose work dir is built and that nobody is starting yet."""
+        return [row for row in self.daemon.store.list(include_final=False) if _waiting(row)]
+
+    def _dependencies(self, row: JobRow) -> Optional[str]:
+        """Why `row` cannot start yet because of `--after` (None when all succeeded); fails it if one did not."""
+        pending = []
+        for ref in row.spec.get("after", []):
+            dep = self.daemon.store.get(ref)
+            if dep is None or dep.state in (JobState.FAILED, JobState.CANCELLED, JobState.LOST):
+                how = "no longer exists" if dep is None else f"{dep.state}"
+                self.daemon.supervisor.mark_failed(row, f"job {ref}, which it runs after, {how}")
+                return "failed"
+            if dep.state != JobState.SUCCEEDED:
+                pending.append(str(ref))
+        return f"waiting for job(s) {', '.join(pending)} to succeed" if pending else None
+
+    def _wait(self, row: JobRow, why: str) -> None:
+        if why != "failed" and row.waiting != why:
+            self.daemon.store.update(row.id, waiting=why)
+
+    async def _launch(self, row: JobRow, devices: list[str]) -> None:
+        """Record the devices with the job, then start it with them."""
+        self.daemon.store.update(row.id, gpus=json.dumps(devices), waiting=None)
+        self.daemon.store.add_event(row.id, "scheduled", f"GPUs {','.join(devices)}" if devices else "no GPU")
+        row = self.daemon.store.get(row.id) or row
+        try:
+            await self.daemon.supervisor.start(row, job_env(self.daemon, row, devices, self.devices), DEFAULT_GRACE_S)
+        except OSError as exc:  # e.g. a full disk: the job is recorded as failed, not left queued forever
+            self.daemon.supervisor.mark_failed(row, f"could not start: {exc.strerror or exc}")
+
+
+def _waiting(row: JobRow) -> bool:
+    return row.state == JobState.QUEUED and row.gpus is None and bool(row.prepared)
+
+
+def job_env(daemon: Daemon, row: JobRow, devices: list[str], box_devices: list[str]) -> dict[str, str]:
+    """The daemon's environment, the user's --env on top, and tfrun's own variables, which always win."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(row.spec["env"])
+    pythonpath = [str(daemon.layout.job_pythonpath), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in pythonpath if p)
+    env["TFRUN_JOB_ID"] = str(row.id)
+    env["TFRUN_JOB_DIR"] = row.job_dir
+    env["TFRUN_CHECKPOINT_DIR"] = row.checkpoint_dir
+    env["TFRUN_METRICS_FILE"] = str(Path(row.job_dir) / jobdir.METRICS)
+    if box_devices:  # its own GPUs, and none of the others' (an empty list hides them all)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering, as nvidia-smi's and NVML's
+    # Without it TensorFlow takes all of every GPU's memory at start; a job that sets it keeps its choice.
+    env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    return env
