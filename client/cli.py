@@ -737,6 +737,20 @@ def gpus(as_json: bool) -> None:
         render.gpu_table(found, _console())
 
 
+@main.command()
+@host_options
+@click.option("-n", "--interval", type=click.FloatRange(0.2, 3600), default=1.0, show_default=True, metavar="SECONDS",
+              help="Time between two frames.")  # fmt: skip
+@click.option("--once", is_flag=True, help="Print one frame and exit (for scripts, or a terminal that is not one).")
+def top(interval: float, once: bool) -> None:
+    """A live view of the box: its unfinished and last ended jobs with their state, GPUs, runtime, last
+    loss and its trend, and its GPUs with their memory, load and job. Redrawn in place every second;
+    `q` or Ctrl-C quits. Works the same over SSH."""
+    from tfrun.client.top import show
+
+    _run(_with_channel(lambda channel: show(channel, _console(), interval, once)))
+
+
 # -- alerts and metrics -------------------------------------------------------------------------------------
 
 
@@ -786,18 +800,45 @@ def notify_test(url: Optional[str], as_json: bool) -> None:
 @click.argument("job")
 @click.option("-n", "--last", type=click.IntRange(min=1), metavar="N", help="Only the newest N samples "
               "(default: 20 in the table, all with --json).")  # fmt: skip
+@click.option("--plot", is_flag=True, help="Draw the loss (and val_loss) over steps in the terminal.")
+@click.option("--png", type=click.Path(dir_okay=False, writable=True, path_type=Path), metavar="FILE",
+              help="Save the loss (and val_loss) over steps as a PNG (needs matplotlib: tfrun[png]).")  # fmt: skip
+@click.option("-m", "--metric", "names", multiple=True, metavar="NAME", help="Plot NAME instead of loss and "
+              "val_loss; repeatable.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the samples as a JSON list.")
-def metrics(job: str, last: Optional[int], as_json: bool) -> None:
+def metrics(
+    job: str, last: Optional[int], plot: bool, png: Optional[Path], names: tuple[str, ...], as_json: bool
+) -> None:
     """JOB's metrics by step: exact per-step values when the script uses tfrun.jobs (its callback or
     Progress), else what the daemon read from its output (Keras and Lightning progress bars, prints such
     as `step 100 loss=1.23`, and --metric patterns). Keras prints a running mean of each epoch; the values
     here are the means over the steps between two of its prints, worked back from them."""
 
-    reply = _ask(GetMetrics(job=job, last=last if (last or as_json) else 20), MetricsReply)
+    whole = as_json or plot or png is not None
+    reply = _ask(GetMetrics(job=job, last=last if (last or whole) else 20), MetricsReply)
     if as_json:
         click.echo(render.to_json(reply.samples))
-    else:
+    elif not (plot or png):
         render.metric_table(reply.source, reply.samples, _console())
+        return
+    from tfrun.client import plot as plotting
+
+    curves = plotting.series(reply.samples, names or ("loss", "val_loss"))
+    if not curves:
+        _fail(f"job {job} has no {' or '.join(names or ('loss',))} to plot yet", EXIT_FAILURE)
+    if plot:
+        console = _console()
+        width = max(20, min(console.width, 120) - 12)
+        for line in plotting.chart(curves, width=width):
+            console.print(line, soft_wrap=True)
+    if png is not None:
+        try:
+            plotting.save_png(png, curves, f"job {job}")
+        except ImportError:
+            _fail("--png needs matplotlib: pip install 'tfrun[png]'", EXIT_USAGE)
+        except OSError as exc:
+            _fail(f"cannot write {png}: {exc.strerror}", EXIT_USAGE)
+        click.echo(f"wrote {png}", err=True)
 
 
 # -- files back ---------------------------------------------------------------------------------------------

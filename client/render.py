@@ -13,8 +13,9 @@ from tfrun.protocol import Alert, Check, FileEntry, Gpu, Job, JobState, MetricSa
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn: `tfrun submit` and `--json` never pay for it
     from rich.console import Console
+    from rich.text import Text
 
-_STATE_STYLE = {
+STATE_STYLE = {
     JobState.QUEUED: "yellow",
     JobState.RUNNING: "cyan",
     JobState.SUCCEEDED: "green",
@@ -75,7 +76,7 @@ def job_table(jobs: list[Job], console: Console) -> None:
         table.add_row(  # Text, not markup: a name like "[red]" is shown as typed
             str(job.id),
             Text(job.name or "-"),
-            Text(job.state, style=_STATE_STYLE.get(job.state, "")),
+            Text(job.state, style=STATE_STYLE.get(job.state, "")),
             ",".join(job.gpus) or ("-" if not job.gpus_requested else f"({job.gpus_requested})"),
             "-" if job.exit_code is None else str(job.exit_code),
             when(job.started_at),
@@ -205,7 +206,6 @@ def check_lines(checks: list[Check], console: Console) -> None:
 
 def gpu_table(gpus: list[Gpu], console: Console) -> None:
     from rich.table import Table
-    from rich.text import Text
 
     if not gpus:
         console.print("no GPUs on this box (or none NVML can see)", style="dim")
@@ -214,19 +214,20 @@ def gpu_table(gpus: list[Gpu], console: Console) -> None:
     for column in ("GPU", "NAME", "MEMORY", "USE", "JOB"):
         table.add_column(column, no_wrap=True, justify="right" if column in ("MEMORY", "USE") else "left")
     for gpu in gpus:
-        memory = "-"
-        if gpu.memory_used is not None and gpu.memory_total:
-            memory = (
-                f"{size(gpu.memory_used)} / {size(gpu.memory_total)} ({100 * gpu.memory_used / gpu.memory_total:.0f}%)"
-            )
-        table.add_row(
-            Text(gpu.device),
-            Text(gpu.name or "-"),
-            memory,
-            "-" if gpu.utilization is None else f"{gpu.utilization}%",
-            "-" if gpu.job is None else str(gpu.job),
-        )
+        table.add_row(*gpu_cells(gpu))
     console.print(table)
+
+
+def gpu_cells(gpu: Gpu) -> tuple[Text, Text, str, str, str]:
+    """A GPU's row in `tfrun gpus` and `tfrun top`: device, name, memory, utilisation, job."""
+    from rich.text import Text
+
+    memory = "-"
+    if gpu.memory_used is not None and gpu.memory_total:
+        percent = 100 * gpu.memory_used / gpu.memory_total
+        memory = f"{size(gpu.memory_used)} / {size(gpu.memory_total)} ({percent:.0f}%)"
+    utilization = "-" if gpu.utilization is None else f"{gpu.utilization}%"
+    return Text(gpu.device), Text(gpu.name or "-"), memory, utilization, "-" if gpu.job is None else str(gpu.job)
 
 
 _DELIVERY_STYLE = {"sent": "green", "pending": "yellow", "expired": "red", "failed": "red"}

@@ -49,6 +49,7 @@ MAX_LINE_BYTES = 64 << 10  # an unfinished line kept for the OOM search; longer 
 CONTEXT_LINES = 15
 CONTEXT_BYTES = 32 << 10
 GPU_INTERVAL_S = 2.0
+TAIL_BYTES = 64 << 10  # the end of a metrics file that `tfrun top` reads
 _SEGMENTS = re.compile(rb"[\r\n]")
 
 
@@ -398,6 +399,27 @@ def read_metrics(job_dir: Path, last: Optional[int]) -> tuple[str, list[MetricSa
                         samples.append(sample)
             return source, samples[-last:] if last else samples
     return "none", []
+
+
+def recent_losses(job_dir: Path, n: int) -> list[float]:
+    """The job's last `n` training losses, from the end of its metrics file (the view `tfrun top` draws)."""
+    for name in (jobdir.METRICS, jobdir.LOG_METRICS):
+        try:
+            with open(job_dir / name, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - TAIL_BYTES))
+                lines = f.read().splitlines()[1 if size > TAIL_BYTES else 0 :]
+        except OSError:
+            continue
+        losses = []
+        for line in lines:
+            sample = _sample(line)
+            loss = training_loss(sample.values) if sample is not None else None
+            if loss is not None:
+                losses.append(loss)
+        if losses:
+            return losses[-n:]
+    return []
 
 
 def _sample(line: bytes) -> Optional[MetricSample]:

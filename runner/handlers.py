@@ -68,12 +68,14 @@ from tfrun.protocol import (
     Restart,
     Shutdown,
     Submit,
+    Top,
+    TopReply,
     Wait,
     validate_name,
     write_message,
 )
 from tfrun.runner import jobdir, rules
-from tfrun.runner.alerts import read_metrics
+from tfrun.runner.alerts import read_metrics, recent_losses
 from tfrun.runner.blobs import read_manifest, write_manifest
 from tfrun.runner.doctor import job_python, run_checks
 from tfrun.runner.gpus import read_gpu_memory
@@ -663,6 +665,26 @@ async def get_metrics(daemon: Daemon, req: GetMetrics, conn: Connection) -> None
 
 
 async def list_gpus(daemon: Daemon, req: ListGpus, conn: Connection) -> None:
+    await conn.send(GpuList(await _gpus(daemon)))
+
+
+async def top(daemon: Daemon, req: Top, conn: Connection) -> None:
+    rows = daemon.store.list(include_final=False)
+    ended = daemon.store.recent_final(max(0, min(req.recent, 100)))
+    shown = sorted([*rows, *ended], key=lambda row: row.id)
+    count = max(0, min(req.losses, 1000))
+    loop = asyncio.get_running_loop()
+    losses = {}
+    for row in shown:
+        found = await loop.run_in_executor(None, recent_losses, Path(row.job_dir), count)
+        if found:
+            losses[str(row.id)] = found
+    jobs = [public(daemon, row) for row in shown]
+    await conn.send(TopReply(jobs=jobs, gpus=await _gpus(daemon), losses=losses, host=daemon.alerts.host))
+
+
+async def _gpus(daemon: Daemon) -> list[Gpu]:
+    """The devices jobs are given, with NVML's figures where it has them and the job holding each."""
     readings = await asyncio.get_running_loop().run_in_executor(None, read_gpu_memory)
     held = daemon.scheduler.held()
     gpus = []
@@ -673,7 +695,7 @@ async def list_gpus(daemon: Daemon, req: ListGpus, conn: Connection) -> None:
             gpu.name, gpu.memory_used, gpu.memory_total = reading.name, reading.used, reading.total
             gpu.utilization = reading.utilization
         gpus.append(gpu)
-    await conn.send(GpuList(gpus))
+    return gpus
 
 
 # -- the daemon itself --------------------------------------------------------------------------------------
@@ -717,6 +739,7 @@ HANDLERS: dict[type[Message], Callable[[Daemon, Any, Connection], Awaitable[None
     NotifyTest: notify_test,
     GetMetrics: get_metrics,
     ListGpus: list_gpus,
+    Top: top,
     DaemonStatus: daemon_status,
     Shutdown: shutdown,
 }

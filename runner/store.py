@@ -308,6 +308,15 @@ class Store:
         ).fetchone()
         return _row(row) if row else None
 
+    def recent_final(self, n: int) -> list[JobRow]:
+        """The `n` jobs that ended last."""
+        rows = self.db.execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE state IN ({', '.join('?' * len(JobState.FINAL))}) "
+            "ORDER BY finished_at DESC, id DESC LIMIT ?",
+            (*JobState.FINAL, n),
+        )
+        return [_row(r) for r in rows]
+
     def list(self, include_final: bool) -> list[JobRow]:
         where = "" if include_final else f"WHERE state NOT IN ({', '.join('?' * len(JobState.FINAL))})"
         params = () if include_final else JobState.FINAL

@@ -416,6 +416,16 @@ def test_metrics_of_a_real_keras_fit_are_read_from_its_progress_bar(tf: Tfrun, p
     assert any("val_loss" in s["values"] for s in samples)
     table = tf.ok("metrics", str(job))
     assert "LOSS" in table and "read from the output" in table
+    chart = tf.ok("metrics", "--plot", str(job))
+    assert "━ loss" in chart and "━ val_loss" in chart and "step 27" in chart
+    assert any("\u2801" <= char <= "\u28ff" for char in chart)  # braille dots: the curve
+    png = project / "loss.png"
+    tf.ok("metrics", "--png", str(png), str(job))
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert int.from_bytes(data[16:20], "big") == 1080 and int.from_bytes(data[20:24], "big") == 540  # 9 x 4.5 in
+    nothing = tf.run("metrics", "--plot", "-m", "f1", str(job))
+    assert nothing.returncode == 1 and f"job {job} has no f1 to plot yet" in nothing.stderr
 
 
 @pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)

@@ -426,6 +426,16 @@ class ListGpus(Message):
     """The box's GPUs, their memory and load, and the job each is given to; answered by `GpuList`."""
 
 
+@_message("top")
+@dataclass
+class Top(Message):
+    """What `tfrun top` shows, in one round trip: unfinished jobs and the `recent` last ended ones, the
+    GPUs, and each shown job's last training losses. Answered by `TopReply`."""
+
+    recent: int = 5
+    losses: int = 30
+
+
 @_message("daemon_status")
 @dataclass
 class DaemonStatus(Message):
@@ -543,6 +553,15 @@ class MetricsReply(Message):
 @dataclass
 class GpuList(Message):
     gpus: list[Gpu]
+
+
+@_message("top_reply")
+@dataclass
+class TopReply(Message):
+    jobs: list[Job]
+    gpus: list[Gpu]
+    losses: dict[str, list[float]]  # job id -> its last losses, oldest first
+    host: str = ""
 
 
 @_message("daemon_info")

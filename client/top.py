@@ -1,0 +1,123 @@
+"""`tfrun top`: the box's jobs and GPUs, redrawn in place every second until `q` or Ctrl-C.
+
+One `Top` request a frame (jobs, GPUs and each job's last losses in one round trip), so it runs the same
+over SSH. The terminal is put in cbreak mode while it runs, so a single key press is seen at once, and
+rich draws each frame over the last on the terminal's alternate screen, as top does: no scrolling, no
+flicker, and the screen is left as it was on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import termios
+import time
+import tty
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from tfrun.client import render
+from tfrun.client.plot import sparkline
+from tfrun.protocol import Channel, Top, TopReply
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+
+def frame(reply: TopReply, width: int) -> RenderableType:
+    """One screen: a header, the jobs with their GPUs and last loss, the GPUs with their load."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    header = Text(f"tfrun top — {reply.host}  ", style="bold")
+    header.append(time.strftime("%H:%M:%S"), style="dim")
+    states: dict[str, int] = {}
+    for job in reply.jobs:
+        states[job.state] = states.get(job.state, 0) + 1
+    header.append("   " + ", ".join(f"{n} {state}" for state, n in sorted(states.items())), style="dim")
+    rows = []
+    for job in reply.jobs:
+        losses = reply.losses.get(str(job.id), [])
+        rows.append(
+            (
+                Text(str(job.id)),
+                Text(job.name or "-"),
+                Text(job.state, style=render.STATE_STYLE.get(job.state, "")),
+                Text(",".join(job.gpus) or ("-" if not job.gpus_requested else f"({job.gpus_requested})")),
+                Text(render.duration(render.runtime(job))),
+                Text(f"{losses[-1]:.4g}" if losses else "-"),
+                Text(sparkline(losses), style="cyan"),
+                Text(job.waiting or render.command_line(job), style="dim" if job.waiting else ""),
+            )
+        )
+    jobs = Table(box=None, pad_edge=False, header_style="bold")
+    headers = ("ID", "NAME", "STATE", "GPUS", "RUNTIME", "LOSS", "TREND")
+    widths = [min(24, max([len(column), *(row[i].cell_len for row in rows)])) for i, column in enumerate(headers)]
+    for column, column_width in zip(headers, widths):
+        jobs.add_column(column, no_wrap=True, width=column_width, justify="right" if column == "LOSS" else "left")
+    # The command gives way to a narrow terminal: it gets what the other columns leave.
+    jobs.add_column("COMMAND", no_wrap=True, overflow="ellipsis", max_width=max(10, width - sum(widths) - 2 * 8))
+    for row in rows:
+        jobs.add_row(*row)
+    parts: list[RenderableType] = [header, Text(""), jobs if reply.jobs else Text("no jobs", style="dim")]
+    if reply.gpus:
+        gpus = Table(box=None, pad_edge=False, header_style="bold")
+        for column in ("GPU", "NAME", "MEMORY", "USE", "JOB"):
+            gpus.add_column(column, no_wrap=True)
+        for gpu in reply.gpus:
+            gpus.add_row(*render.gpu_cells(gpu))
+        parts += [Text(""), gpus]
+    parts += [Text(""), Text("q: quit", style="dim")]
+    return Group(*parts)
+
+
+async def show(channel: Channel, console: Console, interval: float, once: bool) -> None:
+    """Draw frames until `q`, Ctrl-C or SIGTERM; with `once`, print one frame and return."""
+    from rich.live import Live
+
+    request = Top()
+    if once:
+        console.print(frame(await _ask(channel, request), console.width))
+        return
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    with _keys(loop, stop), Live(console=console, screen=True, auto_refresh=False) as live:
+        while not stop.is_set():
+            live.update(frame(await _ask(channel, request), console.width), refresh=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+
+async def _ask(channel: Channel, request: Top) -> TopReply:
+    reply = await channel.request(request)
+    if not isinstance(reply, TopReply):
+        raise TypeError(f"expected 'top_reply', got {reply.TYPE!r}")
+    return reply
+
+
+@contextlib.contextmanager
+def _keys(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> Iterator[None]:
+    """While the block runs: `q` (or Q) sets `stop`; the terminal sees keys one at a time, unechoed."""
+    fd = sys.stdin.fileno()
+    if not os.isatty(fd):
+        yield
+        return
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def pressed() -> None:
+        if b"q" in os.read(fd, 64).lower():
+            stop.set()
+
+    loop.add_reader(fd, pressed)
+    try:
+        yield
+    finally:
+        loop.remove_reader(fd)
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)

@@ -1,0 +1,76 @@
+"""`tfrun top`, driven in a real terminal (tmux: send-keys, capture-pane), locally and over SSH."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import TFRUN, Tfrun, wait_for, write_script
+
+LOSSES = """\
+import time
+for i in range(1, 10000):
+    print(f"step {i} loss={1 / i:.5f}", flush=True)
+    time.sleep(0.02)
+"""
+
+
+@pytest.fixture
+def tmux() -> Iterator[str]:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (.ci/run installs it)")
+    server = f"tfrun-test-{uuid.uuid4().hex[:8]}"
+    yield server
+    subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True)
+
+
+def screen(server: str) -> str:
+    return subprocess.run(["tmux", "-L", server, "capture-pane", "-p"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+def test_top_shows_the_running_jobs_and_quits_on_q(tf: Tfrun, project: Path, tmux: str, tmp_path: Path) -> None:
+    tf.home.mkdir(mode=0o700, parents=True)
+    (tf.home / "config.toml").write_text('gpus = ["0", "1"]\n')  # the box's daemon reads it, also over SSH
+    job = tf.submit("--name", "bert", "--gpus", "1", str(write_script(project, "train.py", LOSSES)))
+    waiting = tf.submit("--gpus", "2", "--python", sys.executable, str(project / "train.py"))
+    wait_for(lambda: b"step 30 " in tf.log(job), what="some losses")
+    exit_file = tmp_path / "exit"
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in tf.env.items() if k.startswith(("TFRUN_", "HOME", "PATH")))
+    # COLUMNS and LINES, which the test process may have, would fix the size rather than the terminal's.
+    command = f"env -u COLUMNS -u LINES {env} {shlex.join(TFRUN)} top --interval 0.3; echo $? > {exit_file}; sleep 30"
+    subprocess.run(["tmux", "-L", tmux, "new-session", "-d", "-x", "160", "-y", "30", command], check=True)
+    try:
+        shown = wait_for(lambda: _frame_with(screen(tmux), "bert", "q: quit", "waiting for"), what="a frame")
+    except AssertionError:
+        raise AssertionError(screen(tmux)) from None
+    jobs_part = shown.split("GPU  NAME")[0]  # the GPU table's rows start with a number too
+    lines = {line.split()[0]: line for line in jobs_part.splitlines() if line.strip() and line.split()[0].isdigit()}
+    assert "running" in lines[str(job)] and "bert" in lines[str(job)]
+    assert "queued" in lines[str(waiting)] and "waiting for 2 GPU(s); 1 free" in lines[str(waiting)], shown
+    assert any(char in lines[str(job)] for char in "▁▂▃▄▅▆▇█")  # the loss trend
+    assert "GPU" in shown and "MEMORY" in shown
+    first = shown
+    wait_for(lambda: screen(tmux) != first, what="a redraw")  # the clock and runtimes move
+    subprocess.run(["tmux", "-L", tmux, "send-keys", "q"], check=True)
+    assert wait_for(lambda: exit_file.exists() and exit_file.read_text().strip(), what="top to quit") == "0"
+    assert "q: quit" not in screen(tmux)  # the alternate screen is gone: the terminal is as it was
+    tf.ok("cancel", str(job), str(waiting))
+
+
+def _frame_with(text: str, *parts: str) -> str:
+    return text if all(part in text for part in parts) else ""
+
+
+def test_top_once_prints_one_frame(tf: Tfrun, project: Path) -> None:
+    job = tf.submit(str(write_script(project, "train.py", LOSSES)))
+    wait_for(lambda: b"step 30 " in tf.log(job), what="some losses")
+    out = tf.ok("top", "--once")
+    assert f"{job}" in out and "running" in out and "q: quit" in out
+    tf.ok("cancel", str(job))
