@@ -32,6 +32,8 @@ from tfrun.constants import (
 )
 from tfrun.protocol import (
     AlertList,
+    Attach,
+    AttachReply,
     Cancel,
     CancelReply,
     Channel,
@@ -290,6 +292,8 @@ def _snapshot_notes(snap: Snapshot) -> None:
               "(default 0); equal ones start in the order they were submitted.")  # fmt: skip
 @click.option("--after", "after", multiple=True, metavar="JOB[,JOB...]", help="Start only once these jobs have "
               "succeeded; if one fails, is cancelled or lost, this job fails without starting.")  # fmt: skip
+@click.option("--tty", is_flag=True, help="Run it in a tmux session on the box that `tfrun attach JOB` opens (for "
+              "breakpoint() or input()); its output still goes to its log.")  # fmt: skip
 @click.option("--alert", "alerts", multiple=True, metavar="RULE[=VALUE][,...]", help="Turn on or tune alert rules "
               "for this job: oom, spike[=FACTOR], stall[=TIME], failed, done, lost (e.g. --alert stall=10m); all "
               "are on unless the daemon's config says otherwise.")  # fmt: skip
@@ -314,6 +318,7 @@ def submit(
     gpus: Optional[int],
     priority: int,
     after: tuple[str, ...],
+    tty: bool,
     alerts: tuple[str, ...],
     no_alerts: tuple[str, ...],
     notify: tuple[str, ...],
@@ -383,6 +388,7 @@ def submit(
         gpus=gpus,
         priority=priority,
         after=_split(after),
+        tty=tty,
     )
 
     async def conversation(channel: Channel) -> int:
@@ -735,6 +741,25 @@ def gpus(as_json: bool) -> None:
         click.echo(render.to_json(found))
     else:
         render.gpu_table(found, _console())
+
+
+@main.command()
+@host_options
+@click.argument("job")
+def attach(job: str) -> None:
+    """Open JOB's terminal: a job submitted with --tty runs in a tmux session on the box; this attaches to
+    it, to answer input() or drive a breakpoint(). Ctrl-b d detaches and leaves the job running."""
+    from tfrun.client.attach import attach_here, attach_remote
+
+    command = _ask(Attach(job=job), AttachReply).command
+    host = _target().host
+    if host is None:
+        try:
+            attach_here(command)
+        except TfrunError as exc:
+            _fail(exc.message, exc.exit_code)
+    else:
+        sys.exit(_run(attach_remote(host, _target().accept_new_host_key, command)))
 
 
 @main.command()

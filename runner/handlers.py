@@ -28,6 +28,8 @@ from tfrun.content import ManifestError, check_manifest, check_relative
 from tfrun.protocol import (
     PROTOCOL_VERSION,
     AlertList,
+    Attach,
+    AttachReply,
     Cancel,
     CancelReply,
     CancelResult,
@@ -84,6 +86,7 @@ from tfrun.runner.logindex import LogIndex, Stamper
 from tfrun.runner.metrics import LogMetrics
 from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.outbox import masked, usable
+from tfrun.runner.scheduler import tty_socket
 from tfrun.runner.store import JobRow
 
 if TYPE_CHECKING:
@@ -168,7 +171,9 @@ def _resources(daemon: Daemon, req: Submit) -> dict[str, Any]:
         if dep is None:
             raise RequestError(ErrorCode.NO_SUCH_JOB, f"--after: no job {ref!r}")
         after.append(dep.id)
-    return {"gpus": gpus, "priority": req.priority, "after": after}
+    if req.tty and shutil.which("tmux") is None:
+        raise _invalid("--tty needs tmux on the box (apt-get install tmux)")
+    return {"gpus": gpus, "priority": req.priority, "after": after, "tty": req.tty}
 
 
 def _alert_rules(daemon: Daemon, req: Submit) -> dict[str, Optional[float]]:
@@ -698,6 +703,16 @@ async def _gpus(daemon: Daemon) -> list[Gpu]:
     return gpus
 
 
+async def attach(daemon: Daemon, req: Attach, conn: Connection) -> None:
+    row = _find(daemon, req.job)
+    if not row.spec.get("tty"):
+        raise _invalid(f"job {row.id} was not submitted with --tty: there is no session to attach to")
+    if row.state != JobState.RUNNING:
+        raise _invalid(f"job {row.id} is {row.state}: only a running job's session can be attached to")
+    socket_path = tty_socket(daemon, row)
+    await conn.send(AttachReply(command=["tmux", "-S", str(socket_path), "attach-session", "-t", "job"]))
+
+
 # -- the daemon itself --------------------------------------------------------------------------------------
 
 
@@ -740,6 +755,7 @@ HANDLERS: dict[type[Message], Callable[[Daemon, Any, Connection], Awaitable[None
     GetMetrics: get_metrics,
     ListGpus: list_gpus,
     Top: top,
+    Attach: attach,
     DaemonStatus: daemon_status,
     Shutdown: shutdown,
 }

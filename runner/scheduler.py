@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -111,14 +112,29 @@ class Scheduler:
         self.daemon.store.update(row.id, gpus=json.dumps(devices), waiting=None)
         self.daemon.store.add_event(row.id, "scheduled", f"GPUs {','.join(devices)}" if devices else "no GPU")
         row = self.daemon.store.get(row.id) or row
+        command = tty_command(self.daemon, row) if row.spec.get("tty") else None
         try:
-            await self.daemon.supervisor.start(row, job_env(self.daemon, row, devices, self.devices), DEFAULT_GRACE_S)
+            env = job_env(self.daemon, row, devices, self.devices)
+            await self.daemon.supervisor.start(row, env, DEFAULT_GRACE_S, command)
         except OSError as exc:  # e.g. a full disk: the job is recorded as failed, not left queued forever
             self.daemon.supervisor.mark_failed(row, f"could not start: {exc.strerror or exc}")
 
 
 def _waiting(row: JobRow) -> bool:
     return row.state == JobState.QUEUED and row.gpus is None and bool(row.prepared)
+
+
+def tty_socket(daemon: Daemon, row: JobRow) -> Path:
+    """The tmux socket of a `--tty` job: beside the daemon's own, in a folder only its user can enter."""
+    return daemon.layout.socket.parent / f"tmux-{row.id}.sock"
+
+
+def tty_command(daemon: Daemon, row: JobRow) -> list[str]:
+    """What the shim runs for a `--tty` job: runner/ttyjob.py under the daemon's Python, the job's command
+    in a tmux session."""
+    wrapper = Path(__file__).with_name("ttyjob.py")
+    log_path = Path(row.job_dir) / jobdir.OUTPUT
+    return [sys.executable, "-S", str(wrapper), str(tty_socket(daemon, row)), str(log_path), "--", *row.spec["command"]]
 
 
 def job_env(daemon: Daemon, row: JobRow, devices: list[str], box_devices: list[str]) -> dict[str, str]:

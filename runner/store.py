@@ -165,6 +165,7 @@ class JobRow:
             priority=self.spec.get("priority", 0),
             after=self.spec.get("after", []),
             waiting=self.waiting if self.state == JobState.QUEUED else None,
+            tty=bool(self.spec.get("tty")),
         )
 
 

@@ -39,12 +39,13 @@ class Supervisor:
 
     # -- starting -----------------------------------------------------------------------------------------
 
-    async def start(self, row: JobRow, env: dict[str, str], grace: float) -> None:
-        """Write the job's spec and start its shim; return once the job runs (or failed to start)."""
+    async def start(self, row: JobRow, env: dict[str, str], grace: float, command: Optional[list[str]] = None) -> None:
+        """Write the job's spec and start its shim; return once the job runs (or failed to start). The shim
+        runs `command` if given (a wrapper around the job's own), else the job's command."""
         jobdir.write_json(
             Path(row.job_dir) / jobdir.SPEC,
             {
-                "command": row.spec["command"],
+                "command": command or row.spec["command"],
                 "cwd": str(Path(row.job_dir) / jobdir.WORK),
                 "env": env,
                 "grace": grace,

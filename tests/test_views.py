@@ -1,4 +1,5 @@
-"""`tfrun top`, driven in a real terminal (tmux: send-keys, capture-pane), locally and over SSH."""
+"""`tfrun top` and `tfrun attach`, driven in a real terminal (tmux: send-keys, capture-pane), locally and
+over SSH."""
 
 from __future__ import annotations
 
@@ -42,10 +43,7 @@ def test_top_shows_the_running_jobs_and_quits_on_q(tf: Tfrun, project: Path, tmu
     waiting = tf.submit("--gpus", "2", "--python", sys.executable, str(project / "train.py"))
     wait_for(lambda: b"step 30 " in tf.log(job), what="some losses")
     exit_file = tmp_path / "exit"
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in tf.env.items() if k.startswith(("TFRUN_", "HOME", "PATH")))
-    # COLUMNS and LINES, which the test process may have, would fix the size rather than the terminal's.
-    command = f"env -u COLUMNS -u LINES {env} {shlex.join(TFRUN)} top --interval 0.3; echo $? > {exit_file}; sleep 30"
-    subprocess.run(["tmux", "-L", tmux, "new-session", "-d", "-x", "160", "-y", "30", command], check=True)
+    _in_tmux(tf, tmux, "top --interval 0.3", exit_file, width=160)
     try:
         shown = wait_for(lambda: _frame_with(screen(tmux), "bert", "q: quit", "waiting for"), what="a frame")
     except AssertionError:
@@ -74,3 +72,50 @@ def test_top_once_prints_one_frame(tf: Tfrun, project: Path) -> None:
     out = tf.ok("top", "--once")
     assert f"{job}" in out and "running" in out and "q: quit" in out
     tf.ok("cancel", str(job))
+
+
+def _in_tmux(tf: Tfrun, server: str, args: str, exit_file: Path, width: int = 120) -> None:
+    """Run `tfrun ARGS` in a fresh tmux terminal, its exit code into `exit_file` once it ends."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in tf.env.items() if k.startswith(("TFRUN_", "HOME", "PATH")))
+    # COLUMNS and LINES, which the test process may have, would fix the size rather than the terminal's.
+    command = f"env -u COLUMNS -u LINES {env} {shlex.join(TFRUN)} {args}; echo $? > {exit_file}; sleep 30"
+    subprocess.run(["tmux", "-L", server, "new-session", "-d", "-x", str(width), "-y", "30", command], check=True)
+
+
+ASKS = "name = input('your name? ')\nprint(f'hello {name}')\n"
+
+
+@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+def test_a_tty_job_waiting_at_input_is_answered_through_attach(
+    tf: Tfrun, project: Path, tmux: str, tmp_path: Path
+) -> None:
+    job = tf.submit("--tty", str(write_script(project, "ask.py", ASKS)))
+    wait_for(lambda: b"your name? " in tf.log(job), what="the prompt in the log")
+    assert tf.job(job)["state"] == "running" and tf.job(job)["tty"] is True
+    exit_file = tmp_path / "exit"
+    _in_tmux(tf, tmux, f"attach {job}", exit_file)
+    wait_for(lambda: "your name?" in screen(tmux), what="the prompt on the attached terminal")
+    subprocess.run(["tmux", "-L", tmux, "send-keys", "world", "Enter"], check=True)
+    assert tf.run("wait", str(job)).returncode == 0
+    assert tf.log(job) == b"your name? hello world\n"
+    assert wait_for(lambda: exit_file.exists() and exit_file.read_text().strip(), what="attach to end") == "0"
+
+
+@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+def test_detaching_leaves_a_tty_job_running(tf: Tfrun, project: Path, tmux: str, tmp_path: Path) -> None:
+    job = tf.submit("--tty", str(write_script(project, "ask.py", ASKS)))
+    wait_for(lambda: b"your name? " in tf.log(job), what="the prompt")
+    exit_file = tmp_path / "exit"
+    _in_tmux(tf, tmux, f"attach {job}", exit_file)
+    wait_for(lambda: "your name?" in screen(tmux), what="the prompt on the attached terminal")
+    subprocess.run(["tmux", "-L", tmux, "send-keys", "C-b", "d"], check=True)  # tmux's own detach
+    assert wait_for(lambda: exit_file.exists() and exit_file.read_text().strip(), what="attach to end") == "0"
+    assert tf.job(job)["state"] == "running"
+    tf.ok("cancel", "--grace", "1", str(job))
+    assert tf.job(job)["state"] == "cancelled"
+
+
+def test_attach_refuses_a_job_without_a_session(tf: Tfrun, project: Path) -> None:
+    job = tf.submit(str(write_script(project, "plain.py", "print('done')\n")))
+    result = tf.run("attach", str(job))
+    assert result.returncode == 2 and "was not submitted with --tty" in result.stderr

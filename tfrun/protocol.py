@@ -126,6 +126,7 @@ class Job:
     priority: int = 0  # higher starts first among waiting jobs
     after: list[int] = field(default_factory=list)  # jobs that must succeed before it starts
     waiting: Optional[str] = None  # why a queued job has not started yet
+    tty: bool = False  # it runs in a tmux session that `tfrun attach` opens
 
 
 @dataclass
@@ -278,6 +279,7 @@ class Submit(Message):
     gpus: Optional[int] = None  # GPUs of its own (None: the daemon's default: 1 where there are GPUs, else 0)
     priority: int = 0  # among waiting jobs, higher starts first
     after: list[str] = field(default_factory=list)  # jobs (ids or names) that must succeed before it starts
+    tty: bool = False  # run it in a tmux session on the box that `tfrun attach` opens
 
 
 @_message("doctor")
@@ -436,6 +438,14 @@ class Top(Message):
     losses: int = 30
 
 
+@_message("attach")
+@dataclass
+class Attach(Message):
+    """How to open a running `--tty` job's session: answered by `AttachReply`."""
+
+    job: str
+
+
 @_message("daemon_status")
 @dataclass
 class DaemonStatus(Message):
@@ -562,6 +572,14 @@ class TopReply(Message):
     gpus: list[Gpu]
     losses: dict[str, list[float]]  # job id -> its last losses, oldest first
     host: str = ""
+
+
+@_message("attach_reply")
+@dataclass
+class AttachReply(Message):
+    """The command that attaches a terminal to the job's tmux session, to run on the box."""
+
+    command: list[str]
 
 
 @_message("daemon_info")
