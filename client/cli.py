@@ -238,6 +238,10 @@ def main() -> None:
       tfrun submit --max-restarts 3 t.py   after a crash or an OOM kill, run it again from its checkpoint
       tfrun checkpoints 3                  what job 3 saved: step, time, size
       tfrun doctor --host box              TensorFlow, CUDA, GPUs, driver, checkpoint space on the box
+      tfrun submit --gpus 2 --notify slack://T/B/X t.py   two GPUs of its own; alerts to Slack too
+      tfrun alerts                         what fired (OOM, loss spike, stall, failure, end) and if it was sent
+      tfrun top                            live jobs, GPUs, last loss; q quits
+      tfrun metrics 3 --plot               job 3's loss curve in the terminal
     """
 
 
