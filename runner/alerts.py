@@ -242,9 +242,7 @@ class Alerts:
             shown = plain(display(line)).strip()
             kind = oom.oom_kind(shown)
             if kind is not None:
-                self._fire(
-                    row, "oom", f"out of memory ({kind}): {_cut(oom.message(shown), 160)}", settings, watch.offset
-                )
+                self._fire(row, watch, settings, "oom", f"out of memory ({kind}): {_cut(oom.message(shown), 160)}")
                 return  # one incident: the rest of the traceback says the same
 
     def _keep_log_metrics(self, row: JobRow, samples: list[Any]) -> None:
@@ -298,7 +296,7 @@ class Alerts:
             return
         spike = detector.add(step, loss)
         if spike is not None:
-            self._fire(row, "spike", _spike_summary(spike), settings, watch.offset, watch)
+            self._fire(row, watch, settings, "spike", _spike_summary(spike))
 
     def _check_stall(self, row: JobRow, watch: Watch, settings: Settings) -> None:
         limit = settings.rules.get("stall")
@@ -310,36 +308,29 @@ class Alerts:
         quiet = time.time() - last
         if quiet >= limit:
             watch.stalled = True
-            self._fire(row, "stall", f"no output for {_minutes(quiet)} while it runs", settings, watch.offset, watch)
+            self._fire(row, watch, settings, "stall", f"no output for {_minutes(quiet)} while it runs")
 
     def _ended(self, row: JobRow, watch: Watch, settings: Settings) -> None:
         """The end alerts of a final job, once its whole log is read."""
         rules = settings.rules
         if row.state == JobState.FAILED and row.signal == 9 and "oom" in rules and _oom_killed(row):
-            self._fire(row, "oom", "killed by the kernel's OOM killer (SIGKILL)", settings, watch.offset, watch)
+            self._fire(row, watch, settings, "oom", "killed by the kernel's OOM killer (SIGKILL)")
         if row.state == JobState.FAILED and "failed" in rules:
-            self._fire(row, "failed", _failure(row), settings, watch.offset, watch)
+            self._fire(row, watch, settings, "failed", _failure(row))
         elif row.state == JobState.SUCCEEDED and "done" in rules:
-            self._fire(row, "done", f"succeeded after {_minutes(_runtime(row))}", settings, watch.offset, watch)
+            self._fire(row, watch, settings, "done", f"succeeded after {_minutes(_runtime(row))}")
         elif row.state == JobState.LOST and "lost" in rules:
-            self._fire(row, "lost", f"lost: {row.reason}", settings, watch.offset, watch)
+            self._fire(row, watch, settings, "lost", f"lost: {row.reason}")
 
-    def _fire(
-        self, row: JobRow, rule: str, what: str, settings: Settings, offset: int, watch: Optional[Watch] = None
-    ) -> None:
+    def _fire(self, row: JobRow, watch: Watch, settings: Settings, rule: str, what: str) -> None:
         """Store the alert (the outbox sends it), then save the watch, so a restart never loses it."""
         summary = f"job {_label(row)} on {self.host}: {what}"
-        body = self._body(row, summary, offset, watch)
-        self.outbox.record(row.id, rule, summary, body, settings.urls)
-        if watch is None:
-            watch = self._watches.get(row.id)
-        if watch is not None:
-            self._save(watch)
+        self.outbox.record(row.id, rule, summary, self._body(row, summary, watch), settings.urls)
+        self._save(watch)
 
     # -- the message --------------------------------------------------------------------------------------
 
-    def _body(self, row: JobRow, summary: str, offset: int, watch: Optional[Watch]) -> str:
-        watch = watch or self._watches.get(row.id)
+    def _body(self, row: JobRow, summary: str, watch: Watch) -> str:
         command = " ".join([row.spec["script"], *row.spec["args"]])
         lines = [
             summary,
@@ -351,10 +342,10 @@ class Alerts:
         ]
         if row.restarted_as:
             lines.append(f"Restarted:   as job {row.restarted_as}")
-        if watch is not None and watch.losses:
+        if watch.losses:
             losses = ", ".join(f"{step}: {loss:.4g}" for step, loss in watch.losses)
             lines.append(f"Last losses: (step: loss) {losses}")
-        tail = _last_lines(Path(row.job_dir) / jobdir.OUTPUT, offset)
+        tail = _last_lines(Path(row.job_dir) / jobdir.OUTPUT, watch.offset)
         if tail:
             lines += ["", "Last lines of output:", *(f"    {line}" for line in tail)]
         return "\n".join(lines) + "\n"
