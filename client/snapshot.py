@@ -10,14 +10,15 @@ import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Callable, Optional
-
-import pathspec
+from typing import TYPE_CHECKING, Callable, Optional
 
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_USAGE
 from tfrun.content import sha256_file
 from tfrun.protocol import FileEntry
+
+if TYPE_CHECKING:
+    import pathspec
 
 # Never sent: version control internals and caches the job regenerates.
 SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
@@ -86,6 +87,8 @@ def _read_specs(folder: Path) -> list[pathspec.GitIgnoreSpec]:
             lines = (folder / name).read_text(errors="replace").splitlines()
         except OSError:
             continue
+        import pathspec  # here, not at the top: it costs ~25 ms to import, and many work dirs have no ignore file
+
         specs.append(pathspec.GitIgnoreSpec.from_lines(lines))
     return specs
 
