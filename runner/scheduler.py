@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from tfrun.constants import DEFAULT_GRACE_S
 from tfrun.protocol import JobState
@@ -62,9 +62,7 @@ class Scheduler:
             )
             gpu_blocked = False
             for row in sorted(self._waiting(), key=lambda r: (-r.spec.get("priority", 0), r.id)):
-                why = self._dependencies(row)
-                if why is not None:
-                    self._wait(row, why)
+                if self._held_by_dependencies(row):
                     continue
                 need = row.spec.get("gpus", 0)
                 if need:
@@ -90,21 +88,24 @@ class Scheduler:
         """Queued jobs whose work dir is built and that nobody is starting yet."""
         return [row for row in self.daemon.store.list(include_final=False) if _waiting(row)]
 
-    def _dependencies(self, row: JobRow) -> Optional[str]:
-        """Why `row` cannot start yet because of `--after` (None when all succeeded); fails it if one did not."""
+    def _held_by_dependencies(self, row: JobRow) -> bool:
+        """Whether `--after` keeps `row` from starting: it waits for jobs still to succeed (the reason is
+        recorded), or it is failed now because one of them failed, was cancelled or lost."""
         pending = []
         for ref in row.spec.get("after", []):
             dep = self.daemon.store.get(ref)
             if dep is None or dep.state in (JobState.FAILED, JobState.CANCELLED, JobState.LOST):
                 how = "no longer exists" if dep is None else f"{dep.state}"
                 self.daemon.supervisor.mark_failed(row, f"job {ref}, which it runs after, {how}")
-                return "failed"
+                return True
             if dep.state != JobState.SUCCEEDED:
                 pending.append(str(ref))
-        return f"waiting for job(s) {', '.join(pending)} to succeed" if pending else None
+        if pending:
+            self._wait(row, f"waiting for job(s) {', '.join(pending)} to succeed")
+        return bool(pending)
 
     def _wait(self, row: JobRow, why: str) -> None:
-        if why != "failed" and row.waiting != why:
+        if row.waiting != why:
             self.daemon.store.update(row.id, waiting=why)
 
     async def _launch(self, row: JobRow, devices: list[str]) -> None:
