@@ -1023,3 +1023,62 @@ def hosts_check(name: Optional[str], accept_new_host_key: bool) -> None:
         ssh.check(host, accept_new_host_key, lambda good, step: click.echo(f"{'ok ' if good else 'FAIL'} {step}"))
     )
     sys.exit(EXIT_OK if ok else EXIT_DAEMON)
+
+
+@main.command("ssh-config")
+@click.argument("name")
+@click.argument("destination", required=False)
+@click.option("--identity-file", metavar="PATH", help="The private key to log in with (IdentityFile, and "
+              "IdentitiesOnly yes: ssh offers no other key). Written as given, ~ and all; a relative path is made "
+              "absolute.")  # fmt: skip
+@click.option("--user", metavar="USER", help="The user to log in as, over DESTINATION's (the tfrun container: tf).")
+@click.option("--port", type=click.IntRange(1, 65535), metavar="PORT", help="The port, over DESTINATION's (the "
+              "tfrun container: 2222).")  # fmt: skip
+@click.option("--write", is_flag=True, help="Add the block to ~/.ssh/config (at the top), or replace the one "
+              "written before for NAME.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print name, hostname, port, user, identity_file, block "
+              "and written (the file, or null) as JSON.")  # fmt: skip
+def ssh_config(
+    name: str,
+    destination: Optional[str],
+    identity_file: Optional[str],
+    user: Optional[str],
+    port: Optional[int],
+    write: bool,
+    as_json: bool,
+) -> None:
+    """Print the OpenSSH Host block that names a box NAME; with --write, add it to ~/.ssh/config.
+
+    Written once, it serves everything that reaches the box: `ssh NAME`, VS Code Remote-SSH (whose "Connect
+    to Host" lists NAME) and tfrun (`tfrun ps --host NAME`, any verb). DESTINATION is user@host[:port] or ssh://user@host:port
+    (default: the destination of tfrun's host NAME, see tfrun hosts list). The block keeps idle connections
+    alive (ServerAliveInterval 30) and sets no ControlMaster, which VS Code on Windows cannot use.
+
+    --write puts the block at the top of ~/.ssh/config, where OpenSSH's first match wins, between
+    `# >>> tfrun ssh-config NAME >>>` and `# <<< ... <<<`; running it again replaces that block and nothing
+    else. A `Host NAME` of your own is left alone: that is an error.
+
+    \b
+    Example, for the tfrun container (user tf, port 2222):
+      tfrun ssh-config box tf@gpu-host:2222 --identity-file ~/.ssh/id_ed25519 --write
+      ssh box
+      tfrun submit --host box train.py
+    """
+    from tfrun.client import sshconfig
+
+    written: Optional[Path] = None
+    try:
+        entry = sshconfig.make_entry(
+            name, sshconfig.destination_for(name, destination), user=user, port=port, identity_file=identity_file
+        )
+        if write:
+            written = sshconfig.write(entry)
+    except TfrunError as exc:
+        _fail(exc.message, exc.exit_code)
+    if as_json:
+        fields = dataclasses.asdict(entry)
+        click.echo(render.to_json({**fields, "block": entry.block(), "written": str(written) if written else None}))
+    elif written is not None:
+        click.echo(f"wrote Host {name} to {written}")
+    else:
+        click.echo(entry.block(), nl=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, Optional
 import tomli_w
 
 from tfrun.client.errors import TfrunError
-from tfrun.constants import EXIT_USAGE
+from tfrun.constants import EXIT_DAEMON, EXIT_USAGE
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,6 +31,20 @@ else:  # pragma: no cover - exercised on 3.9 and 3.10
     import tomli as tomllib
 
 LOCAL = "local"  # `--host local` picks the daemon on this machine even when a default host is set
+_DESTINATION = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@/]+)@)?(?P<host>\[[^\]]+\]|[^:/@]+)(?::(?P<port>\d+))?/?$")
+
+
+def parse_destination(destination: str) -> tuple[Optional[str], str, Optional[int]]:
+    """(user, host, port) from `host`, `user@host`, `user@host:port` or `ssh://user@host:port`.
+
+    Here rather than in ssh.py, which imports asyncssh: `tfrun ssh-config` reads destinations too and
+    must start as fast as the other verbs that never connect.
+    """
+    match = _DESTINATION.match(destination)
+    if not match:
+        raise TfrunError(f"cannot read {destination!r} as an ssh destination (user@host:port)", EXIT_DAEMON)
+    port = int(match["port"]) if match["port"] else None
+    return match["user"], match["host"].strip("[]"), port
 
 
 @dataclass

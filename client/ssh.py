@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import time
 from pathlib import Path
@@ -21,23 +20,13 @@ from typing import Any, Callable, Optional
 
 import asyncssh
 
-from tfrun.client.config import Host
+from tfrun.client.config import Host, parse_destination
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON
 from tfrun.protocol import Channel, DaemonInfo, DaemonStatus, ProtocolError, RemoteError
 
 _CONNECT_TIMEOUT_S = 20.0
 _RECHECK_S = 24 * 3600.0  # how long a box's refusal to forward is believed before trying again
-_DESTINATION = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@/]+)@)?(?P<host>\[[^\]]+\]|[^:/@]+)(?::(?P<port>\d+))?/?$")
-
-
-def parse_destination(destination: str) -> tuple[Optional[str], str, Optional[int]]:
-    """(user, host, port) from `host`, `user@host`, `user@host:port` or `ssh://user@host:port`."""
-    match = _DESTINATION.match(destination)
-    if not match:
-        raise TfrunError(f"cannot read {destination!r} as an ssh destination (user@host:port)", EXIT_DAEMON)
-    port = int(match["port"]) if match["port"] else None
-    return match["user"], match["host"].strip("[]"), port
 
 
 def known_hosts_path() -> Path:

@@ -1,0 +1,239 @@
+"""`tfrun ssh-config`: the Host block that plain ssh, VS Code and tfrun share, and its place in ~/.ssh/config."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import Sshd, Tfrun, remote_client
+
+KEEPALIVE = "    ServerAliveInterval 30\n    ServerAliveCountMax 4\n    TCPKeepAlive yes\n"
+BOX_BLOCK = (
+    "# Written by `tfrun ssh-config box`; run it again to change this block.\n"
+    "Host box\n    HostName gpu-host\n    Port 2222\n    User tf\n" + KEEPALIVE
+)
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def ssh_config(tf: Tfrun) -> Path:
+    return tf.client_home / ".ssh" / "config"
+
+
+def managed(block: str, name: str = "box") -> str:
+    return f"# >>> tfrun ssh-config {name} >>>\n{block}# <<< tfrun ssh-config {name} <<<\n"
+
+
+def resolved(config: Path, host: str) -> dict[str, str]:
+    """What OpenSSH itself makes of `config` for `host` (ssh -G: no connection), first value of each option."""
+    out = subprocess.run(
+        ["ssh", "-G", "-F", str(config), host], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    options: dict[str, str] = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        options.setdefault(key, value)
+    return options
+
+
+def test_prints_the_block_for_a_destination_with_user_and_port(tf: Tfrun, tmp_path: Path) -> None:
+    result = tf.run("ssh-config", "box", "tf@gpu-host:2222")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == BOX_BLOCK
+    assert "ControlMaster" not in result.stdout
+    assert not ssh_config(tf).exists(), "printing writes nothing"
+
+    # --user and --port win over the destination's; an ssh:// URL reads like user@host:port.
+    assert tf.ok("ssh-config", "box", "ssh://alice@gpu-host:22", "--user", "tf", "--port", "2222") == BOX_BLOCK
+
+    # OpenSSH reads the block as meant.
+    printed = tmp_path / "printed_config"
+    printed.write_text(result.stdout)
+    options = resolved(printed, "box")
+    assert (options["hostname"], options["port"], options["user"]) == ("gpu-host", "2222", "tf")
+    keepalive = (options["serveraliveinterval"], options["serveralivecountmax"], options["tcpkeepalive"])
+    assert keepalive == ("30", "4", "yes")
+
+
+def test_the_identity_file_is_kept_as_given_and_json_says_it_all(tf: Tfrun) -> None:
+    key = tf.client_home / ".ssh" / "id_box"
+    key.parent.mkdir(mode=0o700)
+    key.write_text("not a real key; only its existence is checked\n")
+    printed = json.loads(tf.ok("ssh-config", "box", "gpu-host", "--identity-file", "~/.ssh/id_box", "--json"))
+    block = (
+        "# Written by `tfrun ssh-config box`; run it again to change this block.\n"
+        "Host box\n    HostName gpu-host\n    IdentityFile ~/.ssh/id_box\n    IdentitiesOnly yes\n" + KEEPALIVE
+    )
+    assert printed == {
+        "name": "box",
+        "hostname": "gpu-host",
+        "port": None,
+        "user": None,
+        "identity_file": "~/.ssh/id_box",
+        "block": block,
+        "written": None,
+    }
+    written = json.loads(
+        tf.ok("ssh-config", "box", "gpu-host", "--identity-file", "~/.ssh/id_box", "--write", "--json")
+    )
+    assert written["written"] == str(ssh_config(tf))
+    assert ssh_config(tf).read_text() == managed(block)
+
+
+def test_write_creates_a_private_config_and_writing_again_changes_nothing(tf: Tfrun) -> None:
+    result = tf.run("ssh-config", "box", "tf@gpu-host:2222", "--write")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"wrote Host box to {ssh_config(tf)}\n"
+    assert stat.S_IMODE(ssh_config(tf).parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(ssh_config(tf).stat().st_mode) == 0o600
+    first = ssh_config(tf).read_bytes()
+    assert first == managed(BOX_BLOCK).encode()
+
+    tf.ok("ssh-config", "box", "tf@gpu-host:2222", "--write")
+    assert ssh_config(tf).read_bytes() == first, "idempotent"
+
+    tf.ok("ssh-config", "box", "tf@gpu-host:2200", "--write")
+    assert ssh_config(tf).read_text() == managed(BOX_BLOCK.replace("2222", "2200")), "replaced, not added"
+    assert sorted(p.name for p in ssh_config(tf).parent.iterdir()) == ["config"], "no temporary file left behind"
+
+
+def test_write_goes_first_and_keeps_everything_else_byte_for_byte(tf: Tfrun) -> None:
+    ssh_dir = tf.client_home / ".ssh"
+    ssh_dir.mkdir(mode=0o755)
+    original = (
+        b"# my settings \xff (not UTF-8)\n"
+        b"Host *\n  User nobody\n  Port 22\n  ControlMaster auto\n\n"
+        b"Host work\r\n  HostName work.example.com\n"
+        b"  ServerAliveInterval 5"  # no final newline
+    )
+    ssh_config(tf).write_bytes(original)
+    ssh_config(tf).chmod(0o644)
+
+    tf.ok("ssh-config", "box", "tf@gpu-host:2222", "--write")
+    expected = managed(BOX_BLOCK).encode() + b"\n" + original
+    assert ssh_config(tf).read_bytes() == expected
+    assert stat.S_IMODE(ssh_config(tf).stat().st_mode) == 0o644, "an existing file keeps its mode"
+    options = resolved(ssh_config(tf), "box")
+    assert (options["user"], options["port"]) == ("tf", "2222"), "Host * further down does not override the block"
+    assert resolved(ssh_config(tf), "work")["user"] == "nobody", "the rest still works as before"
+
+    tf.ok("ssh-config", "gpu2", "tf@other-host:2222", "--write")
+    gpu2 = managed(BOX_BLOCK.replace("box", "gpu2").replace("gpu-host", "other-host"), "gpu2").encode()
+    assert ssh_config(tf).read_bytes() == gpu2 + b"\n" + expected
+    tf.ok("ssh-config", "box", "tf@gpu-host:2222", "--write")
+    assert ssh_config(tf).read_bytes() == gpu2 + b"\n" + expected, "rewriting box keeps every block where it is"
+
+
+def test_options_for_every_host_at_the_top_stay_for_every_host(tf: Tfrun) -> None:
+    """Lines before a file's first Host apply to every host: below our block they must not become box's."""
+    ssh_config(tf).parent.mkdir(mode=0o700)
+    original = "User bob\nServerAliveInterval 99\n\nHost work\n  HostName work.example.com\n"
+    ssh_config(tf).write_text(original)
+
+    tf.ok("ssh-config", "box", "tf@gpu-host:2222", "--write")
+    text = ssh_config(tf).read_text()
+    assert text.startswith("# >>> tfrun ssh-config box >>>\n") and text.endswith("<<<\n\n" + original)
+    assert resolved(ssh_config(tf), "work")["user"] == "bob"
+    assert resolved(ssh_config(tf), "anything.example.com")["serveraliveinterval"] == "99"
+    assert resolved(ssh_config(tf), "box")["user"] == "tf"
+    tf.ok("ssh-config", "box", "tf@gpu-host:2222", "--write")
+    assert ssh_config(tf).read_text() == text
+
+
+def test_a_host_of_your_own_by_that_name_is_refused_and_the_file_left_alone(tf: Tfrun) -> None:
+    ssh_config(tf).parent.mkdir(mode=0o700)
+    original = "Host *\n  User nobody\n\n# the GPU box\nHost gpu box\n  HostName 10.0.0.7\n"
+    ssh_config(tf).write_text(original)
+    before = ssh_config(tf).stat()
+
+    result = tf.run("ssh-config", "box", "tf@gpu-host:2222", "--write")
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert f"{ssh_config(tf)}:5:" in line and "Host box" in line
+    assert ssh_config(tf).read_text() == original
+    assert ssh_config(tf).stat().st_mtime_ns == before.st_mtime_ns
+    assert tf.run("ssh-config", "bo", "tf@gpu-host:2222", "--write").returncode == 0, "only exactly NAME clashes"
+
+
+def test_a_symlinked_config_is_written_where_it_points(tf: Tfrun) -> None:
+    dotfiles = tf.client_home / "dotfiles" / "ssh"
+    dotfiles.mkdir(parents=True)
+    (dotfiles / "config").write_text("Host *\n  User nobody\n")
+    ssh_config(tf).parent.mkdir(mode=0o700)
+    ssh_config(tf).symlink_to(dotfiles / "config")
+
+    result = tf.run("ssh-config", "box", "tf@gpu-host:2222", "--write")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"wrote Host box to {dotfiles / 'config'}\n"
+    assert ssh_config(tf).is_symlink(), "the link stays a link"
+    assert (dotfiles / "config").read_text() == managed(BOX_BLOCK) + "\nHost *\n  User nobody\n"
+    assert sorted(p.name for p in dotfiles.iterdir()) == ["config"]
+
+
+def test_plain_ssh_and_tfrun_reach_the_box_through_the_written_config(tf: Tfrun, sshd: Sshd) -> None:
+    remote_client(tf, sshd)  # tfrun's host box is user@127.0.0.1:PORT, its key in ~/.ssh/id_ed25519
+    key = tf.client_home / "keys" / "box_ed25519"
+    key.parent.mkdir()
+    shutil.move(str(tf.client_home / ".ssh" / "id_ed25519"), key)  # from now on only IdentityFile finds it
+    key.chmod(0o600)
+
+    # No DESTINATION: tfrun's own host box says where it is.
+    tf.ok("ssh-config", "box", "--identity-file", str(key), "--write")
+    text = ssh_config(tf).read_text()
+    assert f"HostName 127.0.0.1\n    Port {sshd.port}\n    User {getpass.getuser()}\n" in text
+    assert f"IdentityFile {key}\n    IdentitiesOnly yes\n" in text
+
+    # Plain OpenSSH. It finds ~ from the password database, not $HOME, hence -F and UserKnownHostsFile.
+    known_hosts = tf.client_home / ".ssh" / "known_hosts"
+    command = ["ssh", "-F", str(ssh_config(tf)), "-o", f"UserKnownHostsFile={known_hosts}", "-o", "BatchMode=yes",
+               "box", "echo", "reached"]  # fmt: skip
+    ssh = subprocess.run(command, env=tf.env, capture_output=True, text=True, timeout=60)
+    assert ssh.returncode == 0 and ssh.stdout == "reached\n", ssh.stderr
+
+    # tfrun: its host box now names the ssh alias box, as `tfrun hosts add box box` would; the address,
+    # user, port and key come from ~/.ssh/config alone.
+    host = json.loads(tf.ok("hosts", "list", "--json"))["hosts"]["box"]
+    tf.ok("hosts", "add", "box", "box", "--tfrund", host["tfrund"], "--env", f"TFRUN_HOME={host['env']['TFRUN_HOME']}")
+    result = tf.run("ps", "--host", "box", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+    assert not (tf.client_home / ".ssh" / "id_ed25519").exists()
+
+    # The block cannot be remade from a tfrun host that points at the block itself.
+    again = tf.run("ssh-config", "box", "--write")
+    assert again.returncode == 2 and "give the box's address as DESTINATION" in one_line(again.stderr)
+    assert ssh_config(tf).read_text() == text
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["nobox"], "give DESTINATION"),
+        (["my box", "gpu-host"], "cannot name an ssh host"),
+        (["b*x", "gpu-host"], "cannot name an ssh host"),
+        (["b?x", "gpu-host"], "cannot name an ssh host"),
+        (["!box", "gpu-host"], "cannot name an ssh host"),
+        (["box#1", "gpu-host"], "cannot name an ssh host"),
+        (["--", "-box", "gpu-host"], "cannot name an ssh host"),
+        (["box", "gpu-host", "--identity-file", "~/.ssh/nokey"], "identity file ~/.ssh/nokey does not exist"),
+        (["box", "tf@"], "cannot read 'tf@' as an ssh destination"),
+    ],
+    ids=["no-destination", "space", "star", "question-mark", "bang", "hash", "dash", "no-identity-file", "bad-dest"],
+)
+def test_bad_input_is_one_line_and_exit_2(tf: Tfrun, args: list[str], expected: str) -> None:
+    for write in ([], ["--write"]):
+        result = tf.run("ssh-config", *write, *args)
+        assert result.returncode == 2 and result.stdout == ""
+        assert expected in one_line(result.stderr)
+    assert not ssh_config(tf).parent.exists(), "nothing was written"
+    assert not os.path.lexists(tf.home), "no daemon was started"
