@@ -19,6 +19,11 @@ keys_file=${TFRUN_AUTHORIZED_KEYS_FILE:-/etc/tfrun/authorized_keys}
 
 say() { printf 'tfrun-entrypoint: %s\n' "$*" >&2; }
 
+if [ "$(id -u)" != 0 ]; then
+    say "error: the box starts as root (no --user) and runs sessions and jobs as $user itself"
+    exit 1
+fi
+
 # Made once, on the keys volume: a re-created container keeps its identity, so clients see no warning.
 # The fingerprints go to `docker logs` for checking the first connection.
 host_keys() {
@@ -39,9 +44,11 @@ authorized_keys() {
     local out=/run/tfrun/authorized_keys/$user tmp
     install -d -m 0755 /run/tfrun /run/tfrun/authorized_keys
     tmp=$(mktemp /run/tfrun/authorized_keys/.new.XXXXXX)
-    if [ -r "$keys_file" ]; then
+    if [ -f "$keys_file" ]; then
         cat "$keys_file" >>"$tmp"
         printf '\n' >>"$tmp"
+    elif [ -d "$keys_file" ]; then
+        say "warning: $keys_file is a folder, not a file of keys (Docker makes one when the host file is missing)"
     fi
     printf '%s\n' "${TFRUN_AUTHORIZED_KEYS:-}" >>"$tmp"
     chmod 0644 "$tmp"
@@ -85,7 +92,7 @@ volumes() {
 # (`ssh box cmd` and VS Code's server included); login shells reset PATH in /etc/profile, so
 # /etc/profile.d restores the same values after it. tfrund inherits them from here, and its jobs from it.
 environment() {
-    local skip=" HOME HOSTNAME PWD OLDPWD SHLVL TERM _ USER LOGNAME SHELL MAIL TFRUN_AUTHORIZED_KEYS "
+    local skip=" HOME HOSTNAME PWD OLDPWD SHLVL TERM _ USER LOGNAME SHELL MAIL TFRUN_AUTHORIZED_KEYS TFRUN_AUTHORIZED_KEYS_FILE "
     local envfile profile name value kv
     envfile=$(mktemp /etc/.environment.XXXXXX)
     profile=$(mktemp /etc/profile.d/.tfrun-env.XXXXXX)
@@ -110,7 +117,7 @@ environment() {
 }
 
 as_user() {
-    env -u TFRUN_AUTHORIZED_KEYS HOME="$home" USER="$user" LOGNAME="$user" SHELL=/bin/bash \
+    env -u TFRUN_AUTHORIZED_KEYS -u TFRUN_AUTHORIZED_KEYS_FILE HOME="$home" USER="$user" LOGNAME="$user" SHELL=/bin/bash \
         setpriv --reuid "$uid" --regid "$gid" --init-groups -- "$@"
 }
 
@@ -123,7 +130,7 @@ supervise_tfrund() {
     cd /
     while [ -z "$stopping" ]; do
         started=$SECONDS
-        as_user tfrund run &
+        as_user /opt/tfrun/venv/bin/tfrund run &
         child=$!
         status=0
         wait "$child" || status=$?

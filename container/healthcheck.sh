@@ -22,7 +22,7 @@ as_user() {
     setpriv --reuid "$(id -u "$user")" --regid "$(id -g "$user")" --init-groups -- "$@"
 }
 
-if ! as_user env HOME="$(getent passwd "$user" | cut -d: -f6)" tfrund status >/dev/null 2>&1; then
+if ! as_user env HOME="$(getent passwd "$user" | cut -d: -f6)" /opt/tfrun/venv/bin/tfrund status >/dev/null 2>&1; then
     fail "tfrund does not answer (its log: docker logs)"
 fi
 

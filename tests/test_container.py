@@ -648,6 +648,22 @@ def test_killed_tfrund_comes_back_and_its_job_keeps_running(connected: tuple[Box
     assert "starting it again" in the_box.output()
 
 
+def test_tfrund_runs_in_its_own_venv_not_the_job_interpreter(connected: tuple[Box, Client]) -> None:
+    the_box, _ = connected
+    config = dict(
+        line.split(" = ", 1) for line in (the_box.root / "opt/tfrun/venv/pyvenv.cfg").read_text().splitlines()
+    )
+    assert config["include-system-site-packages"] == "false"
+    assert tuple(map(int, config["version"].split(".")[:2])) >= (3, 9)
+    pid = _daemon_pid(the_box)
+    argv = the_box.exec("cat", f"/proc/{pid}/cmdline").stdout.split("\0")
+    assert argv[0].startswith("/opt/tfrun/venv/bin/python") and argv[1:3] == ["/opt/tfrun/venv/bin/tfrund", "run"], argv
+    # Jobs get the image's interpreter (TF's, in the real image), which cannot import the daemon's packages.
+    job_python = DOCKERFILE.env["TFRUN_JOB_PYTHON"]
+    probe = the_box.exec(job_python, "-c", "import asyncssh", check=False)
+    assert probe.returncode != 0 and "No module named 'asyncssh'" in probe.stderr
+
+
 def test_healthcheck_passes_on_a_running_box(connected: tuple[Box, Client]) -> None:
     the_box, _ = connected
     result = the_box.exec(*DOCKERFILE.healthcheck, check=False)
@@ -681,7 +697,13 @@ def test_stop_and_start_keep_the_host_key_and_the_job_history(connected: tuple[B
     )  # fmt: skip
     assert down.returncode == 1 and down.stdout.startswith("unhealthy: sshd"), down.stdout + down.stderr
 
+    # This time the key comes from a mounted file instead of the variable (`-v keys:/etc/tfrun/authorized_keys`).
+    keys = tmp_path / "authorized_keys"
+    keys.write_text(client.key.with_suffix(".pub").read_text())
+    del the_box.env["TFRUN_AUTHORIZED_KEYS"]
+    the_box.keys_file = keys
     the_box.boot()
+    assert "1 authorized key(s)" in the_box.output()
     assert (the_box.volumes["/etc/ssh/keys"] / "ssh_host_ed25519_key.pub").read_text() == host_key
     again = client.ssh("true", strict="yes")  # the known_hosts line from the first boot still matches
     assert "WARNING" not in again.stderr
