@@ -376,6 +376,11 @@ class Box:
             except OSError:
                 return False
 
+    @property
+    def user(self) -> str:
+        """The box's user, as setup.sh recorded it from the Dockerfile's TFRUN_USER."""
+        return (self.root / "etc" / "tfrun" / "user").read_text().strip()
+
     def init_pid(self) -> int:
         """PID 1 of the box (tini), as this side numbers it."""
         assert self.proc is not None
@@ -518,7 +523,7 @@ def connected(box: tuple[Box, Client]) -> tuple[Box, Client]:
 
 def test_key_login_works_and_passwords_and_root_are_refused(connected: tuple[Box, Client]) -> None:
     the_box, client = connected
-    user = (the_box.root / "etc" / "tfrun" / "user").read_text().strip()
+    user = the_box.user
     assert client.ssh("id", "-un").stdout.strip() == user
     # The server offers public keys and nothing else, whatever the client would try.
     no_key = subprocess.run(
@@ -618,8 +623,7 @@ def test_readme_submit_and_follow_over_the_box_sshd(connected: tuple[Box, Client
 
 
 def _daemon_pid(the_box: Box) -> Optional[int]:
-    user = (the_box.root / "etc" / "tfrun" / "user").read_text().strip()
-    result = the_box.exec("tfrund", "status", "--json", user=user, check=False)
+    result = the_box.exec("tfrund", "status", "--json", user=the_box.user, check=False)
     return int(json.loads(result.stdout)["pid"]) if result.returncode == 0 else None
 
 
@@ -631,9 +635,7 @@ def test_killed_tfrund_comes_back_and_its_job_keeps_running(connected: tuple[Box
         "while not os.path.exists('/mnt/data/go'):\n    time.sleep(0.1)\nprint('released', flush=True)\n"
     )
     job = client.ok("submit", "--host", "box", str(script)).strip()
-    wait_for(lambda: b"waiting" in (the_box.volumes["/var/lib/tfrun"] / "jobs" / job / "output.log").read_bytes()
-             if (the_box.volumes["/var/lib/tfrun"] / "jobs" / job / "output.log").exists() else False,
-             timeout=60, what="the job to start")  # fmt: skip
+    wait_for(lambda: "waiting" in client.ok("logs", "--host", "box", job), what="the job to start")
     before = _daemon_pid(the_box)
     assert before is not None
     the_box.exec("kill", "-KILL", str(before))
