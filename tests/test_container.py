@@ -179,9 +179,10 @@ def test_dockerfile_scripts_and_sshd_config_lint_clean(tmp_path: Path) -> None:
         pytest.skip("openssh-server is not installed (.ci/run installs it)")
     key = tmp_path / "host_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    config = subprocess.run(
-        ["/usr/sbin/sshd", "-T", "-f", str(CONTAINER / "sshd_config"), "-h", str(key)], capture_output=True, text=True
-    )
+    sshd = ["/usr/sbin/sshd", "-f", str(CONTAINER / "sshd_config"), "-h", str(key)]
+    valid = subprocess.run([*sshd, "-t"], capture_output=True, text=True)
+    assert valid.returncode == 0, valid.stderr
+    config = subprocess.run([*sshd, "-T"], capture_output=True, text=True)
     assert config.returncode == 0, config.stderr
     effective = dict(line.split(" ", 1) for line in config.stdout.splitlines() if " " in line)
     assert effective["passwordauthentication"] == "no"
@@ -648,6 +649,33 @@ def test_killed_tfrund_comes_back_and_its_job_keeps_running(connected: tuple[Box
     assert status["state"] == "succeeded"
     assert client.ok("logs", "--host", "box", job).splitlines() == ["waiting", "released"]
     assert "starting it again" in the_box.output()
+
+
+def test_a_daemon_started_meanwhile_is_waited_for_not_fought(connected: tuple[Box, Client]) -> None:
+    """If tfrund dies and another takes its lock (a client's `tfrund dial-stdio` starts one), the entrypoint
+    waits for that one to exit instead of failing to start every second: here a process that grabs the
+    lock the moment the daemon dies stands for it, and holds it for 5 s."""
+    the_box, client = connected
+    before = _daemon_pid(the_box)
+    assert before is not None
+    lock = f"{DOCKERFILE.env['TFRUN_HOME']}/run/tfrund.lock"
+    holder = subprocess.Popen(
+        ["nsenter", "-t", str(the_box.init_pid()), "-p", "-m", "-n", "-u", "-i", "-r", "-w",
+         "setpriv", "--reuid", the_box.user, "--regid", the_box.user, "--init-groups", "--",
+         "flock", lock, "sh", "-c", "echo held; sleep 5"],
+        env=the_box.env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        the_box.exec("kill", "-KILL", str(before))
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        released = time.monotonic() + 5
+        wait_for(lambda: "another tfrund holds" in the_box.output(), timeout=30, what="the entrypoint to wait")
+        after = wait_for(lambda: _daemon_pid(the_box), timeout=60, what="tfrund back")
+        assert time.monotonic() >= released - 0.5, "a daemon answered while the lock was held"
+        assert after != before
+        assert client.ok("ps", "--host", "box", "--all", "--json")
+    finally:
+        holder.wait(timeout=30)
 
 
 def test_tfrund_runs_in_its_own_venv_not_the_job_interpreter(connected: tuple[Box, Client]) -> None:
