@@ -509,13 +509,24 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Box, Client]
 
 @pytest.fixture(scope="module")
 def connected(box: tuple[Box, Client]) -> tuple[Box, Client]:
-    """The README's first steps: `tfrun ssh-config ... --write`, then the first `ssh box` trusts the key."""
+    """The README's first steps: `tfrun ssh-config ... --write`, the first `ssh box` (which trusts the host
+    key that the box's log shows), and `tfrun hosts check box`."""
     the_box, client = box
     words = _readme_substitute(readme_command("tfrun ssh-config"), client)
     result = client.tfrun(*words[1:])
     assert result.returncode == 0, result.stderr
-    first = client.ssh("true", strict="accept-new")
-    assert "Warning" not in first.stderr or "Permanently added" in first.stderr
+    first = client.ssh(*readme_command("ssh box")[2:], strict="accept-new")  # BatchMode: no prompt to answer
+    assert "Permanently added" in first.stderr, first.stderr
+    shown = re.findall(r"made host key \d+ (SHA256:\S+) tfrun-box \((\w+)\)", the_box.output())
+    assert len(shown) == 3
+    for line in (client.home / ".ssh" / "known_hosts").read_text().splitlines():
+        listed = _sh("ssh-keygen", "-l", "-f", "/dev/stdin", input=line).stdout.split()
+        assert (listed[1], listed[-1].strip("()")) in shown
+    check = client.tfrun(*readme_command("tfrun hosts check")[1:])
+    assert check.returncode == 0, check.stdout + check.stderr
+    lines = check.stdout.splitlines()
+    assert all(line.startswith("ok ") for line in lines), check.stdout
+    assert f"ok  transport: socket forwarding to {DOCKERFILE.env['TFRUN_HOME']}/run/tfrund.sock" in lines
     return the_box, client
 
 
