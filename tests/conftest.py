@@ -152,7 +152,7 @@ class Sshd:
             if not key.exists():
                 subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
         shutil.copy(f"{self.user_key}.pub", folder / "authorized_keys")
-        self.port = _free_port()
+        self.port = free_port()
         config = folder / "sshd_config"
         config.write_text(
             f"""Port {self.port}
@@ -194,7 +194,7 @@ LogLevel ERROR
         self.proc.wait(timeout=20)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -280,7 +280,7 @@ class Mailbox:
     again on the same port, as a mail server that goes down and comes back."""
 
     def __init__(self, port: Optional[int] = None) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.messages: list[Any] = []  # email.message.EmailMessage, in arrival order
         self.arrived: list[float] = []  # when each one's data was in (time.time())
         self.controller: Optional[Any] = None
@@ -372,6 +372,6 @@ def receiver() -> Iterator[Receiver]:
 def no_internet(env: dict[str, str]) -> None:
     """Send any web request a daemon started with `env` makes to a dead port on loopback, so a test that
     names a real service (Slack) never reaches beyond this machine; loopback itself stays direct."""
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     env.update(HTTP_PROXY=dead, HTTPS_PROXY=dead, http_proxy=dead, https_proxy=dead)
     env.update(NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")

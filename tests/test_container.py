@@ -33,7 +33,7 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.9 and 3.10
     import tomli as tomllib
-from conftest import TFRUN, wait_for
+from conftest import TFRUN, free_port, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 CONTAINER = REPO / "container"
@@ -229,6 +229,18 @@ def _sh(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     return result
 
 
+def ssh_banner(address: str, port: int) -> Optional[bytes]:
+    """The SSH identification line that answers at address:port, or None (nothing listens, or not sshd)."""
+    with socket.socket() as sock:
+        sock.settimeout(5)
+        try:
+            sock.connect((address, port))
+            line = sock.recv(64)
+        except OSError:
+            return None
+    return line if line.startswith(b"SSH-2.0-") else None
+
+
 def _base_rootfs(root: Path) -> None:
     """A minimal Debian, unpacked from the cached tarball that one debootstrap made."""
     tarball = CACHE / f"debian-{SUITE}-minbase.tar"
@@ -369,13 +381,7 @@ class Box:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"the box exited ({self.proc.returncode}):\n{self.output()}")
-        with socket.socket() as sock:
-            sock.settimeout(2)
-            try:
-                sock.connect((self.address, 22))
-                return sock.recv(64).startswith(b"SSH-2.0-")
-            except OSError:
-                return False
+        return ssh_banner(self.address, 22) is not None
 
     @property
     def user(self) -> str:
@@ -562,33 +568,16 @@ def test_key_login_works_and_passwords_and_root_are_refused(connected: tuple[Box
     assert other.returncode == 255 and "Permission denied (publickey)." in other.stderr, other.stderr
     # VS Code Remote-SSH needs a writable home and TCP forwarding to its server.
     assert client.ssh("touch ~/.probe && echo $HOME").stdout.strip() == f"/home/{user}"
-    port = _free_port()
+    port = free_port()
     tunnel = subprocess.Popen(
         [*client.ssh_args(), "-N", "-o", "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{port}:127.0.0.1:22", "box"],
         env=client.env, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        banner = wait_for(lambda: _banner(port), timeout=30, what="the forwarded port")
-        assert banner.startswith(b"SSH-2.0-")
+        wait_for(lambda: ssh_banner("127.0.0.1", port), timeout=30, what="sshd's banner through the forward")
     finally:
         tunnel.terminate()
         tunnel.wait(timeout=10)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _banner(port: int) -> Optional[bytes]:
-    with socket.socket() as sock:
-        sock.settimeout(5)
-        try:
-            sock.connect(("127.0.0.1", port))
-            return sock.recv(64) or None
-        except OSError:
-            return None
 
 
 def _env_of(text: str) -> dict[str, str]:
