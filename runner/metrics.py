@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+from tfrun.constants import MAX_INT64
+
 MAX_SEGMENT = 1 << 16  # longer segments are not metrics: skipped, and never buffered whole
 _MARKERS = (b"oss", b"OSS", b"poch", b"POCH")  # loss, Loss, LOSS, epoch, Epoch, EPOCH: every format has one
 _FLAT = bytes.maketrans(b"\r\b", b"\n\n")
@@ -60,6 +62,16 @@ class Sample:
     values: dict[str, float]  # e.g. {"loss": 0.2345, "accuracy": 0.91}; NaN and Inf kept
     epoch: Optional[int] = None  # as printed: 1-based for Keras ("Epoch 3/10" is 3), 0-based for Lightning
     source: str = "keras"  # "keras", "lightning", "print" or "pattern" (a user pattern)
+
+
+_MAX_COUNTER_DIGITS = 15  # a printed step or epoch longer than this is no training's count
+
+
+def plausible(step: Any, epoch: Any = None) -> bool:
+    """Whether `step` (and `epoch`, if any) can be a training counter: integers from 0 to what SQLite and
+    the protocol hold. A job's output is input like any other: a line with `step 10^30` is no metric."""
+    counters = (step,) if epoch is None else (step, epoch)
+    return all(type(c) is int and 0 <= c <= MAX_INT64 for c in counters)
 
 
 def training_loss(values: Mapping[str, float]) -> Optional[float]:
@@ -137,10 +149,13 @@ class LogMetrics:
             end = segments[start]
             if end - start > MAX_SEGMENT:
                 continue
-            sample = self._pattern_sample(matched[start]) if start in matched else None
-            if sample is None:
-                sample = self._parse(flat[start:end].decode("utf-8", "replace"), text[end] == ord("\n"))
-            if sample is not None:
+            try:
+                sample = self._pattern_sample(matched[start]) if start in matched else None
+                if sample is None:
+                    sample = self._parse(flat[start:end].decode("utf-8", "replace"), text[end] == ord("\n"))
+            except (ValueError, OverflowError):  # a count of 4,300+ digits: no training printed that
+                sample = None
+            if sample is not None and plausible(sample.step, sample.epoch):
                 samples.append(sample)
         return samples
 
@@ -239,6 +254,8 @@ class LogMetrics:
         step: Optional[int] = None
         epoch: Optional[int] = None
         for counter in _COUNTER.finditer(segment):
+            if len(counter.group(2)) > _MAX_COUNTER_DIGITS:  # not a count: it must not move the step along
+                continue
             if counter.group(1).lower() == "epoch":
                 epoch = epoch if epoch is not None else int(counter.group(2))
             elif step is None:

@@ -321,6 +321,16 @@ def test_an_endless_line_is_skipped_without_buffering_it() -> None:
     assert metrics.feed(b"y" * 10 + b" loss=2\nstep 5 loss=0.5\n") == [Sample(5, {"loss": 0.5}, None, "print")]
 
 
+def test_absurd_counters_are_no_metrics_and_do_not_move_the_steps() -> None:
+    """A 5,000-digit step is past Python's int() limit and 10^30 past SQLite's and the protocol's integers:
+    neither may stop the reading, nor shift the steps that follow."""
+    metrics = LogMetrics([r"^it (?P<step>\d+) mse=(?P<mse>\S+)"])
+    data = b"step " + b"9" * 5000 + b" loss=0.7\nstep 10000000000000000000000000000000 loss=0.6\nit " + b"9" * 30
+    samples = metrics.feed(data + b" mse=0.5\nstep 6 loss=0.5\nstep 7 loss=0.4\n")
+    assert [(s.step, s.values) for s in samples if s.step > 2] == [(6, {"loss": 0.5}), (7, {"loss": 0.4})]
+    assert all(s.step < 10**15 for s in samples)
+
+
 # LogMetrics: user patterns
 
 
