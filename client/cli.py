@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import os
 import sys
+import uuid
 from collections.abc import Awaitable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, TypeVar
@@ -26,10 +27,19 @@ from tfrun.constants import (
     EXIT_NO_SUCH_JOB,
     EXIT_OK,
     EXIT_USAGE,
+    MAX_ALERTS,
+    MAX_CANCEL_JOBS,
     MAX_CONTEXT,
+    MAX_PATTERN_CHARS,
+    MAX_PATTERNS,
+    MAX_PRIORITY,
+    MAX_RESTARTS,
+    MAX_TAIL,
+    RECONNECT_PAUSE_S,
     SIGNAL_EXIT_BASE,
     UPLOAD_WARN_BYTES,
 )
+from tfrun.duration import format_duration
 from tfrun.protocol import (
     AlertList,
     Attach,
@@ -37,6 +47,7 @@ from tfrun.protocol import (
     Cancel,
     CancelReply,
     Channel,
+    ConnectionClosed,
     Doctor,
     DoctorReport,
     ErrorCode,
@@ -68,6 +79,7 @@ from tfrun.protocol import (
     validate_name,
     write_message,
 )
+from tfrun.usage import OneLineUsageGroup
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -81,10 +93,8 @@ _REMOTE_EXIT = {
     ErrorCode.INVALID_INPUT: EXIT_USAGE,
     ErrorCode.BAD_REQUEST: EXIT_USAGE,
 }
-# How long `wait` and `logs -f` keep trying to reach a daemon that went away (e.g. restarted), and how
-# many times in one command they start over on a new connection.
-_RECONNECT_FOR_S = 30.0
-_MAX_RETRIES = 10
+# What a daemon that went away in the middle of a conversation looks like: worth connecting again.
+_DISCONNECTS = (ConnectionError, ConnectionClosed)
 
 EXIT_CODES_HELP = f"""\b
 Exit codes:
@@ -216,7 +226,12 @@ def _console() -> Console:
     return Console(highlight=False, soft_wrap=False)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}, epilog=EXIT_CODES_HELP)
+@click.group(
+    cls=OneLineUsageGroup,
+    prog="tfrun",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+    epilog=EXIT_CODES_HELP,
+)
 @click.version_option(__version__, prog_name="tfrun")
 def main() -> None:
     """Run training scripts detached on a GPU box, follow their logs, and never lose a job.
@@ -261,7 +276,8 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
 def _snapshot_notes(snap: Snapshot) -> None:
     """Tell the user about what is not sent, and about a snapshot big enough to be a mistake."""
     if snap.skipped:
-        shown = ", ".join(snap.skipped[:3]) + (", ..." if len(snap.skipped) > 3 else "")
+        names = [name if name.isprintable() else repr(name) for name in snap.skipped[:3]]  # one line, always
+        shown = ", ".join(names) + (", ..." if len(snap.skipped) > 3 else "")
         click.echo(f"tfrun: not sent (special files or unusable names): {shown}", err=True)
     if snap.total_bytes > UPLOAD_WARN_BYTES:
         largest = ", ".join(f"{e.path} ({render.size(e.size)})" for e in snap.largest(3))
@@ -287,13 +303,14 @@ def _snapshot_notes(snap: Snapshot) -> None:
     "else python3 on the daemon's PATH).",
 )
 @click.option("-f", "--follow", is_flag=True, help="Follow the job's output and exit with its exit code.")
-@click.option("--max-restarts", type=click.IntRange(0, 1000), default=0, metavar="N", help="If the job fails or is "
-              "lost (not cancelled), run it again as a new job with the same snapshot and checkpoint folder, up "
-              "to N times; with tfrun.jobs it resumes from its last checkpoint.")  # fmt: skip
+@click.option("--max-restarts", type=click.IntRange(0, MAX_RESTARTS), default=0, metavar="N", help="If the job "
+              "fails or is lost (not cancelled), run it again as a new job with the same snapshot and checkpoint "
+              "folder, up to N times; with tfrun.jobs it resumes from its last checkpoint.")  # fmt: skip
 @click.option("--gpus", type=click.IntRange(min=0), metavar="N", help="GPUs of its own (CUDA_VISIBLE_DEVICES); "
               "it waits until N are free. Default: the daemon's default_gpus, else 1 if the box has GPUs.")  # fmt: skip
-@click.option("--priority", type=int, default=0, metavar="P", help="Among waiting jobs, higher P starts first "
-              "(default 0); equal ones start in the order they were submitted.")  # fmt: skip
+@click.option("--priority", type=click.IntRange(-MAX_PRIORITY, MAX_PRIORITY), default=0, metavar="P",
+              help="Among waiting jobs, higher P starts first (default 0); equal ones start in the order they "
+              "were submitted.")  # fmt: skip
 @click.option("--after", "after", multiple=True, metavar="JOB[,JOB...]", help="Start only once these jobs have "
               "succeeded; if one fails, is cancelled or lost, this job fails without starting.")  # fmt: skip
 @click.option("--tty", is_flag=True, help="Run it in a tmux session on the box that `tfrun attach JOB` opens (for "
@@ -333,6 +350,10 @@ def submit(
 ) -> None:
     """Run SCRIPT [ARGS]... as a detached job, from a snapshot of its work dir.
 
+    A submit runs its job once: if tfrund goes away before answering, tfrun sends it again (to the
+    daemon that comes back, for up to TFRUN_RECONNECT_TIMEOUT), and a daemon that took it already
+    answers with that job. So it prints one job id, or says that nothing was submitted.
+
     The work dir's files are sent to the daemon (only contents it does not hold yet) and the job runs
     in a copy of its own, so editing your files afterwards never changes a queued or running job.
     .gitignore and .tfrunignore are honoured, .git is skipped; the git commit and whether the tree was
@@ -348,7 +369,7 @@ def submit(
     notify URLs and to each --notify URL; `tfrun alerts` lists them. Metrics come from tfrun.jobs when the
     script uses it, else from its Keras, Lightning or plain `loss` prints: `tfrun metrics`.
     """
-    from tfrun.client.snapshot import relative_script, scan
+    from tfrun.client.snapshot import relative_script, scan, why_not_sent
     from tfrun.client.transfer import LazyProgress, upload
 
     if name is not None and validate_name(name):
@@ -361,7 +382,7 @@ def submit(
     except TfrunError as exc:
         _fail(exc.message, exc.exit_code)
     if snap.find(relative) is None:
-        _fail(f"{script} is ignored by .gitignore or .tfrunignore, so it would not be sent", EXIT_USAGE)
+        _fail(why_not_sent(root, relative), EXIT_USAGE)
     _snapshot_notes(snap)
     hashing = LazyProgress(snap.total_bytes, "hashing")
     try:
@@ -393,13 +414,24 @@ def submit(
         priority=priority,
         after=_split(after),
         tty=tty,
+        submission_id=uuid.uuid4().hex,  # the same in every retry: a daemon that took it once returns that job
     )
+    asked = False  # whether the submit went out: from then on, a failure leaves its outcome unknown
 
-    async def conversation(channel: Channel) -> int:
+    async def submitted(channel: Channel) -> tuple[Job, int, int]:
+        nonlocal asked
         sent, sent_bytes = await upload(channel, snap)
+        asked = True
         reply = await channel.request(request)
         assert isinstance(reply, JobReply)
-        job = reply.job
+        return reply.job, sent, sent_bytes
+
+    async def conversation() -> int:
+        try:
+            job, sent, sent_bytes = await _resilient(submitted, hello_answers=False)
+        except (TfrunError, ProtocolError, ConnectionError) as exc:  # not RemoteError: a refusal says why itself
+            code = exc.exit_code if isinstance(exc, TfrunError) else EXIT_DAEMON
+            raise TfrunError(_unsubmitted(exc, asked), code) from None
         click.echo(f"tfrun: uploaded {sent} of {len(snap.sources)} files ({render.size(sent_bytes)})", err=True)
         if as_json:
             click.echo(render.to_json(job))
@@ -409,9 +441,18 @@ def submit(
             click.echo(job.id)
         if not follow:
             return EXIT_OK
-        return await _follow(str(job.id), channel)
+        return await _follow(str(job.id))
 
-    sys.exit(_run(_with_channel(conversation)))
+    sys.exit(_run(conversation()))
+
+
+def _unsubmitted(exc: Exception, asked: bool) -> str:
+    """Why a submit failed, and whether its job may exist after all: only if the daemon went away after the
+    request reached it and none came back in time to say."""
+    reason = exc.message if isinstance(exc, TfrunError) else str(exc)
+    if not asked:
+        return f"{reason}; nothing was submitted"
+    return f"{reason}; the submit was sent but never answered, so the job may exist: see `tfrun ps -a`"
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -456,7 +497,10 @@ def status(job: str, as_json: bool) -> None:
 def wait(job: str, as_json: bool) -> None:
     """Wait until JOB ends, then exit with its exit code (128+N for signal N, 255 if lost).
 
-    A job restarted after a failure (submit --max-restarts) ends when its last restart does.
+    A job restarted after a failure (submit --max-restarts) ends when its last restart does. Through
+    daemon restarts and dropped SSH links it reconnects and waits on, however often; it gives up (exit
+    125) only once no tfrund answered for TFRUN_RECONNECT_TIMEOUT (default 5m; or reconnect_timeout in
+    the client's config.toml).
     """
 
     async def conversation(channel: Channel) -> Job:
@@ -493,6 +537,8 @@ def cancel(jobs: tuple[str, ...], grace: float, as_json: bool) -> None:
     Returns once every job named has ended, with nothing of it left running.
     """
 
+    if len(jobs) > MAX_CANCEL_JOBS:
+        raise click.UsageError(f"at most {MAX_CANCEL_JOBS} jobs at once")
     results = _ask(Cancel(jobs=list(jobs), grace=grace), CancelReply).results
     if as_json:
         click.echo(render.to_json(results))
@@ -533,14 +579,16 @@ def restart(job: str, follow: bool, as_json: bool) -> None:
 @main.command()
 @host_options
 @click.argument("job")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends; exit with its exit code.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends; exit with its exit code. "
+              "Through daemon restarts and dropped SSH links it resumes at the next byte; it gives up only "
+              "once no tfrund answered for TFRUN_RECONNECT_TIMEOUT (default 5m, see config.toml).")  # fmt: skip
 @click.option("-e", "--regexp", "patterns", multiple=True, metavar="PATTERN", help="Only lines matching PATTERN "
               "(an extended regular expression, as grep -E); repeat to match any of several.")  # fmt: skip
 @click.option("--grep", "grep_patterns", multiple=True, metavar="PATTERN", help="The same as -e.")
 @click.option("-v", "--invert-match", "invert", is_flag=True, help="Only lines that do NOT match.")
 @click.option("-i", "--ignore-case", is_flag=True, help="Match upper and lower case alike.")
 @click.option("-F", "--fixed-strings", "fixed", is_flag=True, help="Patterns are plain strings, not expressions.")
-@click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Start with the last N lines (that match).")
+@click.option("--tail", type=click.IntRange(0, MAX_TAIL), metavar="N", help="Start with the last N lines (that match).")
 @click.option("-A", "--after-context", "after", type=click.IntRange(0, MAX_CONTEXT), default=0, metavar="N",
               help="Also N lines after each match.")  # fmt: skip
 @click.option("-B", "--before-context", "before", type=click.IntRange(0, MAX_CONTEXT), default=0, metavar="N",
@@ -593,6 +641,8 @@ def logs(
     )
     if (invert or ignore_case or fixed or wanted.after or wanted.before) and not wanted.patterns:
         raise click.UsageError("-v, -i, -F, -A, -B and -C need a pattern (-e PATTERN or --grep PATTERN)")
+    if len(wanted.patterns) > MAX_PATTERNS or sum(map(len, wanted.patterns)) > MAX_PATTERN_CHARS:
+        raise click.UsageError(f"at most {MAX_PATTERNS} patterns of {MAX_PATTERN_CHARS} characters in all")
     if follow:
         sys.exit(_run(_follow(job, query=wanted)))
 
@@ -681,37 +731,52 @@ async def _follow(job: str, channel: Optional[Channel] = None, query: Optional[L
         job = str(end.restarted_as)
 
 
-async def _resilient(action: Callable[[Channel], Awaitable[T]], channel: Optional[Channel] = None) -> T:
-    """Run `action`; if the daemon goes away in the middle (a crash, a restart), reconnect and run it again.
+async def _resilient(
+    action: Callable[[Channel], Awaitable[T]], channel: Optional[Channel] = None, hello_answers: bool = True
+) -> T:
+    """Run `action`; if the daemon goes away in the middle (a crash, a restart, a dropped SSH link), connect
+    again and run it again, for as long as a daemon comes back: a job may outlive any number of daemons.
+    Give up only once no daemon has answered for the reconnect timeout, never after some count of retries.
+    With `hello_answers` False, a daemon that takes the connection but dies before answering the request
+    does not count as answering: a submit that kills every daemon it reaches must not retry forever.
 
-    Only for actions that are safe to repeat: waiting, and following from the offset already printed.
+    Only for actions that are safe to repeat: waiting, following from the byte already printed, and a
+    submit that carries its submission id. A daemon that cannot be reached at the start is an error at once.
     """
-    failures = 0
+    patience = config.reconnect_timeout(config.load())
+    loop = asyncio.get_running_loop()
+    deadline: Optional[float] = None
+    if channel is None:
+        channel = await _channel()
     while True:
-        if channel is None:
-            channel = await (_channel() if failures == 0 else _reconnect())
         try:
             return await action(channel)
-        except (ConnectionError, ProtocolError, asyncio.IncompleteReadError):
-            failures += 1
-            if failures > _MAX_RETRIES:
-                raise
+        except _DISCONNECTS as exc:
+            lost = exc
         finally:
             channel.close()
-        channel = None
+        if deadline is None or hello_answers:
+            deadline = loop.time() + patience
+        channel = await _reconnect(deadline, patience, lost)
 
 
-async def _reconnect() -> Channel:
-    """A new channel, retried for a while: the daemon may be restarting (the job runs on regardless)."""
+async def _reconnect(deadline: float, patience: float, lost: Exception) -> Channel:
+    """A new channel, tried every RECONNECT_PAUSE_S until a daemon answers (one may be starting, the SSH link
+    coming back; jobs run on regardless) or `deadline` passes."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + _RECONNECT_FOR_S
     while True:
+        if loop.time() >= deadline:
+            reason = lost.message if isinstance(lost, TfrunError) else getattr(lost, "strerror", None) or str(lost)
+            raise TfrunError(
+                f"no tfrund answered for {format_duration(patience)} ({reason}); jobs run on without it: try "
+                f"again later, or keep trying longer with {config.RECONNECT_ENV}",
+                EXIT_DAEMON,
+            )
         try:
             return await _channel()
-        except (OSError, TfrunError, ProtocolError):
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.5)
+        except (OSError, TfrunError, ProtocolError) as exc:
+            lost = exc
+        await asyncio.sleep(RECONNECT_PAUSE_S)
 
 
 @main.command()
@@ -786,7 +851,7 @@ def top(interval: float, once: bool) -> None:
 @main.command()
 @host_options
 @click.argument("job", required=False)
-@click.option("-n", "--last", type=click.IntRange(1, 10_000), default=20, show_default=True, metavar="N",
+@click.option("-n", "--last", type=click.IntRange(1, MAX_ALERTS), default=20, show_default=True, metavar="N",
               help="Show the newest N alerts.")  # fmt: skip
 @click.option("-v", "--verbose", is_flag=True, help="Show each alert's whole message, as it was sent.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of alerts with their deliveries.")

@@ -1,6 +1,7 @@
 """The client's configuration: the boxes it knows, in TOML at $XDG_CONFIG_HOME/tfrun/config.toml.
 
 default_host = "box"
+reconnect_timeout = "10m"              # how long wait and logs -f keep trying to reach a daemon (default 5m)
 
 [hosts.box]
 destination = "alice@gpu-box:2222"     # anything ssh accepts; ~/.ssh/config applies
@@ -12,6 +13,7 @@ env = { TFRUN_HOME = "/data/tfrun" }   # for the daemon: several can share a box
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,7 +25,8 @@ from typing import Any, Optional
 import tomli_w
 
 from tfrun.client.errors import TfrunError
-from tfrun.constants import EXIT_DAEMON, EXIT_USAGE
+from tfrun.constants import DEFAULT_RECONNECT_TIMEOUT_S, EXIT_DAEMON, EXIT_USAGE
+from tfrun.duration import format_duration, parse_duration
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,6 +34,7 @@ else:  # pragma: no cover - exercised on 3.9 and 3.10
     import tomli as tomllib
 
 LOCAL = "local"  # `--host local` picks the daemon on this machine even when a default host is set
+RECONNECT_ENV = "TFRUN_RECONNECT_TIMEOUT"
 _DESTINATION = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@/]+)@)?(?P<host>\[[^\]]+\]|[^:/@]+)(?::(?P<port>\d+))?/?$")
 
 
@@ -85,11 +89,14 @@ class ClientConfig:
     path: Path
     default_host: Optional[str] = None
     hosts: dict[str, Host] = field(default_factory=dict)
+    reconnect_timeout: Optional[float] = None  # seconds; None: TFRUN_RECONNECT_TIMEOUT or the default
 
     def save(self) -> None:
         data: dict[str, Any] = {}
         if self.default_host:
             data["default_host"] = self.default_host
+        if self.reconnect_timeout is not None:
+            data["reconnect_timeout"] = format_duration(self.reconnect_timeout)
         data["hosts"] = {name: host.as_toml() for name, host in sorted(self.hosts.items())}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -115,6 +122,8 @@ def load() -> ClientConfig:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise TfrunError(f"{path}: {exc}", EXIT_USAGE) from None
     config = ClientConfig(path, default_host=_string(raw, "default_host", path))
+    if "reconnect_timeout" in raw:
+        config.reconnect_timeout = _duration(raw["reconnect_timeout"], f"{path}: reconnect_timeout")
     hosts = raw.get("hosts", {})
     if not isinstance(hosts, dict):
         raise TfrunError(f"{path}: [hosts] must be a table", EXIT_USAGE)
@@ -140,6 +149,29 @@ def _string(table: dict[str, Any], key: str, path: Path) -> Optional[str]:
     if value is not None and not isinstance(value, str):
         raise TfrunError(f"{path}: {key} must be a string", EXIT_USAGE)
     return value
+
+
+def _duration(value: Any, where: str) -> float:
+    """Seconds from a duration as people write it (`90s`, `5m`, `1h`) or a plain number of seconds."""
+    seconds = value
+    if isinstance(value, str):
+        seconds = parse_duration(value)
+        if seconds is None:
+            with contextlib.suppress(ValueError):  # plain seconds, as in TFRUN_RECONNECT_TIMEOUT=600
+                seconds = float(value)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
+        raise TfrunError(f"{where} must be a duration such as 90s, 5m or 1h, not {value!r}", EXIT_USAGE)
+    return float(seconds)
+
+
+def reconnect_timeout(config: ClientConfig) -> float:
+    """How long a client that lost its daemon keeps trying to reach one: TFRUN_RECONNECT_TIMEOUT, else the
+    config's reconnect_timeout, else 5 minutes. Long on purpose: a daemon restarted by a supervisor or a box
+    rebooting takes a while, and giving up is what leaves a script believing a live job failed."""
+    text = os.environ.get(RECONNECT_ENV)
+    if text:
+        return _duration(text, RECONNECT_ENV)
+    return DEFAULT_RECONNECT_TIMEOUT_S if config.reconnect_timeout is None else config.reconnect_timeout
 
 
 def resolve(option: Optional[str], config: ClientConfig) -> Optional[Host]:

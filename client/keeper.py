@@ -7,7 +7,12 @@ that socket and speaks the protocol straight through to the box's daemon, each c
 channel of its own. The keeper exits after ten idle minutes, or as soon as its SSH connection drops:
 the next verb starts a fresh one. TFRUN_SSH_PERSIST=0 turns it off.
 
-    python -m tfrun.client.keeper HOST_JSON [--accept-new-host-key]   (started by the client, never by hand)
+A keeper serves only callers who would have opened the same connection themselves: its socket is named by
+the box and by everything that decides whom the connection trusts and as whom it logs in (HOME, the local
+user, the agent, accept-new, and what ~/.ssh holds). A caller whose known_hosts lacks the box's key, or
+whose known_hosts changed since (`ssh-keygen -R`), gets a keeper of its own, which checks the key afresh.
+
+    python -m tfrun.client.keeper HOST_JSON SOCKET [--accept-new-host-key]   (started by the client only)
 """
 
 from __future__ import annotations
@@ -16,9 +21,13 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import getpass
+import glob
 import hashlib
 import json
 import os
+import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -37,16 +46,92 @@ def enabled() -> bool:
     return os.environ.get("TFRUN_SSH_PERSIST", "1") not in ("0", "no", "false")
 
 
-def socket_path(host: Host) -> Path:
-    """Where the keeper for `host` listens: short, per user, named by what identifies the daemon."""
+def socket_path(host: Host, accept_new: bool) -> Path:
+    """Where the keeper for `host` listens, for this caller: short, per user, named by what identifies the
+    daemon and by what decides trust (see `_trust`), so no caller rides a connection it could not open."""
     base = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/tfrun-{os.getuid()}") / "keepers"
-    digest = hashlib.sha256(host.identity.encode()).hexdigest()[:20]
+    key = json.dumps([host.identity, _trust(accept_new or host.accept_new_host_key)])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     return base / f"{digest}.sock"
+
+
+# What asyncssh reads from ~/.ssh when no option says otherwise: the config, known_hosts, the CA bundle
+# for X.509 host certificates, and the default identities with their certificates.
+_KEY_NAMES = ("id_ed25519_sk", "id_ecdsa_sk", "id_ed448", "id_ed25519", "id_ecdsa", "id_rsa", "id_dsa")
+_SSH_FILES = ("config", "known_hosts", "ca-bundle.crt", *_KEY_NAMES, *(f"{name}-cert.pub" for name in _KEY_NAMES))
+# ssh_config keywords that name files deciding trust or identity, in any Host block (a superset is safe).
+_FILE_KEYWORDS = {"include", "userknownhostsfile", "globalknownhostsfile", "identityfile", "certificatefile"}
+_KEYWORD = re.compile(r"\s*([A-Za-z]+)\s*(?:=\s*|\s+)(.*)")
+_FINGERPRINT_BYTES = 1 << 20  # bigger files (only a stray pattern names them) are told apart by their stat
+
+
+def _trust(accept_new: bool) -> list[Any]:
+    """Everything that decides whom a new SSH connection trusts and as whom it logs in, as this caller's
+    asyncssh would read it: HOME, the local user, the agent, accept-new, and each file that can hold a host
+    key or a login key, with a digest of its contents (a changed known_hosts must not ride an old connection)."""
+    home = Path.home()
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid: asyncssh refuses to connect, and says so
+        user = ""
+    files = sorted({*(home / ".ssh" / name for name in _SSH_FILES), *_named_by_config(home)})
+    fingerprints = [[str(path), _fingerprint(path)] for path in files]
+    return [str(home), user, os.environ.get("SSH_AUTH_SOCK", ""), accept_new, fingerprints]
+
+
+def _named_by_config(home: Path) -> set[Path]:
+    """Files that ~/.ssh/config and what it includes name as known_hosts, identities or certificates.
+
+    Host-dependent tokens (%h, %r, ...) become wildcards: every file they could name counts, a superset."""
+    found: set[Path] = set()
+    pending = [home / ".ssh" / "config"]
+    while pending:
+        config = pending.pop()
+        found.add(config)
+        try:
+            lines = config.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            match = _KEYWORD.match(line)
+            if not match or match[1].lower() not in _FILE_KEYWORDS:
+                continue
+            include = match[1].lower() == "include"
+            for word in _words(match[2]):
+                pattern = os.path.expandvars(word.replace("%d", str(home)).replace("%%", "%"))
+                pattern = re.sub(r"%.", "*", os.path.expanduser(pattern))
+                # A relative Include is under ~/.ssh; any other relative path, under the working directory.
+                for name in glob.glob(str(home / ".ssh" / pattern) if include else pattern):
+                    path = Path(name).absolute()
+                    if include and path not in found:
+                        pending.append(path)
+                    found.add(path)
+    return found
+
+
+def _words(text: str) -> list[str]:
+    """An ssh_config line's arguments, quoted as ssh_config quotes them."""
+    try:
+        return shlex.split(text)
+    except ValueError:  # an unbalanced quote: ssh refuses the line, and so would asyncssh
+        return []
+
+
+def _fingerprint(path: Path) -> str:
+    """A digest of the file's contents; its stat when big; why it cannot be read when it cannot (missing
+    counts too: a known_hosts that appears changes what is trusted)."""
+    try:
+        info = path.stat()
+        if info.st_size > _FINGERPRINT_BYTES:
+            return f"{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        return f"errno {exc.errno}"
 
 
 async def connect(host: Host, accept_new: bool) -> Channel:
     """A channel to the box's daemon through its keeper, starting the keeper first if none answers."""
-    path = socket_path(host)
+    path = socket_path(host, accept_new)
     try:
         return await Channel.connect_unix(str(path))
     except (FileNotFoundError, ConnectionRefusedError):
@@ -65,7 +150,8 @@ def _start(host: Host, accept_new: bool, path: Path) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _answers(path):
             return
-        command = [sys.executable, "-m", "tfrun.client.keeper", json.dumps(dataclasses.asdict(host))]
+        # The path is handed over: the keeper's own view could differ (accept-new writes known_hosts).
+        command = [sys.executable, "-m", "tfrun.client.keeper", json.dumps(dataclasses.asdict(host)), str(path)]
         if accept_new:
             command.append("--accept-new-host-key")
         proc = subprocess.Popen(
@@ -157,10 +243,9 @@ def _detach_stdio() -> None:
     os.close(null)
 
 
-async def _main(host: Host, accept_new: bool) -> None:
+async def _main(host: Host, path: Path, accept_new: bool) -> None:
     from tfrun.client import ssh
 
-    path = socket_path(host)
     conn = await ssh.open_ssh(host, accept_new)
     channel, _ = await ssh.open_channel(conn, host)  # learns how to reach the daemon; reports a missing tfrund
     channel.close()
@@ -171,7 +256,7 @@ async def _main(host: Host, accept_new: bool) -> None:
 def main(argv: list[str]) -> None:
     host = Host(**json.loads(argv[1]))
     try:
-        asyncio.run(_main(host, "--accept-new-host-key" in argv[2:]))
+        asyncio.run(_main(host, Path(argv[2]), "--accept-new-host-key" in argv[3:]))
     except TfrunError as exc:
         print(f"tfrun: error: {exc.message}", file=sys.stderr, flush=True)
         raise SystemExit(exc.exit_code) from None

@@ -62,25 +62,31 @@ class Snapshot:
 class _Ignores:
     """The ignore files that apply to a folder: its own, its parents' within the snapshot or the git repo.
 
-    Paths are strings, not Path objects: a snapshot of thousands of files goes through here.
+    Each spec is kept with its folder and its file's name, so that a refused script can name the file that
+    ignores it. Paths are strings, not Path objects: a snapshot of thousands of files goes through here.
     """
 
-    def __init__(self, specs: list[tuple[str, pathspec.GitIgnoreSpec]]) -> None:
+    def __init__(self, specs: list[tuple[str, str, pathspec.GitIgnoreSpec]]) -> None:
         self.specs = specs
 
     def below(self, folder: str) -> _Ignores:
-        found = [(folder, spec) for spec in _read_specs(Path(folder))]
+        found = [(folder, name, spec) for name, spec in _read_specs(Path(folder))]
         return _Ignores(self.specs + found) if found else self
 
     def ignored(self, path: str, is_dir: bool) -> bool:
-        for base, spec in self.specs:
+        return self.ignored_by(path, is_dir) is not None
+
+    def ignored_by(self, path: str, is_dir: bool) -> Optional[str]:
+        """The ignore file (its path) that leaves `path` out, or None."""
+        for base, name, spec in self.specs:
             relative = os.path.relpath(path, base) if not path.startswith(base + "/") else path[len(base) + 1 :]
             if spec.match_file(relative + "/" if is_dir else relative):
-                return True
-        return False
+                return os.path.join(base, name)
+        return None
 
 
-def _read_specs(folder: Path) -> list[pathspec.GitIgnoreSpec]:
+def _read_specs(folder: Path) -> list[tuple[str, pathspec.GitIgnoreSpec]]:
+    """(file name, spec) of each ignore file in `folder`."""
     specs = []
     for name in IGNORE_FILES:
         try:
@@ -89,15 +95,15 @@ def _read_specs(folder: Path) -> list[pathspec.GitIgnoreSpec]:
             continue
         import pathspec  # here, not at the top: it costs ~25 ms to import, and many work dirs have no ignore file
 
-        specs.append(pathspec.GitIgnoreSpec.from_lines(lines))
+        specs.append((name, pathspec.GitIgnoreSpec.from_lines(lines)))
     return specs
 
 
 def _parent_ignores(root: Path) -> _Ignores:
     """.gitignore files above the work dir, up to the top of its git repo, still apply to it."""
-    specs: list[tuple[str, pathspec.GitIgnoreSpec]] = []
+    specs: list[tuple[str, str, pathspec.GitIgnoreSpec]] = []
     for parent in root.parents:
-        specs = [(str(parent).rstrip("/") or "/", spec) for spec in _read_specs(parent)] + specs
+        specs = [(str(parent).rstrip("/") or "/", name, spec) for name, spec in _read_specs(parent)] + specs
         if (parent / ".git").exists():
             return _Ignores(specs)
     return _Ignores([])
@@ -129,7 +135,7 @@ def _walk(folder: str, prefix: str, ignores: _Ignores, snapshot: Snapshot, real_
         if (is_dir and child.name in SKIPPED_DIRS) or ignores.ignored(child.path, is_dir):
             continue
         relative = prefix + child.name
-        if "\n" in relative or "\0" in relative:
+        if _unsendable(relative):
             snapshot.skipped.append(relative)
             continue
         if is_dir:
@@ -143,6 +149,28 @@ def _walk(folder: str, prefix: str, ignores: _Ignores, snapshot: Snapshot, real_
             snapshot.entries.append(FileEntry(relative, "file", mode=stat.S_IMODE(st.st_mode), size=st.st_size))
         else:
             snapshot.skipped.append(relative)  # FIFOs, sockets, devices: reading one could block forever
+
+
+def _unsendable(relative: str) -> bool:
+    """A name the snapshot skips: one with a newline cannot be sent (NUL cannot be in a name at all)."""
+    return "\n" in relative or "\0" in relative
+
+
+def why_not_sent(root: Path, relative: str) -> str:
+    """Why the file `relative` is not in the snapshot of `root`: the reason a user can act on, on one line."""
+    if _unsendable(relative):
+        return f"{relative!r}: a name with a newline cannot be sent; rename it"
+    ignores = _parent_ignores(root).below(str(root))
+    folder, parts = str(root), relative.split("/")
+    for depth, part in enumerate(parts, 1):
+        path, is_dir = os.path.join(folder, part), depth < len(parts)
+        if is_dir and part in SKIPPED_DIRS:
+            return f"{relative}: it is inside {part}/, which is never sent"
+        ignore_file = ignores.ignored_by(path, is_dir)
+        if ignore_file is not None:
+            return f"{relative} is ignored by {ignore_file}, so it would not be sent"
+        folder, ignores = path, ignores.below(path) if is_dir else ignores
+    return f"{relative}: not a file the snapshot can send"
 
 
 def _link_target(path: Path, real_root: Path, local: bool) -> str:

@@ -18,6 +18,7 @@ import base64
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -33,7 +34,7 @@ from tfrun.runner import cgroup, jobdir, oom
 from tfrun.runner.config import Config
 from tfrun.runner.gpus import GpuReading, read_gpu_memory
 from tfrun.runner.lines import TerminalLines, display, plain
-from tfrun.runner.metrics import LogMetrics, PatternError, training_loss
+from tfrun.runner.metrics import LogMetrics, PatternError, plausible, training_loss
 from tfrun.runner.outbox import Outbox
 from tfrun.runner.spikes import DEFAULT_FACTOR, DEFAULT_PATIENCE, Spike, SpikeDetector
 from tfrun.runner.store import JobRow, Store
@@ -278,11 +279,10 @@ class Alerts:
         for line in data.splitlines():
             try:
                 record = json.loads(line)
-                step = int(record["step"])
-            except (ValueError, KeyError, TypeError):
+            except ValueError:
                 continue
-            if isinstance(record, dict):
-                self._loss(row, watch, settings, watch.callback_spikes, step, _loss_of(record))
+            if isinstance(record, dict) and plausible(record.get("step")):
+                self._loss(row, watch, settings, watch.callback_spikes, record["step"], _loss_of(record))
 
     # -- the rules ----------------------------------------------------------------------------------------
 
@@ -414,15 +414,24 @@ def recent_losses(job_dir: Path, n: int) -> list[float]:
 
 
 def _sample(line: bytes) -> Optional[MetricSample]:
+    """One line of a metrics file as a sample, or None: the file is the job's, so nothing in it is trusted
+    (a step of 10^30 or a time of 1e400 would be refused by the client reading the reply)."""
     try:
         record = json.loads(line)
-        step = int(record.pop("step"))
-        epoch = record.pop("epoch", None)
-        at = record.pop("time", None)
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    step, epoch, at = record.pop("step", None), record.pop("epoch", None), record.pop("time", None)
+    if not plausible(step):
         return None
     values = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return MetricSample(step=step, values=values, epoch=epoch if isinstance(epoch, int) else None, time=at)
+    return MetricSample(
+        step=step,
+        values=values,
+        epoch=epoch if plausible(epoch) else None,
+        time=float(at) if type(at) in (int, float) and math.isfinite(at) else None,
+    )
 
 
 def _loss_of(values: dict[str, Any]) -> Optional[float]:

@@ -217,9 +217,13 @@ class Spares:
 
 def write_manifest(path: Path, files: list[FileEntry]) -> None:
     """Keep a snapshot's manifest (a job's, to build it again for a restart; a spare's, to patch it).
-    json.dumps, not json.dump: dump streams through the pure-Python encoder, ~10x slower."""
-    with open(path, "w") as f:
+    Through a temporary file and a rename: a daemon killed half way leaves none, which a restart writes
+    again, rather than a torn one that it would trust. json.dumps, not json.dump: dump streams through the
+    pure-Python encoder, ~10x slower."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w") as f:
         f.write(json.dumps(plain(files)))
+    os.replace(partial, path)
 
 
 def read_manifest(path: Path) -> list[FileEntry]:

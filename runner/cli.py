@@ -42,6 +42,7 @@ from tfrun.runner.daemon import (
     prepare_dirs,
 )
 from tfrun.runner.store import Store, StoreError
+from tfrun.usage import OneLineUsageGroup
 
 
 def _fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
@@ -49,7 +50,7 @@ def _fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineUsageGroup, prog="tfrund", context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tfrund")
 def main() -> None:
     """tfrund, the tfrun daemon: runs jobs that outlive it, serves `tfrun` on a Unix socket.

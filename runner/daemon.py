@@ -14,7 +14,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from pathlib import Path
 from typing import IO, Any, Callable, Optional, Union
 
@@ -37,10 +37,10 @@ from tfrun.protocol import (
 from tfrun.runner.alerts import Alerts
 from tfrun.runner.blobs import BlobStore, Spares
 from tfrun.runner.config import Config
-from tfrun.runner.handlers import HANDLERS, Connection, RequestError, rerun, start_rerun
+from tfrun.runner.handlers import HANDLERS, WATCHING, Connection, RequestError, rerun, start_rerun
 from tfrun.runner.outbox import Outbox
 from tfrun.runner.scheduler import Scheduler
-from tfrun.runner.store import Store
+from tfrun.runner.store import JobRow, Store
 from tfrun.runner.supervisor import Supervisor
 from tfrun.runner.watch import LogWatch
 
@@ -65,6 +65,7 @@ def prepare_dirs(layout: Layout) -> None:
         if folder.stat().st_uid != os.getuid():
             raise DaemonError(f"{folder} belongs to another user; point TFRUN_HOME elsewhere")
         folder.chmod(0o700)
+    layout.spare_exits_dir.mkdir(mode=0o700, exist_ok=True)
 
 
 def acquire_lock(layout: Layout) -> IO[str]:
@@ -129,7 +130,9 @@ class Daemon:
         self.alerts = Alerts(config, store, self.outbox)
         self.scheduler = Scheduler(self)
         self.supervisor.on_final = self._ended
+        self.supervisor.after_final = self._after_end
         self._connections = 0
+        self.submissions: dict[str, asyncio.Future[JobRow]] = {}  # submits being made, by submission id
         self.started_at = time.time()
         self._stopping: Optional[asyncio.Event] = None  # made in serve(): on 3.9 an Event binds to a loop
 
@@ -148,11 +151,17 @@ class Daemon:
         future.add_done_callback(done)
 
     def _ended(self, job_id: int) -> None:
-        """A job just became final: its end alerts are due (the watch stores them once it has read the rest
-        of the log), the restart policy decides whether it runs again, and waiting jobs may start."""
+        """In the transaction that makes a job final: its end alerts are due (the watch stores them once it
+        has read the rest of the log), and the restart policy decides whether it runs again. Database
+        writes only, so that the end and what it calls for are committed together."""
         self.store.db.execute("INSERT OR IGNORE INTO watches (job_id, state) VALUES (?, '{}')", (job_id,))
         self._restart_if_wanted(job_id)
-        self.in_background(self.scheduler.run_pass())  # its GPUs are free, jobs that run after it may start
+
+    def _after_end(self, job_id: int) -> None:
+        """Once a job's end is committed: its restart, if it called for one, is built and started, and its
+        GPUs are free, so jobs that wait for them or run after it may start."""
+        self.prepare_restarts()
+        self.in_background(self.scheduler.run_pass())
 
     def _restart_if_wanted(self, job_id: int) -> None:
         """The restart policy, applied the moment a job becomes final: a job that failed or was lost and
@@ -163,9 +172,17 @@ class Daemon:
             return
         reason = f"{row.state} with exit code {row.exit_code}; {left - 1} automatic restart(s) left"
         new = rerun(self, row, reason, restarts_left=left - 1)
-        self.supervisor.preparing(new.id)
         log.info("job %d: %s; running it again as job %d", row.id, reason, new.id)
-        self.in_background(start_rerun(self, new))
+
+    def prepare_restarts(self) -> None:
+        """Build and start, in the background, every restart that is recorded but not built: the one a job's
+        end just called for, or at daemon start one whose daemon died before it was built or started.
+        start_rerun redoes only what is missing, so this is safe to repeat."""
+        for row in self.store.list(include_final=False):
+            restart = row.spec.get("restart_of") is not None and row.state == JobState.QUEUED and not row.prepared
+            if restart and not self.supervisor.is_starting(row.id):
+                self.supervisor.preparing(row.id)
+                self.in_background(start_rerun(self, row))
 
     def stop(self) -> None:
         if self._stopping is not None:
@@ -176,11 +193,12 @@ class Daemon:
         self._stopping = asyncio.Event()
         self.log_watch = LogWatch(asyncio.get_running_loop())
         self.supervisor.reconcile()
+        self.prepare_restarts()
         await self.supervisor.resume_queued()
         await self.scheduler.run_pass()
         socket_path = self.layout.socket
         socket_path.unlink(missing_ok=True)  # left by a daemon that died; we hold the lock, so it is stale
-        server = await asyncio.start_unix_server(self._connection, path=str(socket_path), limit=MAX_HEADER_BYTES + 1)
+        server = await asyncio.get_running_loop().create_unix_server(self._protocol, path=str(socket_path))
         socket_path.chmod(0o600)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -199,8 +217,13 @@ class Daemon:
             socket_path.unlink(missing_ok=True)
             log.info("tfrund (pid %d) stopped; running jobs keep running", os.getpid())
 
+    def _protocol(self) -> asyncio.StreamReaderProtocol:
+        """What asyncio.start_unix_server makes for each client, with a reader that tells of a hang-up."""
+        return asyncio.StreamReaderProtocol(_ClientReader(MAX_HEADER_BYTES + 1), self._connection)
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One client: the version handshake, then requests until it hangs up."""
+        assert isinstance(reader, _ClientReader)
         self._connections += 1
         conn = Connection(writer, f"c{os.getpid()}-{self._connections}")
         try:
@@ -221,10 +244,15 @@ class Daemon:
                     await conn.send(Error(ErrorCode.BAD_REQUEST, f"{msg.TYPE!r} is not a request"))
                     return
                 try:
-                    await handler(self, msg, conn)
+                    if isinstance(msg, WATCHING):
+                        if not await _unless_hung_up(handler(self, msg, conn), reader.hung_up):
+                            return
+                    else:
+                        await handler(self, msg, conn)
                 except RequestError as exc:
                     await conn.send(Error(exc.code, exc.message))
-        except ProtocolError as exc:
+        except ProtocolError as exc:  # ends the connection: logged once, as one line, whatever the peer sends
+            log.warning("%s: bad request: %.200s", conn.key, exc)
             await _try_send(writer, Error(ErrorCode.BAD_REQUEST, str(exc)))
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
             pass
@@ -234,6 +262,43 @@ class Daemon:
         finally:
             self.blobs.discard(conn.key)
             writer.close()
+
+
+class _ClientReader(asyncio.StreamReader):
+    """A client's stream that also tells, without consuming anything, when the client hung up: the end of
+    what it sends (every tfrun client, the keeper and dial-stdio pass that on), or a broken connection."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit=limit)
+        self.hung_up = asyncio.Event()
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        self.hung_up.set()
+
+    def set_exception(self, exc: Exception) -> None:
+        super().set_exception(exc)
+        self.hung_up.set()
+
+
+async def _unless_hung_up(work: Awaitable[None], hung_up: asyncio.Event) -> bool:
+    """Run a handler that only watches (a wait, a follow) until it is done or its client hangs up; False
+    if the client went first. Such a handler may sit for days beside a job that prints nothing, with no
+    write to fail on: without this, each client that gave up would hold its socket, its handle on the log
+    and its polling loop until the job ended."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(hung_up.wait())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done():
+        await asyncio.wait({task})  # its cleanup (closing the log, leaving the watch) runs now, not later
+        return False
+    task.result()  # its RequestError, or a failure, as if it had been awaited directly
+    return True
 
 
 async def _try_send(writer: asyncio.StreamWriter, msg: Message) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
-import math
 import os
 import shutil
 import stat
@@ -18,10 +18,9 @@ from tfrun import __version__
 from tfrun.constants import (
     DEFAULT_GRACE_S,
     FILE_CHUNK_BYTES,
+    FILTER_THREADS,
     FOLLOW_POLL_S,
     LOG_CHUNK_BYTES,
-    MAX_CONTEXT,
-    MAX_GRACE_S,
     MAX_METRIC_SAMPLES,
 )
 from tfrun.content import ManifestError, check_manifest, check_relative
@@ -80,6 +79,7 @@ from tfrun.runner import jobdir, rules
 from tfrun.runner.alerts import read_metrics, recent_losses
 from tfrun.runner.blobs import read_manifest, write_manifest
 from tfrun.runner.doctor import job_python, run_checks
+from tfrun.runner.faults import crash_point
 from tfrun.runner.gpus import read_gpu_memory
 from tfrun.runner.lines import BlockMatcher, LineFilter, PatternError, Selector, Tail, TerminalLines, display
 from tfrun.runner.logindex import LogIndex, Stamper
@@ -91,6 +91,11 @@ from tfrun.runner.store import JobRow
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
+
+
+# Threads that compile and match `logs` patterns, apart from the default pool (doctor, metrics, GPUs), so that
+# costly filters queue behind each other instead of in front of everything else.
+_FILTERS = concurrent.futures.ThreadPoolExecutor(FILTER_THREADS, thread_name_prefix="tfrund-filter")
 
 
 class Connection:
@@ -128,10 +133,37 @@ def _invalid(message: str) -> RequestError:
 
 
 async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
-    """Check the request, build the job's work dir from the uploaded contents, start the job's shim."""
+    """Check the request, build the job's work dir from the uploaded contents, start the job's shim.
+
+    Once per submission id: the same submit sent again (by a client that lost its daemon before the answer,
+    to the next daemon or over a new SSH link to this one) gets the job the first one made."""
+    sid = req.submission_id
+    if sid is None:
+        row = await _new_job(daemon, req)
+    else:
+        pending = daemon.submissions.get(sid)
+        if pending is None:  # else the first is still being made here: its answer is this one's too
+            pending = daemon.submissions[sid] = asyncio.ensure_future(_submitted_once(daemon, req, sid))
+            pending.add_done_callback(lambda _: daemon.submissions.pop(sid, None))
+        row = await asyncio.shield(pending)  # its client hanging up does not stop a job half made
+    await conn.send(JobReply(public(daemon, row)))
+
+
+async def _submitted_once(daemon: Daemon, req: Submit, sid: str) -> JobRow:
+    """The job of submission `sid`: the one a daemon made before, or a new one."""
+    found = daemon.store.find_submission(sid)
+    if found is not None and found.prepared:
+        return found
+    if found is not None:
+        # Recorded by a daemon that died before its work dir was built (the next one marked it failed): it
+        # never ran and its client never learnt its id, so it makes way for the job it was meant to be.
+        daemon.store.delete(found.id)
+        shutil.rmtree(daemon.layout.jobs_dir / str(found.id), ignore_errors=True)
+    return await _new_job(daemon, req, sid)
+
+
+async def _new_job(daemon: Daemon, req: Submit, sid: Optional[str] = None) -> JobRow:
     script = _check_submit(daemon, req)
-    if req.max_restarts < 0:
-        raise _invalid("--max-restarts must not be negative")
     spec: dict[str, Any] = {
         "source": req.source,
         "script": str(script),
@@ -146,22 +178,24 @@ async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
     }
     spec.update(_resources(daemon, req))
     alert_rules = _alert_rules(daemon, req)
-    row = daemon.store.create_job(req.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root)
-    daemon.store.set_job_alerts(row.id, alert_rules, req.notify, req.metric_patterns)
+    with daemon.store.transaction():
+        row = daemon.store.create_job(
+            req.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root, submission_id=sid
+        )
+        daemon.store.set_job_alerts(row.id, alert_rules, req.notify, req.metric_patterns)
     try:
         started = await _start(daemon, row, req.files)
     except ManifestError as exc:
         raise _invalid(f"cannot build the work dir: {exc}") from None
-    await conn.send(JobReply(public(daemon, started)))
+    crash_point("submit-accepted")
     daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
+    return started
 
 
 def _resources(daemon: Daemon, req: Submit) -> dict[str, Any]:
     """What the job waits for: its GPUs, its priority, the jobs it runs after (by id)."""
     devices = daemon.scheduler.devices
     gpus = daemon.scheduler.default_gpus() if req.gpus is None else req.gpus
-    if gpus < 0:
-        raise _invalid("--gpus must not be negative")
     if gpus > len(devices):
         has = f"has {len(devices)} ({', '.join(devices)})" if devices else "has none"
         raise _invalid(f"the job asks for {gpus} GPU(s) and this box {has}")
@@ -215,41 +249,47 @@ async def restart(daemon: Daemon, req: Restart, conn: Connection) -> None:
     row = _find(daemon, req.job)
     if not row.final:
         raise _invalid(f"job {row.id} is still {row.state}: cancel it first, or wait for it")
+    files = _snapshot_files(row)
     new = rerun(daemon, row, reason="restarted by request")
+    daemon.supervisor.preparing(new.id)  # not to be picked up by Daemon.prepare_restarts as well
     try:
-        started = await _start(daemon, new, _snapshot_files(row))
+        started = await _start(daemon, new, files)
     except ManifestError as exc:
         raise _invalid(f"cannot build job {row.id}'s work dir again: {exc}") from None
+    finally:
+        daemon.supervisor.launched(new.id)
     await conn.send(JobReply(public(daemon, started)))
 
 
 def rerun(daemon: Daemon, row: JobRow, reason: str, restarts_left: Optional[int] = None) -> JobRow:
-    """The queued job that runs `row` again (not started yet); `row` records it as its restart.
-
-    Synchronous on purpose: an automatic restart is decided in the same step that makes `row` final, so
-    whoever waits for `row` learns of the new job at once.
+    """The queued job that runs `row` again (its folder made, nothing in it yet); `row` records it as its
+    restart. One transaction, or part of the one that makes `row` final (an automatic restart), so whoever
+    waits for `row` learns of the new job at once, and a daemon killed at any point leaves both or neither.
+    The snapshot manifest is written when the new job is built (start_rerun), which a new daemon redoes.
     """
     spec = dict(row.spec)
     spec["restart_of"] = row.id
     if restarts_left is not None:
         spec["max_restarts"] = restarts_left
-    new = daemon.store.create_job(
-        row.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root, Path(row.checkpoint_dir)
-    )
-    shutil.copyfile(Path(row.job_dir) / jobdir.FILES, Path(new.job_dir) / jobdir.FILES)
-    settings = daemon.store.job_alerts(row.id)
-    if settings is not None:
-        daemon.store.set_job_alerts(new.id, *settings)
-    daemon.store.update(row.id, restarted_as=new.id)
-    daemon.store.add_event(row.id, "restarted", f"as job {new.id}: {reason}")
-    daemon.store.add_event(new.id, "restart", f"of job {row.id}: {reason}")
+    with daemon.store.transaction():
+        new = daemon.store.create_job(
+            row.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root, Path(row.checkpoint_dir)
+        )
+        settings = daemon.store.job_alerts(row.id)
+        if settings is not None:
+            daemon.store.set_job_alerts(new.id, *settings)
+        daemon.store.update(row.id, restarted_as=new.id)
+        daemon.store.add_event(row.id, "restarted", f"as job {new.id}: {reason}")
+        daemon.store.add_event(new.id, "restart", f"of job {row.id}: {reason}")
     return new
 
 
 async def start_rerun(daemon: Daemon, row: JobRow) -> None:
-    """Build and start a job made by `rerun` (for automatic restarts, in the background)."""
+    """Build and start a job made by `rerun` from the snapshot of the job it runs again (for automatic
+    restarts, and at daemon start for restarts a dead daemon did not finish, in the background)."""
+    source = daemon.store.get(row.spec["restart_of"]) or row  # never gone: a job that ran is kept
     try:
-        await _start(daemon, row, _snapshot_files(row))
+        await _start(daemon, row, _snapshot_files(source))
     except RequestError as exc:
         daemon.supervisor.mark_failed(row, f"could not start: {exc.message}")
     except ManifestError:
@@ -265,8 +305,10 @@ async def _start(daemon: Daemon, row: JobRow, files: list[FileEntry]) -> JobRow:
     try:
         if not (job_dir / jobdir.FILES).exists():
             write_manifest(job_dir / jobdir.FILES, files)
-        build = functools.partial(daemon.spares.build, files, job_dir / jobdir.WORK, row.spec.get("source"))
-        await asyncio.get_running_loop().run_in_executor(None, build)
+        crash_point("prepare-manifest-written")
+        if not (job_dir / jobdir.WORK).exists():  # else built by a daemon that died before recording it
+            build = functools.partial(daemon.spares.build, files, job_dir / jobdir.WORK, row.spec.get("source"))
+            await asyncio.get_running_loop().run_in_executor(None, build)
         Path(row.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     except (ManifestError, OSError) as exc:
         if row.spec.get("restart_of") is not None:
@@ -276,6 +318,7 @@ async def _start(daemon: Daemon, row: JobRow, files: list[FileEntry]) -> JobRow:
             shutil.rmtree(job_dir, ignore_errors=True)
         raise ManifestError(str(exc)) from None
     daemon.store.update(row.id, prepared=1)
+    crash_point("prepare-built")
     await daemon.scheduler.run_pass()
     return daemon.store.get(row.id) or row
 
@@ -326,7 +369,12 @@ def _command(daemon: Daemon, req: Submit, script: PurePosixPath) -> list[str]:
         if found is None:
             raise _invalid(f"job interpreter {python!r} is not on the daemon's PATH")
         python = found
-    return [python, str(script), *req.args]
+    return [python, _as_argument(script), *req.args]
+
+
+def _as_argument(script: PurePosixPath) -> str:
+    """The script's path as no interpreter can read it as an option: `python3 -dash.py` is "Unknown option"."""
+    return f"./{script}" if str(script).startswith("-") else str(script)
 
 
 # -- queries ------------------------------------------------------------------------------------------------
@@ -347,11 +395,8 @@ async def wait(daemon: Daemon, req: Wait, conn: Connection) -> None:
 
 async def cancel(daemon: Daemon, req: Cancel, conn: Connection) -> None:
     grace = DEFAULT_GRACE_S if req.grace is None else req.grace
-    if not 0 <= grace <= MAX_GRACE_S:
-        raise _invalid(f"grace must be between 0 and {MAX_GRACE_S:g} seconds")
 
-    async def one(ref: str) -> CancelResult:
-        row = daemon.store.find(ref)
+    async def one(ref: str, row: Optional[JobRow]) -> CancelResult:
         if row is None:
             return CancelResult(job=ref, ok=False, message=f"no job {ref!r}")
         if row.final:
@@ -359,24 +404,29 @@ async def cancel(daemon: Daemon, req: Cancel, conn: Connection) -> None:
         row = await daemon.supervisor.cancel(row, grace)
         return CancelResult(ref, True, f"job {row.id} {row.state}", row.id, row.state)
 
-    await conn.send(CancelReply(list(await asyncio.gather(*(one(ref) for ref in req.jobs)))))
+    rows = await _find_all(daemon, req.jobs)
+    await conn.send(CancelReply(list(await asyncio.gather(*(one(ref, row) for ref, row in zip(req.jobs, rows))))))
+
+
+async def _find_all(daemon: Daemon, refs: list[str]) -> list[Optional[JobRow]]:
+    """The job each of `refs` names (None for none), looked up a hundred at a time with other clients served
+    in between: the thousand a request may name take the store about 15 ms."""
+    rows: list[Optional[JobRow]] = []
+    for start in range(0, len(refs), 100):
+        rows.extend(daemon.store.find(ref) for ref in refs[start : start + 100])
+        await asyncio.sleep(0)
+    return rows
 
 
 async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
     """Send the log from `offset`; when following, until the job is final and all is sent."""
     row = _find(daemon, req.job)
-    if req.offset < 0:
-        raise RequestError(ErrorCode.BAD_REQUEST, "offset must not be negative")
-    if req.tail is not None and req.tail < 0:
-        raise _invalid("--tail must not be negative")
     line_filter = LineFilter(tuple(req.patterns), req.invert, req.ignore_case, req.fixed)
     try:
-        compiled = line_filter.compile()
+        compiled, block_matcher = await _compile(line_filter)
     except PatternError as exc:
         raise _invalid(str(exc)) from None
-    if not 0 <= req.after <= MAX_CONTEXT or not 0 <= req.before <= MAX_CONTEXT:
-        raise _invalid(f"context must be between 0 and {MAX_CONTEXT} lines")
-    since = _since(req)
+    since = time.time() - req.since_ago if req.since_ago is not None else req.since
     path = Path(row.job_dir) / jobdir.OUTPUT
     index = LogIndex(Path(row.job_dir) / jobdir.INDEX) if since is not None or req.timestamps else None
     lines: Optional[_LineReader] = None
@@ -384,7 +434,7 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
         stamper = Stamper(index, path) if req.timestamps and index is not None else None
         selector = Selector(compiled, req.invert, req.after, req.before)
         plain_selection = not req.invert and not req.after and not req.before and stamper is None
-        blocks = BlockMatcher(line_filter) if plain_selection else None
+        blocks = block_matcher if plain_selection else None
         lines = _LineReader(conn, selector, req.offset, req.tail, index, since, stamper, blocks)
     with daemon.log_watch.follow(path) as grew, contextlib.ExitStack() as cleanup:
         offset = req.offset
@@ -425,16 +475,16 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
             state_read = False
 
 
-def _since(req: ReadLog) -> Optional[float]:
-    """The time (the box's clock) from which lines are wanted, or None for all of them."""
-    for value in (req.since, req.since_ago):
-        if value is not None and not math.isfinite(value):
-            raise _invalid("--since must be a finite time")
-    if req.since_ago is not None and req.since_ago < 0:
-        raise _invalid("--since must not be in the future")
-    if req.since_ago is not None:
-        return time.time() - req.since_ago
-    return req.since
+async def _compile(line_filter: LineFilter) -> tuple[Optional[Any], BlockMatcher]:
+    """The filter's patterns compiled, in a worker thread: a thousand of them cost RE2 tens of milliseconds,
+    which must not be every other client's wait."""
+    if not line_filter.patterns:
+        return None, BlockMatcher(line_filter)
+
+    def work() -> tuple[Optional[Any], BlockMatcher]:
+        return line_filter.compile(), BlockMatcher(line_filter)
+
+    return await asyncio.get_running_loop().run_in_executor(_FILTERS, work)
 
 
 def _line_start(handle: BinaryIO, offset: int, floor: int) -> int:
@@ -476,6 +526,15 @@ class _LineReader:
         self.blocks = blocks  # the fast path for whole blocks of plain lines, where the request allows it
 
     async def feed(self, data: bytes, offset: int) -> None:
+        """Take the bytes at `offset` of the log. They are matched in a worker thread (RE2 lets go of the
+        GIL): a thousand long patterns can cost a third of a second per chunk, time the other clients of
+        the event loop must not wait through."""
+        found = await asyncio.get_running_loop().run_in_executor(_FILTERS, self._match, data, offset)
+        if found is not None:
+            await self._deliver(*found)
+
+    def _match(self, data: bytes, offset: int) -> Optional[tuple[list[bytes], int]]:
+        """(the lines of `data` that pass, the boundary after them), or None while no line is finished."""
         if self.blocks is not None and self.since is None:
             head = self.terminal.unfinished_line_ends(data)  # the rest of a line begun in an earlier read
             cut = data.rfind(b"\n") + 1
@@ -483,13 +542,12 @@ class _LineReader:
             if matched is not None:
                 passing = self._select(self.terminal.feed(data[:head]), []) + matched
                 self.terminal.feed(data[cut:])
-                await self._deliver(passing, offset + cut)
-                return
+                return passing, offset + cut
         finished = self.terminal.feed(data)
         if not finished:
-            return
+            return None
         ends = [offset + end for end in _line_ends(data)] if self.stamper or self.since is not None else []
-        await self._deliver(self._select(finished, ends), offset + data.rfind(b"\n") + 1)
+        return self._select(finished, ends), offset + data.rfind(b"\n") + 1
 
     async def _deliver(self, passing: list[bytes], boundary: int) -> None:
         self.boundary = boundary
@@ -623,9 +681,11 @@ async def read_file(daemon: Daemon, req: ReadFile, conn: Connection) -> None:
         fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
         raise _invalid(f"cannot read {req.path}: {exc.strerror}") from None
+    problem = _not_readable(os.fstat(fd), req)
+    if problem is not None:
+        os.close(fd)  # before os.fdopen, which raises IsADirectoryError on a folder and leaves the fd open
+        raise _invalid(problem)
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise _invalid(f"{req.path} is not a file")
         f.seek(req.offset)
         offset = req.offset
         while True:
@@ -637,13 +697,21 @@ async def read_file(daemon: Daemon, req: ReadFile, conn: Connection) -> None:
                 return
 
 
+def _not_readable(st: os.stat_result, req: ReadFile) -> Optional[str]:
+    """Why the file opened for `req` cannot be sent from its offset, or None."""
+    if not stat.S_ISREG(st.st_mode):
+        return f"{req.path} is not a file"
+    if req.offset > st.st_size:
+        return f"offset {req.offset} is past the end of {req.path} ({st.st_size} bytes)"
+    return None
+
+
 # -- alerts and metrics -------------------------------------------------------------------------------------
 
 
 async def list_alerts(daemon: Daemon, req: ListAlerts, conn: Connection) -> None:
     job_id = _find(daemon, req.job).id if req.job is not None else None
-    limit = max(1, min(req.limit, 10_000))
-    await conn.send(AlertList(daemon.outbox.alerts(job_id, limit)))
+    await conn.send(AlertList(daemon.outbox.alerts(job_id, req.limit)))
 
 
 async def notify_test(daemon: Daemon, req: NotifyTest, conn: Connection) -> None:
@@ -661,8 +729,6 @@ async def notify_test(daemon: Daemon, req: NotifyTest, conn: Connection) -> None
 
 async def get_metrics(daemon: Daemon, req: GetMetrics, conn: Connection) -> None:
     row = _find(daemon, req.job)
-    if req.last is not None and req.last < 1:
-        raise _invalid("--last must be at least 1")
     last = min(req.last or MAX_METRIC_SAMPLES, MAX_METRIC_SAMPLES)
     work = functools.partial(read_metrics, Path(row.job_dir), last)
     source, samples = await asyncio.get_running_loop().run_in_executor(None, work)
@@ -675,13 +741,12 @@ async def list_gpus(daemon: Daemon, req: ListGpus, conn: Connection) -> None:
 
 async def top(daemon: Daemon, req: Top, conn: Connection) -> None:
     rows = daemon.store.list(include_final=False)
-    ended = daemon.store.recent_final(max(0, min(req.recent, 100)))
+    ended = daemon.store.recent_final(req.recent)
     shown = sorted([*rows, *ended], key=lambda row: row.id)
-    count = max(0, min(req.losses, 1000))
     loop = asyncio.get_running_loop()
     losses = {}
     for row in shown:
-        found = await loop.run_in_executor(None, recent_losses, Path(row.job_dir), count)
+        found = await loop.run_in_executor(None, recent_losses, Path(row.job_dir), req.losses)
         if found:
             losses[str(row.id)] = found
     jobs = [public(daemon, row) for row in shown]
@@ -735,6 +800,10 @@ async def shutdown(daemon: Daemon, req: Shutdown, conn: Connection) -> None:
     await conn.send(Ok(f"tfrund (pid {os.getpid()}) stopping; {running} running job(s) keep running"))
     daemon.stop()
 
+
+# Requests that only watch a job: the daemon drops one the moment its client hangs up, rather than when the
+# job ends. Nothing else is dropped half way: a submit or a cancel whose client left still runs to its end.
+WATCHING: tuple[type[Message], ...] = (Wait, ReadLog)
 
 HANDLERS: dict[type[Message], Callable[[Daemon, Any, Connection], Awaitable[None]]] = {
     HaveBlobs: have_blobs,

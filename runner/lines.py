@@ -117,7 +117,16 @@ class LineFilter:
                 re2.compile(part, options)
             except re2.error as exc:
                 raise PatternError(f"invalid pattern {part!r}: {_reason(exc)}") from None
-        return re2.compile("|".join(f"(?:{p})" for p in parts), options)
+        return _compile_together(re2, "|".join(f"(?:{p})" for p in parts), options)
+
+
+def _compile_together(re2: Any, pattern: Any, options: Any) -> Any:
+    """All the patterns as one RE2, or PatternError: patterns that each compile may still be too large
+    together for RE2's memory budget."""
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        raise PatternError(f"the patterns together are too large: {_reason(exc)}") from None
 
 
 def _reason(exc: Exception) -> str:
@@ -213,7 +222,7 @@ class BlockMatcher:
             options.never_nl = True
             options.case_sensitive = not line_filter.ignore_case
             joined = "|".join(f"(?:{p})" for p in line_filter.patterns)
-            self.regex = re2.compile(f"(?m){joined}".encode(), options)
+            self.regex = _compile_together(re2, f"(?m){joined}".encode(), options)
 
     def lines(self, block: bytes) -> Optional[list[bytes]]:
         """The matching lines of `block` (lines that each end in \\n), or None if it needs the per-line path."""

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from tfrun.constants import DEFAULT_GRACE_S
 from tfrun.protocol import JobState
 from tfrun.runner import jobdir
+from tfrun.runner.faults import crash_point
 from tfrun.runner.gpus import device_ids
 from tfrun.runner.store import JobRow
 
@@ -110,8 +111,10 @@ class Scheduler:
 
     async def _launch(self, row: JobRow, devices: list[str]) -> None:
         """Record the devices with the job, then start it with them."""
-        self.daemon.store.update(row.id, gpus=json.dumps(devices), waiting=None)
-        self.daemon.store.add_event(row.id, "scheduled", f"GPUs {','.join(devices)}" if devices else "no GPU")
+        with self.daemon.store.transaction():
+            self.daemon.store.update(row.id, gpus=json.dumps(devices), waiting=None)
+            self.daemon.store.add_event(row.id, "scheduled", f"GPUs {','.join(devices)}" if devices else "no GPU")
+        crash_point("start-scheduled")
         row = self.daemon.store.get(row.id) or row
         command = tty_command(self.daemon, row) if row.spec.get("tty") else None
         try:

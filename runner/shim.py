@@ -196,18 +196,27 @@ class Shim:
             _kill(pid, sig)
 
     def _write_exit(self, code: int, sig: Optional[int], started: float, error: Optional[str] = None) -> None:
-        jobdir.write_json(
-            os.path.join(self.job_dir, jobdir.EXIT),
-            {
-                "exit_code": code,
-                "signal": sig,
-                "started_at": started,
-                "finished_at": self.exited_at or time.time(),
-                "ended_at": time.time(),
-                "cancelled": self.cancelled,
-                "error": error,
-            },
-        )
+        """Record how the job ended in exit.json; if the job folder takes no more writes (remounted read-only,
+        a full disk), in the spare record the daemon reserved elsewhere, saying why: the job's true exit code
+        must reach the daemon either way."""
+        record = {
+            "exit_code": code,
+            "signal": sig,
+            "started_at": started,
+            "finished_at": self.exited_at or time.time(),
+            "ended_at": time.time(),
+            "cancelled": self.cancelled,
+            "error": error,
+        }
+        try:
+            jobdir.write_json(os.path.join(self.job_dir, jobdir.EXIT), record)
+        except OSError as exc:
+            spare = self.spec.get("spare_exit")
+            if not spare:  # a spec written by a tfrund from before spare records
+                raise
+            why = f"job folder not writable: {exc.strerror}"
+            record["error"] = f"{why}; {error}" if error else why
+            jobdir.fill(spare, record)
 
 
 def _kill(pid: int, sig: int, group: bool = False) -> None:

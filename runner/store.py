@@ -6,17 +6,20 @@ exit.json), so the store can always be brought up to date from them after a cras
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from tfrun.protocol import Job, JobState
+from tfrun.constants import MAX_INT64
+from tfrun.protocol import Job, JobState, is_job_id
 from tfrun.runner import jobdir
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -94,6 +97,12 @@ _MIGRATIONS: dict[int, str] = {
     ALTER TABLE jobs ADD COLUMN prepared INTEGER NOT NULL DEFAULT 0;  -- its work dir is built: it may start
     ALTER TABLE jobs ADD COLUMN gpus TEXT;     -- JSON [device id]: the GPUs it was given (NULL: not scheduled)
     ALTER TABLE jobs ADD COLUMN waiting TEXT;  -- why a queued job has not started yet
+    """,
+    5: """
+    -- The client's id of the submit that made the job (NULL for restarts and older clients): the same submit
+    -- sent again, after a daemon died before answering it, finds this job instead of making a second one.
+    ALTER TABLE jobs ADD COLUMN submission_id TEXT;
+    CREATE UNIQUE INDEX jobs_submission ON jobs(submission_id);
     """,
 }
 
@@ -212,6 +221,26 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Make every write in the block one commit: a daemon killed inside it leaves none of them, so a move
+        of a job (its end with the restart it calls for) is either all recorded or all still to do.
+
+        Within an enclosing transaction the block is part of it. IMMEDIATE takes the write lock at once, so
+        the commit cannot fail on a lock that another writer took while the block ran."""
+        enclosed = self.db.in_transaction
+        if enclosed:
+            yield
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:  # SQLite ends some failed ones itself (a full disk)
+                self.db.execute("ROLLBACK")
+            raise
+
     def create_job(
         self,
         name: Optional[str],
@@ -219,34 +248,45 @@ class Store:
         jobs_dir: Path,
         checkpoint_root: Path,
         checkpoint_dir: Optional[Path] = None,
+        submission_id: Optional[str] = None,
     ) -> JobRow:
         """Insert a queued job and create its folder; an id whose folder already exists is skipped.
 
         The checkpoint folder is the job's own under the root, unless given (a restart shares its job's).
+        One transaction: a daemon killed half way leaves no record without its folders, and never a
+        submission id without its job.
         """
         while True:
-            now = time.time()
-            cur = self.db.execute(
-                "INSERT INTO jobs (name, state, spec, job_dir, checkpoint_dir, created_at) VALUES (?,?,?,?,?,?)",
-                (name, JobState.QUEUED, json.dumps(spec), "", "", now),
-            )
-            job_id = int(cur.lastrowid or 0)
-            job_dir = jobs_dir / str(job_id)
-            try:
-                job_dir.mkdir(parents=True)
-            except FileExistsError:
-                # Left by an earlier database: never write into it; AUTOINCREMENT moves past this id.
-                self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
-                continue
-            checkpoints = checkpoint_dir or checkpoint_root / str(job_id)
-            self.db.execute(
-                "UPDATE jobs SET job_dir=?, checkpoint_dir=? WHERE id=?",
-                (str(job_dir), str(checkpoints), job_id),
-            )
-            self.add_event(job_id, "submitted")
+            with self.transaction():
+                cur = self.db.execute(
+                    "INSERT INTO jobs (name, state, spec, job_dir, checkpoint_dir, created_at, submission_id) "
+                    "VALUES (?,?,?,?,?,?,?)",
+                    (name, JobState.QUEUED, json.dumps(spec), "", "", time.time(), submission_id),
+                )
+                job_id = int(cur.lastrowid or 0)
+                job_dir = jobs_dir / str(job_id)
+                try:
+                    job_dir.mkdir(parents=True)
+                except FileExistsError:
+                    # Left by an earlier database: never write into it; AUTOINCREMENT moves past this id.
+                    self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+                    continue
+                checkpoints = checkpoint_dir or checkpoint_root / str(job_id)
+                self.db.execute(
+                    "UPDATE jobs SET job_dir=?, checkpoint_dir=? WHERE id=?",
+                    (str(job_dir), str(checkpoints), job_id),
+                )
+                self.add_event(job_id, "submitted")
             row = self.get(job_id)
             assert row is not None
             return row
+
+    def find_submission(self, submission_id: str) -> Optional[JobRow]:
+        """The job that the submit with this client-made id created, if any."""
+        row = self.db.execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE submission_id=?", (submission_id,)
+        ).fetchone()
+        return _row(row) if row else None
 
     def update(self, job_id: int, **values: Any) -> None:
         unknown = set(values) - _UPDATABLE
@@ -301,9 +341,11 @@ class Store:
         return _row(row) if row else None
 
     def find(self, ref: str) -> Optional[JobRow]:
-        """A job by id ("12") or by name (the newest job of that name)."""
-        if ref.isdigit():
-            return self.get(int(ref))
+        """A job by id ("12") or by name (the newest job of that name). An id beyond SQLite's integers
+        names no job (the protocol bounds a reference's length, so int() is cheap)."""
+        if is_job_id(ref):
+            job_id = int(ref)
+            return self.get(job_id) if job_id <= MAX_INT64 else None
         row = self.db.execute(
             f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE name=? ORDER BY id DESC LIMIT 1", (ref,)
         ).fetchone()

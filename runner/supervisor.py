@@ -22,6 +22,7 @@ from tfrun.constants import EXIT_LOST, MONITOR_INTERVAL_S
 from tfrun.paths import Layout
 from tfrun.protocol import JobState
 from tfrun.runner import jobdir
+from tfrun.runner.faults import crash_point
 from tfrun.runner.process import Identity, boot_id
 from tfrun.runner.store import JobRow, Store
 
@@ -35,13 +36,18 @@ class Supervisor:
         self.store = store
         self._starting: set[int] = set()
         self._final_events: dict[int, asyncio.Event] = {}
-        self.on_final: Callable[[int], None] = lambda job_id: None  # the daemon's: alerts, restarts, the queue
+        # The daemon's: on_final records what a job's end calls for (end alerts, a restart) in the transaction
+        # that ends it; after_final, once that is committed, does the work outside the database (the queue).
+        self.on_final: Callable[[int], None] = lambda job_id: None
+        self.after_final: Callable[[int], None] = lambda job_id: None
 
     # -- starting -----------------------------------------------------------------------------------------
 
     async def start(self, row: JobRow, env: dict[str, str], grace: float, command: Optional[list[str]] = None) -> None:
         """Write the job's spec and start its shim; return once the job runs (or failed to start). The shim
         runs `command` if given (a wrapper around the job's own), else the job's command."""
+        spare = self.layout.spare_exit(row.id)
+        jobdir.reserve(spare)
         jobdir.write_json(
             Path(row.job_dir) / jobdir.SPEC,
             {
@@ -49,6 +55,7 @@ class Supervisor:
                 "cwd": str(Path(row.job_dir) / jobdir.WORK),
                 "env": env,
                 "grace": grace,
+                "spare_exit": str(spare),
             },
         )
         await self.launch(row)
@@ -58,6 +65,7 @@ class Supervisor:
         self._starting.add(row.id)
         try:
             await self._spawn_shim(Path(row.job_dir))
+            crash_point("start-spawned")
             self.check(row.id)
             row = self.store.get(row.id) or row
             if row.state == JobState.QUEUED:  # the shim died before the job started
@@ -75,6 +83,8 @@ class Supervisor:
                 await self.launch(row)
             elif not row.prepared:
                 self.mark_failed(row, "the daemon stopped while preparing it")
+            elif row.gpus is not None:  # scheduled, but the daemon died before it wrote the spec
+                self.store.update(row.id, gpus=None)  # so the scheduler takes it again
             # else: it waits for the scheduler, as it did
 
     async def _spawn_shim(self, job_dir: Path) -> None:
@@ -113,6 +123,10 @@ class Supervisor:
     def launched(self, job_id: int) -> None:
         self._starting.discard(job_id)
 
+    def is_starting(self, job_id: int) -> bool:
+        """Whether someone in this daemon is preparing or launching the job (not to be started twice)."""
+        return job_id in self._starting
+
     def active(self) -> list[int]:
         """Jobs the monitor must watch: not final, and not being started right now."""
         return [r.id for r in self.store.list(include_final=False) if r.id not in self._starting]
@@ -142,8 +156,9 @@ class Supervisor:
                 log.info("job %d: re-adopted (shim pid %d)", row.id, identity.pid)
                 self.store.add_event(row.id, "adopted", f"shim pid {identity.pid}")
             return
-        # The shim is gone. It writes exit.json before it exits, so look once more before calling it lost.
-        if not self._recorded_end(row):
+        # The shim is gone. It writes exit.json (or its spare) before it exits, so look once more before
+        # calling it lost.
+        if not self._recorded_end(row) and not self._recorded_spare_end(row):
             self._stop_orphan(shim)
             self._lose(row, f"its shim (pid {identity.pid}) ended without recording an exit status")
 
@@ -159,17 +174,31 @@ class Supervisor:
         self._finish(row, exit_info)
         return True
 
+    def _recorded_spare_end(self, row: JobRow) -> bool:
+        """Finish the job from the spare exit record its shim filled because the job folder took no more
+        writes; True if the job is now final. Read only once the shim is gone: it is written in place."""
+        try:
+            exit_info = jobdir.read_json(self.layout.spare_exit(row.id), blank_is_missing=True)
+        except ValueError as exc:
+            self._lose(row, f"its spare exit record is unreadable: {exc}")
+            return True
+        if exit_info is None:
+            return False
+        self._finish(row, exit_info)
+        return True
+
     def _record_start(self, row: JobRow, shim: dict[str, Any]) -> None:
-        self.store.update(
-            row.id,
-            state=JobState.RUNNING,
-            pid=shim.get("job_pid"),
-            shim_pid=shim.get("shim_pid"),
-            shim_start=shim.get("shim_start"),
-            boot_id=shim.get("boot_id"),
-            started_at=shim.get("started_at"),
-        )
-        self.store.add_event(row.id, "started", f"pid {shim.get('job_pid')}")
+        with self.store.transaction():
+            self.store.update(
+                row.id,
+                state=JobState.RUNNING,
+                pid=shim.get("job_pid"),
+                shim_pid=shim.get("shim_pid"),
+                shim_start=shim.get("shim_start"),
+                boot_id=shim.get("boot_id"),
+                started_at=shim.get("started_at"),
+            )
+            self.store.add_event(row.id, "started", f"pid {shim.get('job_pid')}")
 
     def _finish(self, row: JobRow, exit_info: dict[str, Any]) -> None:
         code = exit_info.get("exit_code")
@@ -181,8 +210,10 @@ class Supervisor:
             state = JobState.SUCCEEDED
         else:
             state = JobState.FAILED
-        self.store.update(
-            row.id,
+        self._end(
+            row,
+            "finished",
+            f"{state}, exit code {code}",
             state=state,
             exit_code=code,
             signal=sig,
@@ -190,16 +221,25 @@ class Supervisor:
             finished_at=exit_info.get("finished_at"),
             reason=exit_info.get("error") or row.reason,
         )
-        self.store.add_event(row.id, "finished", f"{state}, exit code {code}")
         log.info("job %d: %s (exit code %d)", row.id, state, code)
-        self.on_final(row.id)
-        self._notify_final(row.id)
 
     def _lose(self, row: JobRow, reason: str) -> None:
-        self.store.update(row.id, state=JobState.LOST, exit_code=EXIT_LOST, finished_at=time.time(), reason=reason)
-        self.store.add_event(row.id, "lost", reason)
+        self._end(row, "lost", reason, state=JobState.LOST, exit_code=EXIT_LOST, finished_at=time.time(), reason=reason)
         log.warning("job %d: lost: %s", row.id, reason)
-        self.on_final(row.id)
+
+    def _end(self, row: JobRow, event: str, detail: str, **values: Any) -> None:
+        """Make a job final. Its state, exit code and reason, the event, and what the daemon records for its
+        end (the end-alert watch, a restart with its link) are one transaction: a daemon killed before the
+        commit leaves the job unfinished, to be ended again from its exit record; one killed after it
+        leaves all of it, and the next daemon does the folder work of a restart that is still queued."""
+        with self.store.transaction():
+            self.store.update(row.id, **values)
+            self.store.add_event(row.id, event, detail)
+            self.on_final(row.id)
+            crash_point("end-before-commit")
+        crash_point("end-after-commit")
+        self.layout.spare_exit(row.id).unlink(missing_ok=True)  # the truth is in the database now
+        self.after_final(row.id)
         self._notify_final(row.id)
 
     def _stop_orphan(self, shim: dict[str, Any]) -> None:
@@ -211,10 +251,7 @@ class Supervisor:
 
     def mark_failed(self, row: JobRow, reason: str) -> None:
         """A job that never got as far as a shim."""
-        self.store.update(row.id, state=JobState.FAILED, finished_at=time.time(), reason=reason)
-        self.store.add_event(row.id, "failed", reason)
-        self.on_final(row.id)
-        self._notify_final(row.id)
+        self._end(row, "failed", reason, state=JobState.FAILED, finished_at=time.time(), reason=reason)
 
     async def monitor(self) -> None:
         """Forever: look at every unfinished job. Cheap: a stat or two and a read of /proc per job."""
@@ -256,14 +293,8 @@ class Supervisor:
         shim = jobdir.read_json(job_dir / jobdir.SHIM)
         identity = _shim_identity(shim) if shim else None
         if identity is None:
-            self.store.update(
-                row.id,
-                state=JobState.CANCELLED,
-                finished_at=time.time(),
-                reason="cancelled before it started",
-            )
-            self.on_final(row.id)
-            self._notify_final(row.id)
+            reason = "cancelled before it started"
+            self._end(row, "cancelled", reason, state=JobState.CANCELLED, finished_at=time.time(), reason=reason)
         elif identity.alive():
             os.kill(identity.pid, signal.SIGTERM)
         return await self.wait_final(row.id)

@@ -26,9 +26,16 @@ class Subscription:
         self.event = asyncio.Event()
 
     async def wait(self, timeout: float) -> None:
-        """Return once the file may have grown, or after `timeout` seconds in any case."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.event.wait(), timeout)
+        """Return once the file may have grown, or after `timeout` seconds in any case.
+
+        Not asyncio.wait_for: before Python 3.12 it swallows a cancellation that comes as the event is set,
+        and a follower whose client hung up (cancelled as other followers' handles close, which sets the
+        event) would then follow on, for nobody, until its job ended."""
+        woken = asyncio.ensure_future(self.event.wait())
+        try:
+            await asyncio.wait({woken}, timeout=timeout)
+        finally:
+            woken.cancel()
         self.event.clear()
 
 

@@ -375,3 +375,50 @@ def no_internet(env: dict[str, str]) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     env.update(HTTP_PROXY=dead, HTTPS_PROXY=dead, http_proxy=dead, https_proxy=dead)
     env.update(NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+
+
+def serving_daemon(home: Path) -> Optional[int]:
+    """The pid of the live daemon holding `home`'s lock, read from the lock file: asking it (`tfrund status`)
+    would make one more client, which tests that count the daemon's connections must not."""
+    try:
+        text = (home / "run" / "tfrund.lock").read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and alive(int(text)) else None
+
+
+def open_fds(pid: int) -> list[str]:
+    """What each of the process's file descriptors points at (`socket:[N]`, a path, ...), as /proc shows it."""
+    targets = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed between the listing and the look
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return targets
+
+
+def sockets(pid: int) -> int:
+    return sum(target.startswith("socket:") for target in open_fds(pid))
+
+
+def own_sockets(home: Path) -> int:
+    """How many sockets the daemon of `home` holds with no client: its listener and its event loop's own.
+    Measured once the clients before (such as `tfrund start`'s status request) have had time to go."""
+    pid = wait_for(lambda: serving_daemon(home), what="a daemon")
+    time.sleep(0.5)
+    return sockets(pid)
+
+
+def kill_and_await_successor(home: Path, clients: Callable[[], int], idle_sockets: int) -> int:
+    """SIGKILL the daemon of `home`; return the pid of the next one once `clients()` connections reach it
+    (the clients that lost the first start it on demand and reconnect). `idle_sockets`: a daemon's own."""
+    first = wait_for(lambda: serving_daemon(home), what="a daemon")
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: not alive(first), what="the daemon to die")
+
+    def successor() -> Optional[int]:
+        pid = serving_daemon(home)
+        return pid if pid != first else None
+
+    pid: int = wait_for(successor, what="a new daemon")
+    wait_for(lambda: sockets(pid) >= idle_sockets + clients(), what="the clients to reconnect")
+    return pid

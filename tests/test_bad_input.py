@@ -12,7 +12,7 @@ from conftest import Tfrun, write_script
 
 def one_line_error(stderr: str, *expected: str) -> None:
     lines = stderr.strip().splitlines()
-    assert len(lines) == 1 or lines[0].startswith("Usage:"), stderr
+    assert len(lines) == 1 and lines[0].startswith("tfrun: error: "), stderr
     assert "Traceback" not in stderr
     for text in expected:
         assert text in stderr, stderr
@@ -31,14 +31,32 @@ def one_line_error(stderr: str, *expected: str) -> None:
         (["logs", "-f", "999"], 3, "no job '999'"),
         (["wait", "999"], 3, "no job '999'"),
         (["cancel", "--grace", "-1", "1"], 2, "-1"),
-        (["frobnicate"], 2, "No such command"),
+        (["status", "1" + "0" * 30], 3, f"no job '1{'0' * 30}'"),  # beyond SQLite's integers
+        (["wait", "1" + "0" * 30], 3, f"no job '1{'0' * 30}'"),
+        (["status", "²"], 3, "no job '²'"),  # a digit to str.isdigit, not to int(): a name
+        (["logs", "①"], 3, "no job '①'"),
+        (["status", "\udcff"], 2, "get.job: not UTF-8 text"),  # the byte 0xff: no job name is ever that
+        (["logs", "\udcff"], 2, "read_log.job: not UTF-8 text"),
+        (["cancel", "\udcff"], 2, "cancel.jobs[0]: not UTF-8 text"),
+        (["logs", "1", "--tail", "1" + "0" * 30], 2, "is not in the range 0<=x<=1000000"),
+        (["logs", "1", *["-e", "x"] * 1001], 2, "at most 1000 patterns of 65536 characters in all"),
+        (["logs", "1", "-e", "x" * 65537], 2, "at most 1000 patterns of 65536 characters in all"),
+        (["cancel", *["1"] * 1001], 2, "at most 1000 jobs at once"),
+        (["frobnicate"], 2, "No such command 'frobnicate' (see tfrun --help)"),
+        (["--frobnicate", "ps"], 2, "No such option '--frobnicate' (see tfrun --help)"),
+        (["status", "--frobnicate", "1"], 2, "No such option '--frobnicate' (see tfrun status --help)"),
+        (["status"], 2, "Missing argument 'JOB' (see tfrun status --help)"),
+        (["alerts", "--last", "lots"], 2, "'lots' is not a valid integer range (see tfrun alerts --help)"),
+        (["alerts", "--last", "0"], 2, "0 is not in the range 1<=x<=10000 (see tfrun alerts --help)"),
+        (["hosts", "frob"], 2, "No such command 'frob' (see tfrun hosts --help)"),
+        (["hosts", "add", "box"], 2, "Missing argument 'DESTINATION' (see tfrun hosts add --help)"),
     ],
 )
 @pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
 def test_bad_input_gets_a_clear_message_and_exit_code(tf: Tfrun, args: list[str], code: int, expected: str) -> None:
     result = tf.run(*args)
     assert result.returncode == code, result.stderr
-    one_line_error(result.stderr.split("\n\n")[-1] if "Usage:" in result.stderr else result.stderr, expected)
+    one_line_error(result.stderr, expected)
 
 
 def test_a_script_outside_its_workdir_or_a_workdir_that_is_a_file(tf: Tfrun, project: Path, tmp_path: Path) -> None:
@@ -144,3 +162,40 @@ def test_hostile_file_names_and_arguments(tf: Tfrun, tmp_path: Path) -> None:
     result = tf.run("submit", "-f", str(folder / "tr ain; echo pwned.py"), "$(id)", "; ls", "`x`", "\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "['$(id)', '; ls', '`x`', '\\n']\n"
+
+
+def test_a_script_name_with_a_newline_is_refused_for_what_it_is(tf: Tfrun, project: Path) -> None:
+    """Not "ignored by .gitignore or .tfrunignore" (there is none): the newline is why it cannot be sent."""
+    write_script(project, "a\nb.py", "pass\n")
+    result = tf.run("submit", str(project / "a\nb.py"))
+    assert result.returncode == 2
+    one_line_error(result.stderr, "'a\\nb.py': a name with a newline cannot be sent; rename it")
+    assert "ignore" not in result.stderr and tf.jobs() == []
+    write_script(project, "ok.py", "pass\n")
+    result = tf.run("submit", str(project / "ok.py"))
+    assert result.returncode == 0 and "tfrun: not sent (special files or unusable names): 'a\\nb.py'\n" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--frobnicate"], "No such option '--frobnicate' (see tfrund --help)"),
+        (
+            ["stop", "--timeout", "soon"],
+            "Invalid value for '--timeout': 'soon' is not a valid float (see tfrund stop --help)",
+        ),
+        (["frobnicate"], "No such command 'frobnicate' (see tfrund --help)"),
+    ],
+)
+def test_tfrund_usage_errors_are_one_line_too(tf: Tfrun, args: list[str], expected: str) -> None:
+    result = tf.daemon(*args)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"tfrund: error: {expected}"], result.stderr
+
+
+def test_submit_after_a_job_id_beyond_sqlites_integers_is_no_job(tf: Tfrun, project: Path) -> None:
+    write_script(project, "train.py", "pass\n")
+    result = tf.run("submit", "--after", "1" + "0" * 30, str(project / "train.py"))
+    assert result.returncode == 3, result.stderr
+    one_line_error(result.stderr, f"--after: no job '1{'0' * 30}'")
+    assert tf.jobs() == []

@@ -11,9 +11,35 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-from conftest import TFRUN, TFRUND, Tfrun, processes_of, wait_for, write_script
+from conftest import (
+    TFRUN,
+    TFRUND,
+    Tfrun,
+    gated_job,
+    open_fds,
+    own_sockets,
+    processes_of,
+    serving_daemon,
+    sockets,
+    wait_for,
+    write_script,
+)
 
-from tfrun.protocol import PROTOCOL_VERSION, Hello, JobList, ListJobs, encode, read_message
+from tfrun.paths import Layout
+from tfrun.protocol import (
+    PROTOCOL_VERSION,
+    Channel,
+    FileEntry,
+    Hello,
+    JobList,
+    JobReply,
+    ListJobs,
+    PutBlobs,
+    Submit,
+    encode,
+    read_message,
+    write_message,
+)
 from tfrun.runner.store import SCHEMA_VERSION
 
 
@@ -230,8 +256,9 @@ def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_jobs(tf: Tfrun
     tf.ok("wait", str(job))
     tf.daemon("stop")
     db = sqlite3.connect(tf.home / "tfrun.db")
-    with db:  # what a tfrund of schema 1 left behind: no restarted_as or scheduling columns, no alert tables
-        for column in ("restarted_as", "prepared", "gpus", "waiting"):
+    with db:  # what a tfrund of schema 1 left behind: no later columns (nor their index), no alert tables
+        db.execute("DROP INDEX jobs_submission")
+        for column in ("restarted_as", "prepared", "gpus", "waiting", "submission_id"):
             db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
         for table in ("job_alerts", "watches", "deliveries", "alerts"):
             db.execute(f"DROP TABLE {table}")
@@ -240,5 +267,58 @@ def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_jobs(tf: Tfrun
     assert tf.job(job)["state"] == "succeeded" and tf.log(job) == b"kept\n"
     assert tf.job(job)["restarted_as"] is None
     db = sqlite3.connect(tf.home / "tfrun.db")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     db.close()
+
+
+def test_followers_and_waiters_that_hang_up_are_let_go_at_once(tf: Tfrun, project: Path, gate: Path) -> None:
+    """A client that goes away takes its socket, its handle on the log and its polling loop with it, even
+    while its job runs on and prints nothing that a write to the dead connection could fail on."""
+    write_script(project, "quiet.py", gated_job(1, 1, 0, gate))
+    job_id = tf.submit(str(project / "quiet.py"))
+    idle = own_sockets(tf.home)
+    pid = wait_for(lambda: serving_daemon(tf.home))
+    before = len(open_fds(pid))
+    followers = [subprocess.Popen([*TFRUN, "logs", "-f", str(job_id)], env=tf.env, stdout=-1) for _ in range(25)]
+    waiters = [subprocess.Popen([*TFRUN, "wait", str(job_id)], env=tf.env, stdout=-1) for _ in range(5)]
+    wait_for(lambda: sockets(pid) >= idle + 30, timeout=60, what="every client to connect")
+    log = str(tf.job_dir(job_id) / "output.log")
+    assert open_fds(pid).count(log) >= 25, "each follower reads the log through a handle of its own"
+    for client in [*followers, *waiters]:
+        client.kill()
+        client.wait()
+    wait_for(lambda: len(open_fds(pid)) <= before, timeout=5, what=f"the daemon's {before} descriptors of before")
+    assert open_fds(pid).count(log) == 0
+    assert tf.job(job_id)["state"] == "running"
+    gate.touch()
+    assert tf.run("wait", str(job_id)).returncode == 0
+
+
+def test_one_submit_sent_on_two_connections_at_once_makes_one_job(tf: Tfrun) -> None:
+    """What a client whose SSH link dropped mid-submit does: it sends the submit again on a new connection
+    while the daemon may still be building the job from the first. Both are answered with the one job."""
+    tf.daemon("start")
+    contents = {f"data/{i}.txt": f"{i}\n".encode() for i in range(300)}  # a work dir that takes a while
+    contents["run.py"] = b"print('once')\n"
+    digests = {path: hashlib.sha256(data).hexdigest() for path, data in contents.items()}
+    files = [FileEntry("data", "dir", mode=0o755)]
+    files += [FileEntry(path, "file", size=len(data), digest=digests[path]) for path, data in contents.items()]
+    submit = Submit(files=files, script="run.py", submission_id="f" * 32)
+
+    async def twice() -> list[int]:
+        socket_path = str(Layout(tf.home).socket)
+        first, second = await Channel.connect_unix(socket_path), await Channel.connect_unix(socket_path)
+        blobs = list(contents.values())
+        await first.request(PutBlobs(list(digests.values()), [len(b) for b in blobs], b"".join(blobs)))
+        await write_message(first.writer, submit)
+        await write_message(second.writer, submit)
+        replies = [await first.receive(), await second.receive()]
+        first.close()
+        second.close()
+        return [reply.job.id for reply in replies if isinstance(reply, JobReply)]
+
+    ids = asyncio.run(twice())
+    assert len(ids) == 2 and ids[0] == ids[1]
+    assert [job["id"] for job in tf.jobs()] == ids[:1]
+    assert tf.run("wait", str(ids[0])).returncode == 0
+    assert tf.log(ids[0]) == b"once\n"

@@ -80,6 +80,18 @@ def test_a_script_that_is_not_python_is_executed_directly_from_a_chosen_workdir(
     assert result.stdout == "cwd=work args=one --two\nrun.sh\n"
 
 
+def test_a_script_whose_name_starts_with_a_dash_runs_as_a_script_not_an_option(tf: Tfrun, project: Path) -> None:
+    """`python3 -dash.py` is "Unknown option -d": the job runs `./-dash.py`, for Python and directly."""
+    write_script(project, "-dash.py", "import sys\nprint('argv0', sys.argv[0], sys.argv[1:])\n")
+    write_script(project, "-x.sh", '#!/bin/sh\necho "x.sh $0 $*"\n', executable=True)
+    result = tf.run("submit", "-f", str(project / "-dash.py"), "-v")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "argv0 ./-dash.py ['-v']\n"
+    result = tf.run("submit", "-f", str(project / "-x.sh"), "-v")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "x.sh ./-x.sh -v\n"
+
+
 def test_jobs_are_found_by_name_and_the_newest_of_a_name_wins(tf: Tfrun, project: Path) -> None:
     write_script(project, "a.py", "print('first')\n")
     write_script(project, "b.py", "print('second')\n")

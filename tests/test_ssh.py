@@ -221,3 +221,20 @@ def test_one_kept_connection_serves_every_command_and_can_be_turned_off(box: Tfr
     assert _keepers(box) == [], "TFRUN_SSH_PERSIST=0 connects directly"
     assert len(json.loads(box.ok("ps", "-a", "--json"))) == 4
     assert len(_keepers(box)) == 1, "a dead keeper is replaced by the next command"
+
+
+def test_a_kept_connection_serves_only_callers_who_trust_the_box_alike(tmp_path: Path, sshd: Sshd) -> None:
+    """The keeper is shared by a user's commands, never by callers whose ~/.ssh would not let them in."""
+    trusting = remote_client(Tfrun(tmp_path / "home", client_home=tmp_path / "alice"), sshd)
+    stranger = remote_client(Tfrun(tmp_path / "home", client_home=tmp_path / "bob"), sshd, trust=False)
+    try:
+        trusting.ok("ps")
+        assert len(_keepers(trusting)) == 1
+        result = stranger.run("ps")
+        assert result.returncode == 125 and "is unknown" in one_line(result.stderr), result.stderr
+
+        (trusting.client_home / ".ssh" / "known_hosts").write_text("")  # as `ssh-keygen -R` would leave it
+        result = trusting.run("ps")
+        assert result.returncode == 125 and "is unknown" in one_line(result.stderr), result.stderr
+    finally:
+        trusting.cleanup()

@@ -10,7 +10,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TFRUN, Tfrun, alive, gated_job, wait_for, write_script
+from conftest import (
+    TFRUN,
+    TFRUND,
+    Tfrun,
+    alive,
+    gated_job,
+    kill_and_await_successor,
+    own_sockets,
+    serving_daemon,
+    sockets,
+    wait_for,
+    write_script,
+)
 
 
 def test_kill_9_of_the_daemon_with_five_jobs_running_loses_nothing(tf: Tfrun, project: Path, gate: Path) -> None:
@@ -216,3 +228,78 @@ def test_a_job_lost_while_the_daemon_was_down_is_restarted_when_it_comes_back(
     assert first["state"] == "lost" and first["restarted_as"] is not None
     assert tf.run("wait", str(job)).returncode == 0, "the restart ran to the end"
     assert tf.job(first["restarted_as"])["restart_of"] == job
+
+
+def test_a_follower_and_a_waiter_carry_on_through_a_dozen_daemon_crashes(tf: Tfrun, project: Path, gate: Path) -> None:
+    """Reconnects are not counted: for as long as the job lives and a daemon comes back, they carry on."""
+    write_script(project, "job.py", gated_job(20, 20, 7, gate))
+    job_id = tf.submit(str(project / "job.py"))
+    idle = own_sockets(tf.home)
+    follower = subprocess.Popen([*TFRUN, "logs", "-f", str(job_id)], env=tf.env, stdout=-1, stderr=-1)
+    waiter = subprocess.Popen([*TFRUN, "wait", str(job_id)], env=tf.env, stdout=-1, stderr=-1)
+    pid = wait_for(lambda: serving_daemon(tf.home))
+    wait_for(lambda: sockets(pid) >= idle + 2, what="both clients to connect")
+    for _ in range(12):
+        kill_and_await_successor(tf.home, clients=lambda: 2, idle_sockets=idle)
+    gate.touch()
+    out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 7, err
+    assert out == (tf.job_dir(job_id) / "output.log").read_bytes()
+    assert waiter.wait(timeout=60) == 7
+
+
+@pytest.mark.parametrize("setting", ["env", "config"])
+def test_a_waiter_gives_up_once_no_daemon_answered_for_the_reconnect_timeout(
+    tf: Tfrun, project: Path, gate: Path, setting: str
+) -> None:
+    """Not before, whatever the count of reconnects; and it says so in one line. The job runs on."""
+    write_script(project, "job.py", gated_job(1, 1, 5, gate))
+    job_id = tf.submit(str(project / "job.py"))
+    if setting == "env":
+        tf.env["TFRUN_RECONNECT_TIMEOUT"] = "3s"
+    else:
+        config = tf.client_home / ".config" / "tfrun" / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text('reconnect_timeout = "3s"\n')
+    idle = own_sockets(tf.home)
+    clients = [subprocess.Popen([*TFRUN, *verb, str(job_id)], env=tf.env, stdout=-1, stderr=-1, text=True)
+               for verb in (["wait"], ["logs", "-f"])]  # fmt: skip
+    wait_for(lambda: sockets(serving_daemon(tf.home) or 0) >= idle + 2, what="both clients to connect")
+    (tf.home / "config.toml").write_text("not toml [\n")  # no daemon can start any more
+    shim = tf.shim_pid(job_id)
+    tf.kill_daemon()
+    lost_at = time.monotonic()
+    for client in clients:
+        _, err = client.communicate(timeout=60)
+        assert client.returncode == 125, err
+        assert err.count("\n") == 1 and "no tfrund answered for 3s" in err and "config.toml" in err, err
+    assert 3 <= time.monotonic() - lost_at < 15
+    assert alive(shim), "the job runs on"
+    (tf.home / "config.toml").unlink()
+    gate.touch()
+    assert tf.run("wait", str(job_id)).returncode == 5
+
+
+def test_a_reconnect_timeout_that_is_not_a_duration_is_refused_at_once(tf: Tfrun) -> None:
+    tf.env["TFRUN_RECONNECT_TIMEOUT"] = "soon"
+    result = tf.run("wait", "1")
+    assert result.returncode == 2 and "TFRUN_RECONNECT_TIMEOUT must be a duration" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("crash", ["submit-accepted", "prepare-manifest-written"])
+def test_a_submit_whose_daemon_dies_before_answering_runs_once_and_prints_its_id(
+    tf: Tfrun, project: Path, tmp_path: Path, crash: str
+) -> None:
+    """The client sends the same submit (its submission id) to the next daemon, which answers with the job the
+    first one made, or, where that one died before building it, makes it in its place."""
+    runs = tmp_path / "runs"
+    write_script(project, "once.py", f"open({str(runs)!r}, 'a').write('ran\\n')\n")
+    subprocess.run([*TFRUND, "start"], env={**tf.env, "TFRUN_TEST_CRASH_AT": crash}, check=True, timeout=60)
+    first = wait_for(lambda: serving_daemon(tf.home))
+    result = tf.run("submit", str(project / "once.py"))  # the next daemon it starts dies nowhere
+    assert result.returncode == 0, result.stderr
+    assert not alive(first) and f"{crash}: killing myself" in (tf.home / "tfrund.log").read_text()
+    job_id = int(result.stdout)
+    assert [job["id"] for job in tf.jobs()] == [job_id]
+    assert tf.run("wait", str(job_id)).returncode == 0
+    assert runs.read_text() == "ran\n"

@@ -81,7 +81,10 @@ def test_an_ignored_script_is_refused_before_anything_is_sent(tf: Tfrun, project
     write_script(project, ".tfrunignore", "*.py\n")
     write_script(project, "train.py", "pass\n")
     result = tf.run("submit", str(project / "train.py"))
-    assert result.returncode == 2 and "ignored by .gitignore or .tfrunignore" in result.stderr
+    assert result.returncode == 2
+    assert (
+        result.stderr == f"tfrun: error: train.py is ignored by {project / '.tfrunignore'}, so it would not be sent\n"
+    )
 
 
 def test_a_large_snapshot_is_announced_with_its_largest_files(tf: Tfrun, project: Path) -> None:

@@ -10,6 +10,7 @@ EXIT_USAGE = 2  # bad options or bad input (click uses 2 for usage errors too)
 EXIT_NO_SUCH_JOB = 3
 EXIT_DAEMON = 125  # the daemon cannot be reached or started, or speaks another protocol (like docker's 125)
 EXIT_LOST = 255  # the job was lost: its shim vanished without recording an exit status
+SPARE_EXIT_BYTES = 4096  # reserved per job outside its folder for its exit record (runner/jobdir.py)
 SIGNAL_EXIT_BASE = 128  # a job killed by signal N exits as 128+N, as a shell reports it
 
 # Cancellation: SIGTERM to the job's process group, then SIGKILL after this many seconds.
@@ -34,9 +35,27 @@ MAX_ENV = 1024
 MAX_STRING = 64 << 10
 MAX_NAME = 128
 MAX_CONTEXT = 10_000  # lines of `logs -A/-B` context a request may ask for
+MAX_INT64 = (1 << 63) - 1  # the largest integer SQLite stores and C's off_t holds: the default bound of an int field
+MAX_TAIL = 1_000_000  # lines of `logs --tail`: the daemon holds them in memory until it reaches the end of the log
+# `logs -e`: each pattern is compiled, and every filtered line matched against all of them together, so their
+# number and size bound what one client's request costs the daemon.
+MAX_PATTERNS = 1000
+MAX_PATTERN_CHARS = 64 << 10  # all of a request's patterns together
+FILTER_THREADS = 2  # threads that match `logs` patterns, so a costly filter never holds up the event loop
+MAX_CANCEL_JOBS = 1000  # jobs one `cancel` names: each is looked up and signalled while other clients wait
+MAX_RESTARTS = 1000  # submit --max-restarts
+MAX_PRIORITY = 1_000_000  # submit --priority, either way
+MAX_ALERTS = 10_000  # alerts one `tfrun alerts` lists
+MAX_TOP_RECENT = 100  # ended jobs `tfrun top` shows
+MAX_TOP_LOSSES = 1000  # losses per job `tfrun top` draws
 
 # Seconds a client waits for a daemon it started to accept connections.
 DAEMON_START_TIMEOUT_S = 30.0
+# `wait`, `logs -f` and `submit` outlive any number of daemon restarts and dropped SSH links; they give up
+# only once no daemon has answered for this long (TFRUN_RECONNECT_TIMEOUT, or reconnect_timeout in the
+# client's config.toml), trying again every RECONNECT_PAUSE_S meanwhile.
+DEFAULT_RECONNECT_TIMEOUT_S = 300.0
+RECONNECT_PAUSE_S = 0.5
 SPARE_COUNT = 4  # ready copies of recent snapshots that the daemon keeps for re-submits (runner/blobs.py)
 SPARE_MAX_BYTES = 256 << 20  # no spare of a snapshot larger than this: it would double its disk use
 MAX_METRIC_SAMPLES = 100_000  # the newest samples `tfrun metrics` gets at most: about 10 MB in one frame

@@ -48,6 +48,16 @@ class Layout:
         return Path("/tmp") / f"tfrun-{os.getuid()}" / f"{digest}.sock"
 
     @property
+    def spare_exits_dir(self) -> Path:
+        """Spare exit records, outside the job folders: see spare_exit."""
+        return self.run_dir / "exits"
+
+    def spare_exit(self, job_id: int) -> Path:
+        """Where the shim records the job's exit if its folder takes no writes (read-only, full): reserved by
+        the daemon before the job starts, so that filling it needs no free space."""
+        return self.spare_exits_dir / f"{job_id}.json"
+
+    @property
     def database(self) -> Path:
         return self.home / "tfrun.db"
 

@@ -16,8 +16,11 @@ after a response.
 Strings are JSON with non-ASCII escaped, so a file name that is not UTF-8 (held as Python's
 surrogate escapes) crosses intact and becomes the same bytes on the other side.
 
-Every message is checked on the way in against the types declared here, with bounded sizes, so a
-malformed or hostile frame is refused with an `Error` instead of reaching a handler.
+Every message is checked on the way in against the types declared here, so a malformed or hostile frame
+is refused with an `Error` instead of reaching a handler. The declarations carry the bounds (see "Field
+types" below): a number outside its `Range`, a list or string beyond its `Limit`, a float that is NaN or
+infinite, a surrogate escape in a `Text` field (job names and references, patterns, URLs: what SQLite stores
+and RE2 compiles) never reaches a handler. An int with no declared range is a signed 64-bit integer.
 """
 
 from __future__ import annotations
@@ -25,12 +28,32 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional, Protocol, TypeVar, Union
+from typing import Annotated, Any, ClassVar, Optional, Protocol, TypeVar, Union
 
 from tfrun import __version__
-from tfrun.constants import MAX_ENV, MAX_HEADER_BYTES, MAX_LIST_ITEMS, MAX_NAME, MAX_PAYLOAD_BYTES, MAX_STRING
+from tfrun.constants import (
+    MAX_ALERTS,
+    MAX_CANCEL_JOBS,
+    MAX_CONTEXT,
+    MAX_ENV,
+    MAX_GRACE_S,
+    MAX_HEADER_BYTES,
+    MAX_INT64,
+    MAX_LIST_ITEMS,
+    MAX_NAME,
+    MAX_PATTERN_CHARS,
+    MAX_PATTERNS,
+    MAX_PAYLOAD_BYTES,
+    MAX_PRIORITY,
+    MAX_RESTARTS,
+    MAX_STRING,
+    MAX_TAIL,
+    MAX_TOP_LOSSES,
+    MAX_TOP_RECENT,
+)
 
 # Bump on any change a peer of the previous version would misread. Both sides refuse a mismatch.
 PROTOCOL_VERSION = 2
@@ -64,6 +87,11 @@ class ProtocolError(Exception):
     """A frame that cannot be read as a message of this protocol."""
 
 
+class ConnectionClosed(ProtocolError):
+    """The other end hung up before its answer was whole: a daemon that died, a dropped SSH link. Unlike a
+    garbled frame, it may be gone for a moment only, so a client that can resume tries again."""
+
+
 class Message:
     """Base of every message; subclasses are dataclasses registered under their TYPE."""
 
@@ -83,6 +111,58 @@ def _message(tag: str) -> typing.Callable[[M], M]:
         return cls
 
     return register
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Field types: the bounds a field's values must keep, declared with the field (typing.Annotated)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The inclusive bounds of a number."""
+
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class Limit:
+    """At most `items` entries in a list; at most `chars` characters in a string, or in a list's strings
+    together (what a request may make the daemon compile or hold)."""
+
+    items: int = MAX_LIST_ITEMS
+    chars: Optional[int] = None  # a string: MAX_STRING; a list: no bound of its own
+
+
+class _Marker:
+    """A property of a field's values beyond its bounds; named, so that a field's declaration reads well."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+# A plain `str` may hold surrogate escapes (U+DC80 to U+DCFF, as os.fsdecode makes them), so that file names
+# and arguments that are not UTF-8 cross intact; no other surrogate, as it stands for no byte.
+# A `Text` holds none: it is bound to SQLite, compiled by RE2, or compared with names that are UTF-8.
+UTF8 = _Marker("UTF8")
+NON_FINITE = _Marker("NON_FINITE")  # a float that may be NaN or infinite (a loss that diverged); others may not
+
+Text = Annotated[str, UTF8]
+JobRef = Annotated[str, UTF8, Limit(chars=MAX_NAME)]  # an id (ASCII digits) or a name; see is_job_id
+Offset = Annotated[int, Range(0, MAX_INT64)]  # a byte offset or size, a count
+Mode = Annotated[int, Range(0, 0o7777)]
+Reading = Annotated[float, NON_FINITE]
+Patterns = Annotated[list[Text], Limit(items=MAX_PATTERNS, chars=MAX_PATTERN_CHARS)]
+Context = Annotated[int, Range(0, MAX_CONTEXT)]
+
+
+def is_job_id(ref: str) -> bool:
+    """Whether `ref` is written as a job id: ASCII digits only ("²" and "١٢" are names, as int() would not
+    read them as the user meant)."""
+    return ref.isascii() and ref.isdigit()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -138,9 +218,9 @@ class FileEntry:
 
     path: str
     kind: str  # "file", "dir" or "symlink"
-    mode: int = 0o644
-    size: int = 0
-    digest: Optional[str] = None  # SHA-256 of a file's content, hex
+    mode: Mode = 0o644
+    size: Offset = 0
+    digest: Optional[Text] = None  # SHA-256 of a file's content, hex
     target: Optional[str] = None  # a symlink's target, as it was
     mtime: Optional[float] = None  # when it was last written (listings only)
 
@@ -201,7 +281,7 @@ class MetricSample:
     """Metrics at one step of a job: from the tfrun.jobs callback (exact) or read from its log."""
 
     step: int
-    values: dict[str, float]
+    values: dict[str, Reading]
     epoch: Optional[int] = None
     time: Optional[float] = None
 
@@ -216,8 +296,8 @@ class Hello(Message):
     """First frame each way. `role` is "client" or "daemon"; `version` is the package version."""
 
     protocol: int
-    version: str
-    role: str
+    version: Text
+    role: Text
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -229,7 +309,7 @@ class Hello(Message):
 class HaveBlobs(Message):
     """Which of these contents (SHA-256, hex) does the daemon lack? Answered by `MissingBlobs`."""
 
-    digests: list[str]
+    digests: list[Text]
 
 
 @_message("put_blob")
@@ -237,8 +317,8 @@ class HaveBlobs(Message):
 class PutBlob(Message):
     """Bytes of one content, from `offset`; the chunk with `last` is answered by `Ok` once stored."""
 
-    digest: str
-    offset: int
+    digest: Text
+    offset: Offset
     last: bool
     data: bytes
 
@@ -248,8 +328,8 @@ class PutBlob(Message):
 class PutBlobs(Message):
     """Several whole small contents in one frame, their bytes one after another; answered by `Ok`."""
 
-    digests: list[str]
-    sizes: list[int]
+    digests: list[Text]
+    sizes: list[Annotated[int, Range(0, MAX_PAYLOAD_BYTES)]]
     data: bytes
 
 
@@ -265,21 +345,25 @@ class Submit(Message):
     files: list[FileEntry]
     script: str
     args: list[str] = field(default_factory=list)
-    name: Optional[str] = None
+    name: Optional[Text] = None
     env: dict[str, str] = field(default_factory=dict)
     python: Optional[str] = None
     source: Optional[str] = None
-    git_commit: Optional[str] = None
+    git_commit: Optional[Text] = None
     git_dirty: Optional[bool] = None
-    max_restarts: int = 0  # run it again (same snapshot, same checkpoints) after a failure, up to N times
-    alerts: list[str] = field(default_factory=list)  # rules to turn on or tune for this job: "stall=10m", "done"
-    no_alerts: list[str] = field(default_factory=list)  # rules to turn off for this job ("all": every one)
-    notify: list[str] = field(default_factory=list)  # apprise URLs for this job's alerts; secret: never echoed
-    metric_patterns: list[str] = field(default_factory=list)  # regexes with named groups for its log's metrics
-    gpus: Optional[int] = None  # GPUs of its own (None: the daemon's default: 1 where there are GPUs, else 0)
-    priority: int = 0  # among waiting jobs, higher starts first
-    after: list[str] = field(default_factory=list)  # jobs (ids or names) that must succeed before it starts
+    # run it again (same snapshot, same checkpoints) after a failure, up to N times
+    max_restarts: Annotated[int, Range(0, MAX_RESTARTS)] = 0
+    alerts: list[Text] = field(default_factory=list)  # rules to turn on or tune for this job: "stall=10m", "done"
+    no_alerts: list[Text] = field(default_factory=list)  # rules to turn off for this job ("all": every one)
+    notify: list[Text] = field(default_factory=list)  # apprise URLs for this job's alerts; secret: never echoed
+    metric_patterns: Patterns = field(default_factory=list)  # regexes with named groups for its log's metrics
+    gpus: Optional[Offset] = None  # GPUs of its own (None: the daemon's default: 1 where there are GPUs, else 0)
+    priority: Annotated[int, Range(-MAX_PRIORITY, MAX_PRIORITY)] = 0  # among waiting jobs, higher starts first
+    after: list[JobRef] = field(default_factory=list)  # jobs (ids or names) that must succeed before it starts
     tty: bool = False  # run it in a tmux session on the box that `tfrun attach` opens
+    # The client's own id for this submit (a uuid4): the same id again gets the job the first one made, so a
+    # client whose daemon died before answering can send it again without running the job twice.
+    submission_id: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None
 
 
 @_message("doctor")
@@ -313,7 +397,7 @@ class Restart(Message):
     """Run an ended job again as a new job: its snapshot, command and checkpoint folder. Answered by
     `JobReply` with the new job."""
 
-    job: str
+    job: JobRef
 
 
 @_message("list")
@@ -329,7 +413,7 @@ class ListJobs(Message):
 class GetJob(Message):
     """One job by id or name (a name means the newest job of that name)."""
 
-    job: str
+    job: JobRef
 
 
 @_message("cancel")
@@ -337,8 +421,8 @@ class GetJob(Message):
 class Cancel(Message):
     """SIGTERM each job's process group, SIGKILL after `grace` seconds; answered once all have ended."""
 
-    jobs: list[str]
-    grace: Optional[float] = None
+    jobs: Annotated[list[JobRef], Limit(items=MAX_CANCEL_JOBS)]
+    grace: Optional[Annotated[float, Range(0, MAX_GRACE_S)]] = None
 
 
 @_message("wait")
@@ -346,7 +430,7 @@ class Cancel(Message):
 class Wait(Message):
     """Answered with the job's record once it is final."""
 
-    job: str
+    job: JobRef
 
 
 @_message("read_log")
@@ -360,18 +444,19 @@ class ReadLog(Message):
     Times are the box's: seconds since the epoch, from the log's (offset, time) index.
     """
 
-    job: str
-    offset: int = 0
+    job: JobRef
+    offset: Offset = 0
     follow: bool = False
-    patterns: list[str] = field(default_factory=list)  # extended regular expressions, ORed
+    patterns: Patterns = field(default_factory=list)  # extended regular expressions, ORed
     invert: bool = False
     ignore_case: bool = False
     fixed: bool = False  # patterns are plain strings
-    tail: Optional[int] = None  # only the last N lines (that pass) of what is there now
-    after: int = 0  # lines of context after each match, as grep -A
-    before: int = 0  # and before, as grep -B
+    tail: Optional[Annotated[int, Range(0, MAX_TAIL)]] = None  # only the last N lines (that pass) of what is there now
+    after: Context = 0  # lines of context after each match, as grep -A
+    before: Context = 0  # and before, as grep -B
     since: Optional[float] = None  # only lines complete at or after this time
-    since_ago: Optional[float] = None  # only lines complete in the last this many seconds (the box's clock)
+    # only lines complete in the last this many seconds (the box's clock)
+    since_ago: Optional[Annotated[float, Range(0, math.inf)]] = None
     timestamps: bool = False  # each line starts with the time it was complete, as RFC 3339 in UTC
 
 
@@ -381,7 +466,7 @@ class ListFiles(Message):
     """Entries under `path` of a job's folder (e.g. "work/out", "output.log") or, when `path` starts with
     "checkpoints", of its checkpoint folder. Answered by `FileList`."""
 
-    job: str
+    job: JobRef
     path: str = "checkpoints"
 
 
@@ -390,9 +475,9 @@ class ListFiles(Message):
 class ReadFile(Message):
     """A file's bytes from `offset`, in the same namespace as `ListFiles`; answered by `FileChunk`s."""
 
-    job: str
+    job: JobRef
     path: str
-    offset: int = 0
+    offset: Offset = 0
 
 
 @_message("list_alerts")
@@ -400,8 +485,8 @@ class ReadFile(Message):
 class ListAlerts(Message):
     """Alerts of one job (or of all, newest last), with how their delivery went; answered by `AlertList`."""
 
-    job: Optional[str] = None
-    limit: int = 100
+    job: Optional[JobRef] = None
+    limit: Annotated[int, Range(1, MAX_ALERTS)] = 100
 
 
 @_message("notify_test")
@@ -410,7 +495,7 @@ class NotifyTest(Message):
     """Send one test message to `url`, or to each URL the daemon is configured with; answered by
     `NotifyReport` once every attempt is over. Nothing is stored or retried."""
 
-    url: Optional[str] = None
+    url: Optional[Text] = None
 
 
 @_message("get_metrics")
@@ -418,8 +503,8 @@ class NotifyTest(Message):
 class GetMetrics(Message):
     """A job's metrics, the last `last` samples (all when None); answered by `MetricsReply`."""
 
-    job: str
-    last: Optional[int] = None
+    job: JobRef
+    last: Optional[Annotated[int, Range(1, MAX_INT64)]] = None
 
 
 @_message("list_gpus")
@@ -434,8 +519,8 @@ class Top(Message):
     """What `tfrun top` shows, in one round trip: unfinished jobs and the `recent` last ended ones, the
     GPUs, and each shown job's last training losses. Answered by `TopReply`."""
 
-    recent: int = 5
-    losses: int = 30
+    recent: Annotated[int, Range(0, MAX_TOP_RECENT)] = 5
+    losses: Annotated[int, Range(0, MAX_TOP_LOSSES)] = 30
 
 
 @_message("attach")
@@ -443,7 +528,7 @@ class Top(Message):
 class Attach(Message):
     """How to open a running `--tty` job's session: answered by `AttachReply`."""
 
-    job: str
+    job: JobRef
 
 
 @_message("daemon_status")
@@ -570,7 +655,7 @@ class GpuList(Message):
 class TopReply(Message):
     jobs: list[Job]
     gpus: list[Gpu]
-    losses: dict[str, list[float]]  # job id -> its last losses, oldest first
+    losses: dict[str, list[Reading]]  # job id -> its last losses, oldest first
     host: str = ""
 
 
@@ -645,22 +730,28 @@ def _checker(tp: Any) -> Checker:
 
 
 def _make_checker(tp: Any) -> Checker:
+    extras: tuple[Any, ...] = ()
+    if typing.get_origin(tp) is Annotated:
+        tp, *rest = typing.get_args(tp)
+        extras = tuple(rest)
+    bounds = next((e for e in extras if isinstance(e, Range)), None)
+    limit = next((e for e in extras if isinstance(e, Limit)), Limit())
     origin = typing.get_origin(tp)
     if origin is Union:
         inner = _checker(next(o for o in typing.get_args(tp) if o is not type(None)))
         return lambda value: None if value is None else inner(value)
     if origin is list:
-        return _list_checker(_checker(typing.get_args(tp)[0]))
+        return _list_checker(_checker(typing.get_args(tp)[0]), limit)
     if origin is dict:
         return _dict_checker(_checker(typing.get_args(tp)[1]))
     if tp is bool:
         return lambda value: value if isinstance(value, bool) else _fail("expected true or false")
     if tp is int:
-        return lambda value: value if type(value) is int else _fail("expected an integer")
+        return _int_checker(bounds or Range(-MAX_INT64 - 1, MAX_INT64))
     if tp is float:
-        return lambda value: float(value) if type(value) in (int, float) else _fail("expected a number")
+        return _float_checker(bounds, finite=NON_FINITE not in extras)
     if tp is str:
-        return _check_str
+        return _str_checker(MAX_STRING if limit.chars is None else limit.chars, utf8=UTF8 in extras)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         cls = tp
 
@@ -677,20 +768,59 @@ def _fail(message: str) -> Any:
     raise _Bad(message)
 
 
-def _check_str(value: Any) -> str:
-    if type(value) is not str:
-        _fail("expected a string")
-    if len(value) > MAX_STRING:
-        _fail(f"longer than {MAX_STRING} characters")
-    return typing.cast(str, value)
+def _int_checker(bounds: Range) -> Checker:
+    def check_int(value: Any) -> int:
+        if type(value) is not int:
+            _fail("expected an integer")
+        if not bounds.low <= value <= bounds.high:
+            _fail(f"out of range (from {bounds.low:.0f} to {bounds.high:.0f})")
+        return typing.cast(int, value)
+
+    return check_int
 
 
-def _list_checker(item: Checker) -> Checker:
+def _float_checker(bounds: Optional[Range], finite: bool) -> Checker:
+    def check_float(value: Any) -> float:
+        if type(value) not in (int, float):
+            _fail("expected a number")
+        try:
+            number = float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            _fail("out of range")
+        if finite and not math.isfinite(number):
+            _fail("expected a finite number")
+        if bounds is not None and not bounds.low <= number <= bounds.high:
+            _fail(f"out of range (from {bounds.low:g} to {bounds.high:g})")
+        return number
+
+    return check_float
+
+
+def _str_checker(chars: int, utf8: bool) -> Checker:
+    def check_str(value: Any) -> str:
+        if type(value) is not str:
+            _fail("expected a string")
+        if len(value) > chars:
+            _fail(f"longer than {chars} characters")
+        if not value.isascii():
+            try:
+                value.encode("utf-8", "strict" if utf8 else "surrogateescape")
+            except UnicodeEncodeError:
+                _fail("not UTF-8 text" if utf8 else "a surrogate that stands for no byte")
+        return typing.cast(str, value)
+
+    return check_str
+
+
+_check_str = _str_checker(MAX_STRING, utf8=False)
+
+
+def _list_checker(item: Checker, limit: Limit) -> Checker:
     def check_list(value: Any) -> list[Any]:
         if not isinstance(value, list):
             _fail("expected a list")
-        if len(value) > MAX_LIST_ITEMS:
-            _fail(f"more than {MAX_LIST_ITEMS} items")
+        if len(value) > limit.items:
+            _fail(f"more than {limit.items} items")
         out = []
         for i, element in enumerate(value):
             try:
@@ -698,6 +828,8 @@ def _list_checker(item: Checker) -> Checker:
             except _Bad as exc:
                 exc.where = f"[{i}]{exc.where}"
                 raise
+        if limit.chars is not None and sum(len(e) for e in out) > limit.chars:
+            _fail(f"more than {limit.chars} characters together")
         return out
 
     return check_list
@@ -725,7 +857,7 @@ def _plan(cls: type[Any]) -> tuple[list[tuple[str, Checker, bool]], Optional[str
     """(name, checker, required) for each field of `cls` but its raw-bytes one, and that one's name."""
     found = _PLANS.get(cls)
     if found is None:
-        hints = typing.get_type_hints(cls)
+        hints = typing.get_type_hints(cls, include_extras=True)
         fields = [
             (
                 f.name,
@@ -767,7 +899,7 @@ def validate_name(name: str) -> Optional[str]:
     """Why `name` cannot name a job, or None. Names must never be mistaken for ids."""
     if not name or len(name) > MAX_NAME:
         return f"a job name has 1 to {MAX_NAME} characters"
-    if name.isdigit():
+    if is_job_id(name):
         return "a job name cannot be all digits (it would read as a job id)"
     if any(c.isspace() or not c.isprintable() for c in name):
         return "a job name cannot contain spaces or control characters"
@@ -815,6 +947,8 @@ def decode_header(line: bytes) -> tuple[type[Message], dict[str, Any], int]:
         raw = json.loads(line)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError(f"frame is not JSON: {exc}") from None
+    except RecursionError:  # nested deeper than any message of this protocol
+        raise ProtocolError("frame is nested too deeply") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         raise ProtocolError("frame has no message type")
     cls = _REGISTRY.get(raw["type"])
@@ -853,7 +987,7 @@ async def read_message(reader: Reader) -> Optional[Message]:
         line = await reader.readuntil(b"\n")
     except asyncio.IncompleteReadError as exc:
         if exc.partial:
-            raise ProtocolError("connection closed in the middle of a frame") from None
+            raise ConnectionClosed("connection closed in the middle of a frame") from None
         return None
     except asyncio.LimitOverrunError:
         raise ProtocolError(f"frame header longer than {MAX_HEADER_BYTES} bytes") from None
@@ -867,7 +1001,7 @@ async def read_message(reader: Reader) -> Optional[Message]:
         try:
             fields[name] = await reader.readexactly(size) if size else b""
         except asyncio.IncompleteReadError:
-            raise ProtocolError("connection closed in the middle of a payload") from None
+            raise ConnectionClosed("connection closed in the middle of a payload") from None
     return cls(**fields)
 
 
@@ -914,6 +1048,8 @@ class Channel:
         mine = client_hello()
         await write_message(writer, mine)
         reply = await read_message(reader)
+        if reply is None:
+            raise ConnectionClosed("the other end closed the connection before answering the hello")
         if isinstance(reply, Error):
             raise RemoteError(reply.code, reply.message)
         if not isinstance(reply, Hello):
@@ -940,7 +1076,7 @@ class Channel:
     async def receive(self) -> Message:
         reply = await read_message(self.reader)
         if reply is None:
-            raise ProtocolError("tfrund closed the connection without answering")
+            raise ConnectionClosed("tfrund closed the connection without answering")
         if isinstance(reply, Error):
             raise RemoteError(reply.code, reply.message)
         return reply
