@@ -164,23 +164,19 @@ class Supervisor:
 
     def _recorded_end(self, row: JobRow) -> bool:
         """Finish the job from its exit.json if the shim wrote one; True if the job is now final."""
-        try:
-            exit_info = jobdir.read_json(Path(row.job_dir) / jobdir.EXIT)
-        except ValueError as exc:
-            self._lose(row, f"its exit record is unreadable: {exc}")
-            return True
-        if exit_info is None:
-            return False
-        self._finish(row, exit_info)
-        return True
+        return self._end_from(row, Path(row.job_dir) / jobdir.EXIT, "exit record")
 
     def _recorded_spare_end(self, row: JobRow) -> bool:
         """Finish the job from the spare exit record its shim filled because the job folder took no more
         writes; True if the job is now final. Read only once the shim is gone: it is written in place."""
+        return self._end_from(row, self.layout.spare_exit(row.id), "spare exit record", blank_is_missing=True)
+
+    def _end_from(self, row: JobRow, path: Path, what: str, blank_is_missing: bool = False) -> bool:
+        """Finish the job from the exit record at `path` if there is one; True if the job is now final."""
         try:
-            exit_info = jobdir.read_json(self.layout.spare_exit(row.id), blank_is_missing=True)
+            exit_info = jobdir.read_json(path, blank_is_missing=blank_is_missing)
         except ValueError as exc:
-            self._lose(row, f"its spare exit record is unreadable: {exc}")
+            self._lose(row, f"its {what} is unreadable: {exc}")
             return True
         if exit_info is None:
             return False

@@ -40,6 +40,18 @@ def processes_of(home: Path) -> list[int]:
     return found
 
 
+def keepers_of(tf: Tfrun) -> list[int]:
+    """Pids of the connection keepers that the client of `tf` started."""
+    found = []
+    for pid in processes_of(tf.home):
+        try:
+            if b"tfrun.client.keeper" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     try:

@@ -20,10 +20,10 @@ from conftest import (
     Sshd,
     Tfrun,
     alive,
+    keepers_of,
     kill_and_await_successor,
     open_fds,
     own_sockets,
-    processes_of,
     serving_daemon,
     wait_for,
     write_script,
@@ -128,18 +128,6 @@ def test_twenty_daemon_kills_lose_no_job_no_byte_and_no_exit_code(tf: Tfrun, pro
     print(f"soak: {KILLS} daemon kills in {time.monotonic() - started:.1f}s")
 
 
-def _keepers(tf: Tfrun) -> list[int]:
-    """Pids of the client's connection keepers for the box."""
-    found = []
-    for pid in processes_of(tf.home):
-        try:
-            if b"tfrun.client.keeper" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
 def _sshd_sessions(sshd: Sshd) -> list[int]:
     """The per-connection processes of the test sshd (its children)."""
     children = []
@@ -173,7 +161,7 @@ def test_twenty_ssh_sessions_cut_lose_no_byte_and_no_exit_code(
     for cut in range(KILLS):
         wait_for(lambda: len(_client_sockets(daemon, own)) >= _live_clients(jobs), what="the clients to connect")
         cut_off = _client_sockets(daemon, own)
-        victims = _keepers(tf) if cut % 2 == 0 else _sshd_sessions(sshd)
+        victims = keepers_of(tf) if cut % 2 == 0 else _sshd_sessions(sshd)
         assert victims, "the clients reach the box through a keeper and an sshd session"
         for pid in victims:
             os.kill(pid, signal.SIGKILL)

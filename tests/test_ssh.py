@@ -9,7 +9,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import TFRUN, Sshd, Tfrun, alive, gated_job, processes_of, remote_client, wait_for, write_script
+from conftest import (
+    TFRUN,
+    Sshd,
+    Tfrun,
+    alive,
+    gated_job,
+    keepers_of,
+    remote_client,
+    wait_for,
+    write_script,
+)
 
 
 @pytest.fixture
@@ -194,22 +204,11 @@ def test_hosts_add_list_remove(tf: Tfrun) -> None:
     assert tf.run("ps", "--host", "local").returncode == 0
 
 
-def _keepers(tf: Tfrun) -> list[int]:
-    found = []
-    for pid in processes_of(tf.home):
-        try:
-            if b"tfrun.client.keeper" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
 def test_one_kept_connection_serves_every_command_and_can_be_turned_off(box: Tfrun, project: Path) -> None:
     write_script(project, "ok.py", "print('ok')\n")
     for _ in range(3):
         assert box.run("submit", "-f", str(project / "ok.py")).stdout == "ok\n"
-    keepers = _keepers(box)
+    keepers = keepers_of(box)
     assert len(keepers) == 1, "racing or repeated commands share one keeper per box"
     os.kill(keepers[0], signal.SIGKILL)
     wait_for(lambda: not alive(keepers[0]), what="the keeper to die")
@@ -218,9 +217,9 @@ def test_one_kept_connection_serves_every_command_and_can_be_turned_off(box: Tfr
         [*TFRUN, "submit", "-f", str(project / "ok.py")], env=direct, capture_output=True, text=True
     )
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
-    assert _keepers(box) == [], "TFRUN_SSH_PERSIST=0 connects directly"
+    assert keepers_of(box) == [], "TFRUN_SSH_PERSIST=0 connects directly"
     assert len(json.loads(box.ok("ps", "-a", "--json"))) == 4
-    assert len(_keepers(box)) == 1, "a dead keeper is replaced by the next command"
+    assert len(keepers_of(box)) == 1, "a dead keeper is replaced by the next command"
 
 
 def test_a_kept_connection_serves_only_callers_who_trust_the_box_alike(tmp_path: Path, sshd: Sshd) -> None:
@@ -229,7 +228,7 @@ def test_a_kept_connection_serves_only_callers_who_trust_the_box_alike(tmp_path:
     stranger = remote_client(Tfrun(tmp_path / "home", client_home=tmp_path / "bob"), sshd, trust=False)
     try:
         trusting.ok("ps")
-        assert len(_keepers(trusting)) == 1
+        assert len(keepers_of(trusting)) == 1
         result = stranger.run("ps")
         assert result.returncode == 125 and "is unknown" in one_line(result.stderr), result.stderr
 
