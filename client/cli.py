@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, TypeVar
 import click
 
 from tfrun import __version__
-from tfrun.client import config, render
+from tfrun.client import completion, config, daemonconfig, render
 from tfrun.client.connection import Target
 from tfrun.client.errors import TfrunError
 from tfrun.client.timespec import Since, since_option
 from tfrun.constants import (
+    DEFAULT_BOX_VENV,
     DEFAULT_GRACE_S,
     EXIT_DAEMON,
     EXIT_FAILURE,
@@ -38,6 +39,7 @@ from tfrun.constants import (
     RECONNECT_PAUSE_S,
     SIGNAL_EXIT_BASE,
     UPLOAD_WARN_BYTES,
+    WHEELHOUSE_ENV,
 )
 from tfrun.duration import format_duration
 from tfrun.protocol import (
@@ -47,11 +49,13 @@ from tfrun.protocol import (
     Cancel,
     CancelReply,
     Channel,
+    ConfigReply,
     ConnectionClosed,
     Doctor,
     DoctorReport,
     ErrorCode,
     FileList,
+    GetConfig,
     GetJob,
     GetMetrics,
     GpuList,
@@ -72,8 +76,10 @@ from tfrun.protocol import (
     NotifyTest,
     ProtocolError,
     ReadLog,
+    ReloadConfig,
     RemoteError,
     Restart,
+    SetConfig,
     Submit,
     Wait,
     validate_name,
@@ -119,7 +125,8 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     except TfrunError as exc:
         _fail(exc.message, exc.exit_code)
     except RemoteError as exc:
-        _fail(exc.message, _REMOTE_EXIT.get(exc.code, EXIT_DAEMON))
+        where = f" on {_place()}" if exc.code == ErrorCode.NO_SUCH_JOB else ""  # after `hosts add`, not here
+        _fail(exc.message + where, _REMOTE_EXIT.get(exc.code, EXIT_DAEMON))
     except ProtocolError as exc:
         _fail(f"talking to tfrund failed: {exc}", EXIT_DAEMON)
     except StdoutClosed:
@@ -144,6 +151,15 @@ def _target() -> Target:
     """Where this verb's requests go, as its --host options said (see `host_options`)."""
     target = click.get_current_context().find_object(Target)
     return target if target is not None else Target()
+
+
+def _place(full: bool = False) -> str:
+    """Where this verb acts, in words: `box`, with `full` `box (alice@gpu-box)`, or `this machine`. `ps` and
+    every "no job" error say it, because after `hosts add` a bare `tfrun ps` quietly means the box."""
+    host = _target().host
+    if host is None:
+        return "this machine"
+    return f"{host.name} ({host.destination})" if full and host.name else host.label
 
 
 async def _channel() -> Channel:
@@ -193,6 +209,7 @@ def host_options(command: F) -> F:
         expose_value=False,
         metavar="HOST",
         callback=_set_target,
+        shell_complete=completion.hosts,
         help="The box: a configured host (tfrun hosts list), or user@host[:port]. Default: the configured "
         "default host, else the daemon on this machine ('local').",
     )(command)
@@ -204,9 +221,13 @@ def _set_accept_new(ctx: click.Context, _: click.Parameter, value: bool) -> None
 
 
 def _set_target(ctx: click.Context, _: click.Parameter, value: Optional[str]) -> None:
+    if value is None and isinstance(ctx.obj, Target):
+        return  # a subcommand without --host keeps its group's: `tfrun config --host box set ...`
     try:
         host = config.resolve(value, config.load())
     except TfrunError as exc:
+        if ctx.resilient_parsing:  # completing a command line (Tab): the verb itself says what is wrong
+            return
         _fail(exc.message, exc.exit_code)
     ctx.obj = Target(host, bool(ctx.meta.get("accept_new")))
 
@@ -221,9 +242,11 @@ def job_exit_code(state: str, exit_code: Optional[int]) -> int:
 
 
 def _console() -> Console:
-    from rich.console import Console
+    context = click.get_current_context(silent=True)
+    return render.console(context.meta.get(_COLOR, "auto") if context is not None else "auto")
 
-    return Console(highlight=False, soft_wrap=False)
+
+_COLOR = "tfrun.color"  # where the main group leaves --color for the verbs (click's meta is shared by all)
 
 
 @click.group(
@@ -233,7 +256,12 @@ def _console() -> Console:
     epilog=EXIT_CODES_HELP,
 )
 @click.version_option(__version__, prog_name="tfrun")
-def main() -> None:
+@click.option("--color", type=click.Choice(render.COLOR_CHOICES), default="auto", show_default=True,
+              help="Colour in tables and reports. auto: on a terminal, unless NO_COLOR is set (or FORCE_COLOR "
+              "asks for it in a pipe too); --color beats both. Never wrapped either way: a pipe gets whole "
+              "rows, one per line.")  # fmt: skip
+@click.pass_context
+def main(ctx: click.Context, color: str) -> None:
     """Run training scripts detached on a GPU box, follow their logs, and never lose a job.
 
     Every verb talks to a daemon (tfrund): on a box over SSH with --host (or TFRUN_HOST, or the default
@@ -255,9 +283,12 @@ def main() -> None:
       tfrun doctor --host box              TensorFlow, CUDA, GPUs, driver, checkpoint space on the box
       tfrun submit --gpus 2 --notify slack://T/B/X t.py   two GPUs of its own; alerts to Slack too
       tfrun alerts                         what fired (OOM, loss spike, stall, failure, end) and if it was sent
+      tfrun config set notify URL          the box's alerts go to URL from now on, no restart (tfrun config)
       tfrun top                            live jobs, GPUs, last loss; q quits
       tfrun metrics 3 --plot               job 3's loss curve in the terminal
+      tfrun completion bash                Tab completion of verbs, options, job ids and hosts (also zsh, fish)
     """
+    ctx.meta[_COLOR] = color
 
 
 # -- submit -------------------------------------------------------------------------------------------------
@@ -326,8 +357,10 @@ def _snapshot_notes(snap: Snapshot) -> None:
               "output: each named group is one, `step`/`epoch` are counters, e.g. 'it (?P<step>\\d+) "
               "f1=(?P<f1>[0-9.]+)'.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON instead of its id.")
+@click.option("-y", "--yes", is_flag=True, help="Send a large upload without asking: on a terminal, submit asks "
+              "before sending more than confirm_upload_bytes (client config, default 1GB) the box lacks.")  # fmt: skip
 @host_options
-@click.argument("script")
+@click.argument("script", shell_complete=completion.files)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def submit(
     name: Optional[str],
@@ -345,6 +378,7 @@ def submit(
     notify: tuple[str, ...],
     metric_patterns: tuple[str, ...],
     as_json: bool,
+    yes: bool,
     script: str,
     args: tuple[str, ...],
 ) -> None:
@@ -359,7 +393,8 @@ def submit(
     .gitignore and .tfrunignore are honoured, .git is skipped; the git commit and whether the tree was
     dirty are recorded with the job. A .py script runs with the job interpreter; anything else is
     executed directly (it must be executable). Everything after SCRIPT goes to the script untouched,
-    even options: put tfrun's own options before SCRIPT.
+    even options: put tfrun's own options before SCRIPT. One of them after SCRIPT (`train.py --host box`)
+    gets a warning; `SCRIPT -- ARGS...` passes ARGS on without one (that first -- is tfrun's, dropped).
 
     The job's environment has PYTHONUNBUFFERED=1, TFRUN_JOB_ID, TFRUN_JOB_DIR, TFRUN_CHECKPOINT_DIR
     (a folder of its own for checkpoints), TFRUN_METRICS_FILE and TF_FORCE_GPU_ALLOW_GROWTH=true (unless
@@ -369,12 +404,14 @@ def submit(
     notify URLs and to each --notify URL; `tfrun alerts` lists them. Metrics come from tfrun.jobs when the
     script uses it, else from its Keras, Lightning or plain `loss` prints: `tfrun metrics`.
     """
+    from tfrun.client.housekeeping import UploadQuestion
     from tfrun.client.snapshot import relative_script, scan, why_not_sent
     from tfrun.client.transfer import LazyProgress, upload
 
     if name is not None and validate_name(name):
         raise click.BadParameter(str(validate_name(name)), param_hint="--name")
     env = _parse_env(env_pairs)
+    args = _script_args(script, args)
     target = _target()
     try:
         root, relative = relative_script(script, workdir)
@@ -417,10 +454,12 @@ def submit(
         submission_id=uuid.uuid4().hex,  # the same in every retry: a daemon that took it once returns that job
     )
     asked = False  # whether the submit went out: from then on, a failure leaves its outcome unknown
+    where = target.host.label if target.host else "the local tfrund"
+    question = UploadQuestion(config.confirm_upload_bytes(config.load()), yes, where)
 
     async def submitted(channel: Channel) -> tuple[Job, int, int]:
         nonlocal asked
-        sent, sent_bytes = await upload(channel, snap)
+        sent, sent_bytes = await upload(channel, snap, question)
         asked = True
         reply = await channel.request(request)
         assert isinstance(reply, JobReply)
@@ -446,6 +485,30 @@ def submit(
     sys.exit(_run(conversation()))
 
 
+def _script_args(script: str, args: tuple[str, ...]) -> tuple[str, ...]:
+    """The script's arguments. A `--` right after SCRIPT is tfrun's and dropped: what follows goes on as it is,
+    unremarked. Otherwise an option of submit's own among them (`--host box`) still goes to the script, which
+    may well take a --name of its own, but with a warning: it is the likeliest slip of all."""
+    if args[:1] == ("--",):
+        return args[1:]
+    ctx = click.get_current_context()
+    own = {name for param in ctx.command.get_params(ctx) if isinstance(param, click.Option)
+           for name in (*param.opts, *param.secondary_opts)}  # fmt: skip
+    found: list[str] = []
+    for arg in args:
+        if arg == "--":  # the script's own end of options: what follows is plainly meant for it
+            break
+        name = arg.split("=", 1)[0] if arg.startswith("--") else arg
+        if name in own and name not in found:
+            found.append(name)
+    if found:
+        verb = "goes" if len(found) == 1 else "go"
+        click.echo(f"tfrun: warning: {', '.join(found)} after SCRIPT {verb} to {script}, not to tfrun; put tfrun's "
+                   "options before SCRIPT, or write -- before the script's own to pass them on without this "
+                   "warning", err=True)  # fmt: skip
+    return args
+
+
 def _unsubmitted(exc: Exception, asked: bool) -> str:
     """Why a submit failed, and whether its job may exist after all: only if the daemon went away after the
     request reached it and none came back in time to say."""
@@ -466,24 +529,40 @@ def _split(values: tuple[str, ...]) -> list[str]:
 @main.command()
 @host_options
 @click.option("-a", "--all", "show_all", is_flag=True, help="Include jobs that have ended.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the job ids, one a line (for xargs or $(...)).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job records.")
-def ps(show_all: bool, as_json: bool) -> None:
-    """List jobs that have not ended (with -a, every job)."""
+def ps(show_all: bool, quiet: bool, as_json: bool) -> None:
+    """List jobs that have not ended (with -a, every job).
 
+    The first line names the box (`jobs on box (alice@gpu-box)`, or `this machine`), then one row per job,
+    never wrapped: in a pipe each row is whole, so `tfrun ps -a | grep NAME` finds the job; on a terminal a
+    row too wide for it is cut with an ellipsis."""
+    if quiet and as_json:
+        raise click.UsageError("-q and --json do not go together")
     jobs = _ask(ListJobs(all=show_all), JobList).jobs
     if as_json:
         click.echo(render.to_json(jobs))
+    elif quiet:
+        click.echo("".join(f"{job.id}\n" for job in jobs), nl=False)
     else:
-        render.job_table(jobs, _console())
+        render.job_table(jobs, _console(), _place(full=True))
+
+
+def _newest() -> Job:
+    """The newest job on the box (the last submitted): what `logs` and `status` mean without JOB."""
+    jobs = _ask(ListJobs(all=True), JobList).jobs
+    if not jobs:
+        _fail(f"no jobs on {_place()}", EXIT_NO_SUCH_JOB)
+    return max(jobs, key=lambda job: job.id)
 
 
 @main.command()
 @host_options
-@click.argument("job")
+@click.argument("job", required=False, shell_complete=completion.jobs)
 @click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON.")
-def status(job: str, as_json: bool) -> None:
-    """Show one job: state, exit code, times, folders. JOB is an id or a name."""
-    record = _ask(GetJob(job=job), JobReply).job
+def status(job: Optional[str], as_json: bool) -> None:
+    """Show one job: state, exit code, times, folders. JOB is an id or a name; without it, the newest job."""
+    record = _ask(GetJob(job=job), JobReply).job if job is not None else _newest()
     if as_json:
         click.echo(render.to_json(record))
     else:
@@ -492,7 +571,7 @@ def status(job: str, as_json: bool) -> None:
 
 @main.command()
 @host_options
-@click.argument("job")
+@click.argument("job", shell_complete=completion.jobs)
 @click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON.")
 def wait(job: str, as_json: bool) -> None:
     """Wait until JOB ends, then exit with its exit code (128+N for signal N, 255 if lost).
@@ -522,7 +601,8 @@ def wait(job: str, as_json: bool) -> None:
 
 @main.command()
 @host_options
-@click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
+@click.argument("jobs", nargs=-1, metavar="[JOB]...", shell_complete=completion.jobs)
+@click.option("--all", "every", is_flag=True, help="Cancel every job that has not ended (queued or running).")
 @click.option(
     "--grace",
     type=click.FloatRange(0, 86400),
@@ -531,28 +611,37 @@ def wait(job: str, as_json: bool) -> None:
     help="Seconds between SIGTERM and SIGKILL.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result per job.")
-def cancel(jobs: tuple[str, ...], grace: float, as_json: bool) -> None:
+def cancel(jobs: tuple[str, ...], every: bool, grace: float, as_json: bool) -> None:
     """Stop jobs: SIGTERM to each job's process group, SIGKILL to whatever is left after --grace.
 
-    Returns once every job named has ended, with nothing of it left running.
+    Returns once every job named has ended, with nothing of it left running. With --all, every job that
+    has not ended, each with its own line; a job that ends by itself meanwhile is no failure.
     """
 
+    if every == bool(jobs):
+        raise click.UsageError("JOB... or --all, not both" if every else "name the JOB... to cancel, or --all")
     if len(jobs) > MAX_CANCEL_JOBS:
         raise click.UsageError(f"at most {MAX_CANCEL_JOBS} jobs at once")
-    results = _ask(Cancel(jobs=list(jobs), grace=grace), CancelReply).results
+    wanted = list(jobs) or [str(job.id) for job in _ask(ListJobs(all=False), JobList).jobs]
+    if not wanted:
+        click.echo(f"tfrun: no unfinished jobs on {_place()}", err=True)
+    results = []
+    for start in range(0, len(wanted), MAX_CANCEL_JOBS):
+        results += _ask(Cancel(jobs=wanted[start : start + MAX_CANCEL_JOBS], grace=grace), CancelReply).results
     if as_json:
         click.echo(render.to_json(results))
     for result in results:
         if not as_json:
-            click.echo(result.message, err=not result.ok)
+            click.echo(result.message + (f" on {_place()}" if result.id is None else ""), err=not result.ok)
     if any(r.id is None for r in results):
         sys.exit(EXIT_NO_SUCH_JOB)
-    sys.exit(EXIT_OK if all(r.ok for r in results) else EXIT_FAILURE)
+    ended = every and all(r.ok or r.state in JobState.FINAL for r in results)  # --all: it ended by itself
+    sys.exit(EXIT_OK if ended or all(r.ok for r in results) else EXIT_FAILURE)
 
 
 @main.command()
 @host_options
-@click.argument("job")
+@click.argument("job", shell_complete=completion.jobs)
 @click.option("-f", "--follow", is_flag=True, help="Follow the new job's output and exit with its exit code.")
 @click.option("--json", "as_json", is_flag=True, help="Print the new job's record as JSON instead of its id.")
 def restart(job: str, follow: bool, as_json: bool) -> None:
@@ -578,7 +667,7 @@ def restart(job: str, follow: bool, as_json: bool) -> None:
 
 @main.command()
 @host_options
-@click.argument("job")
+@click.argument("job", required=False, shell_complete=completion.jobs)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends; exit with its exit code. "
               "Through daemon restarts and dropped SSH links it resumes at the next byte; it gives up only "
               "once no tfrund answered for TFRUN_RECONNECT_TIMEOUT (default 5m, see config.toml).")  # fmt: skip
@@ -588,7 +677,8 @@ def restart(job: str, follow: bool, as_json: bool) -> None:
 @click.option("-v", "--invert-match", "invert", is_flag=True, help="Only lines that do NOT match.")
 @click.option("-i", "--ignore-case", is_flag=True, help="Match upper and lower case alike.")
 @click.option("-F", "--fixed-strings", "fixed", is_flag=True, help="Patterns are plain strings, not expressions.")
-@click.option("--tail", type=click.IntRange(0, MAX_TAIL), metavar="N", help="Start with the last N lines (that match).")
+@click.option("-n", "--tail", type=click.IntRange(0, MAX_TAIL), metavar="N", help="Start with the last N lines "
+              "(that match).")  # fmt: skip
 @click.option("-A", "--after-context", "after", type=click.IntRange(0, MAX_CONTEXT), default=0, metavar="N",
               help="Also N lines after each match.")  # fmt: skip
 @click.option("-B", "--before-context", "before", type=click.IntRange(0, MAX_CONTEXT), default=0, metavar="N",
@@ -600,7 +690,7 @@ def restart(job: str, follow: bool, as_json: bool) -> None:
 @click.option("-t", "--timestamps", is_flag=True, help="Start each line with the time it was written (UTC, "
               "RFC 3339, to within 0.1 s).")  # fmt: skip
 def logs(
-    job: str,
+    job: Optional[str],
     follow: bool,
     patterns: tuple[str, ...],
     grep_patterns: tuple[str, ...],
@@ -614,7 +704,8 @@ def logs(
     since: Optional[Since],
     timestamps: bool,
 ) -> None:
-    """Print JOB's output (stdout and stderr, as the job wrote them).
+    """Print JOB's output (stdout and stderr, as the job wrote them); without JOB, the newest job's (which
+    one is said on stderr).
 
     With a filter (-e/--grep, -v, --tail, --since) or --timestamps the output is read as a terminal shows
     it: a progress bar that redraws itself with \\r is one line in its final state, colour codes are ignored
@@ -625,7 +716,7 @@ def logs(
     Examples:
       tfrun logs -f 12 --grep 'loss|step'     follow job 12, only lines with loss or step
       tfrun logs 12 -i -e error -e nan         lines with error or NaN, any case
-      tfrun logs 12 --tail 20                  the last 20 lines
+      tfrun logs 12 -n 20                      the last 20 lines (-n is --tail)
       tfrun logs 12 --since 10m -t             the last ten minutes, each line with its time
     """
     wanted = LogQuery(
@@ -643,6 +734,11 @@ def logs(
         raise click.UsageError("-v, -i, -F, -A, -B and -C need a pattern (-e PATTERN or --grep PATTERN)")
     if len(wanted.patterns) > MAX_PATTERNS or sum(map(len, wanted.patterns)) > MAX_PATTERN_CHARS:
         raise click.UsageError(f"at most {MAX_PATTERNS} patterns of {MAX_PATTERN_CHARS} characters in all")
+    if job is None:
+        newest = _newest()
+        job = str(newest.id)
+        named = f" ({newest.name})" if newest.name else ""
+        click.echo(f"tfrun: job {job}{named}, the newest on {_place()}", err=True)
     if follow:
         sys.exit(_run(_follow(job, query=wanted)))
 
@@ -788,8 +884,8 @@ def doctor(python: Optional[str], as_json: bool) -> None:
     with CUDA, GPUs seen, memory growth), the NVIDIA driver and CUDA version from nvidia-smi, and the
     checkpoint root (writable, free space). Each line passes or says what to do; exits 1 if any fails.
     A box without GPUs gets warnings, not failures."""
-
-    checks = _ask(Doctor(python=python), DoctorReport).checks
+    host = _target().host
+    checks = _ask(Doctor(python=python or (host.python if host else None)), DoctorReport).checks
     if as_json:
         click.echo(render.to_json(checks))
     else:
@@ -814,7 +910,7 @@ def gpus(as_json: bool) -> None:
 
 @main.command()
 @host_options
-@click.argument("job")
+@click.argument("job", shell_complete=completion.jobs)
 def attach(job: str) -> None:
     """Open JOB's terminal: a job submitted with --tty runs in a tmux session on the box; this attaches to
     it, to answer input() or drive a breakpoint(). Ctrl-b d detaches and leaves the job running."""
@@ -833,7 +929,7 @@ def attach(job: str) -> None:
 
 @main.command()
 @host_options
-@click.option("-n", "--interval", type=click.FloatRange(0.2, 3600), default=1.0, show_default=True, metavar="SECONDS",
+@click.option("-d", "--interval", type=click.FloatRange(0.2, 3600), default=1.0, show_default=True, metavar="SECONDS",
               help="Time between two frames.")  # fmt: skip
 @click.option("--once", is_flag=True, help="Print one frame and exit (for scripts, or a terminal that is not one).")
 def top(interval: float, once: bool) -> None:
@@ -850,10 +946,10 @@ def top(interval: float, once: bool) -> None:
 
 @main.command()
 @host_options
-@click.argument("job", required=False)
+@click.argument("job", required=False, shell_complete=completion.jobs)
 @click.option("-n", "--last", type=click.IntRange(1, MAX_ALERTS), default=20, show_default=True, metavar="N",
               help="Show the newest N alerts.")  # fmt: skip
-@click.option("-v", "--verbose", is_flag=True, help="Show each alert's whole message, as it was sent.")
+@click.option("--verbose", is_flag=True, help="Show each alert's whole message, as it was sent.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of alerts with their deliveries.")
 def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
     """What fired, when, and whether it was delivered: the alerts of JOB, or of every job and the box.
@@ -875,7 +971,11 @@ def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result per URL.")
 def notify_test(url: Optional[str], as_json: bool) -> None:
     """Send a test message from the box to URL (any apprise URL), or to each notify URL of the daemon's
-    config; say for each whether it was sent or why not. Exits 1 if any failed. Nothing is retried."""
+    config; say for each whether it was sent or why not. Exits 1 if any failed. Nothing is retried.
+
+    A URL apprise cannot use is refused with what is wrong with it (exit 2), e.g. `mailto://HOST?to=ADDR`:
+    "needs a sender: add from=ADDRESS"; a slack:// short of a token; an unknown service. Secrets in URLs
+    are never shown."""
 
     results = _ask(NotifyTest(url=url), NotifyReport).results
     if as_json:
@@ -891,7 +991,7 @@ def notify_test(url: Optional[str], as_json: bool) -> None:
 
 @main.command()
 @host_options
-@click.argument("job")
+@click.argument("job", shell_complete=completion.jobs)
 @click.option("-n", "--last", type=click.IntRange(min=1), metavar="N", help="Only the newest N samples "
               "(default: 20 in the table, all with --json).")  # fmt: skip
 @click.option("--plot", is_flag=True, help="Draw the loss (and val_loss) over steps in the terminal.")
@@ -940,7 +1040,7 @@ def metrics(
 
 @main.command()
 @host_options
-@click.argument("job")
+@click.argument("job", shell_complete=completion.jobs)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 def checkpoints(job: str, as_json: bool) -> None:
     """List what is in JOB's checkpoint folder on the box: each checkpoint's step, when it was saved, and
@@ -956,7 +1056,7 @@ def checkpoints(job: str, as_json: bool) -> None:
 
 @main.command()
 @host_options
-@click.argument("job")
+@click.argument("job", shell_complete=completion.jobs)
 @click.argument("paths", nargs=-1, metavar="[PATH]...")
 @click.option(
     "--to",
@@ -983,6 +1083,84 @@ def pull(job: str, paths: tuple[str, ...], dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     files, total = _run(_with_channel(conversation))
     click.echo(f"pulled {files} file(s), {render.size(total)}, into {dest}", err=True)
+
+
+# -- the daemon's config -------------------------------------------------------------------------------------
+
+
+@main.group("config", invoke_without_command=True)
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print path, values and sources as JSON.")
+@click.pass_context
+def config_verb(ctx: click.Context, as_json: bool) -> None:
+    """The box's daemon config (config.toml in tfrund's TFRUN_HOME): show it, change it, reload it.
+
+    Without a command: every setting as tfrund uses it now, as TOML, with where it came from when that is
+    not the file (the default, or a TFRUN_* variable in tfrund's environment); notify URLs with their
+    secrets masked.
+
+    Every change applies without a restart, and says from when: notify, gpus, max_cpu_jobs and the alert
+    cooldown at once (notify for the alerts of jobs already running too); job_python, checkpoint_root,
+    default_gpus and the alert rules for jobs submitted from then on. Only what tfrund reads from its
+    environment at start (TFRUN_HOME: its state and socket; the TFRUN_* overrides) needs `tfrund stop`.
+
+    \b
+    Examples:
+      tfrun config                                what tfrund uses now (--json for scripts)
+      tfrun config set notify 'mailtos://me:app-password@smtp.example.com?to=me@example.com'
+      tfrun config set alerts.rules oom failed stall=1h
+      tfrun config set max_cpu_jobs 2
+      tfrun config unset max_cpu_jobs             back to its default
+      tfrun config reload                         after editing config.toml by hand (or: kill -HUP tfrund)
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    reply = _ask(GetConfig(), ConfigReply)
+    if as_json:
+        click.echo(daemonconfig.as_json(reply))
+    else:
+        daemonconfig.show(reply)
+
+
+@config_verb.command("set")
+@host_options
+@click.argument("key")
+@click.argument("values", nargs=-1, required=True, metavar="VALUE...")
+@click.option("--json", "as_json", is_flag=True, help="Print path, changes, values and sources as JSON.")
+def config_set(key: str, values: tuple[str, ...], as_json: bool) -> None:
+    """Set KEY in the box's config.toml to VALUE, then reload it. Only KEY's lines change, comments stay,
+    and the whole would-be file is checked first: a value tfrund would refuse changes nothing.
+
+    KEY is a key of the file, TABLE.KEY inside a table (alerts.cooldown); `tfrun config` lists them. A
+    list (notify, gpus, alerts.rules, alerts.metric_patterns) takes each VALUE as an item, replacing the
+    list."""
+    _config_change(SetConfig(key=key, values=list(values)), as_json, f"set {key} in")
+
+
+@config_verb.command("unset")
+@host_options
+@click.argument("key")
+@click.option("--json", "as_json", is_flag=True, help="Print path, changes, values and sources as JSON.")
+def config_unset(key: str, as_json: bool) -> None:
+    """Remove KEY from the box's config.toml, back to its default, then reload it."""
+    _config_change(SetConfig(key=key, unset=True), as_json, f"unset {key} in")
+
+
+@config_verb.command("reload")
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print path, changes, values and sources as JSON.")
+def config_reload(as_json: bool) -> None:
+    """Read the box's config.toml again and use it now (as SIGHUP to tfrund does); say what changed and from
+    when. A file tfrund cannot use is refused with its line, and the running config stays."""
+    _config_change(ReloadConfig(), as_json, "reloaded")
+
+
+def _config_change(request: Message, as_json: bool, what: str) -> None:
+    reply = _ask(request, ConfigReply)
+    if as_json:
+        click.echo(daemonconfig.as_json(reply))
+    else:
+        daemonconfig.changed(reply, what)
 
 
 # -- hosts --------------------------------------------------------------------------------------------------
@@ -1019,11 +1197,17 @@ def hosts_list(as_json: bool) -> None:
 @click.argument("destination")
 @click.option("--tfrund", "tfrund_command", default="tfrund", show_default=True, help="tfrund's command on the box.")
 @click.option("--python", help="Job interpreter on the box (default: the daemon's).")
+@click.option("--identity-file", metavar="PATH", help="The private key to log in with, also on --jump hosts "
+              "(default: ~/.ssh/config's IdentityFile, the agent's keys, ~/.ssh/id_*).")  # fmt: skip
+@click.option("--jump", metavar="USER@HOST[:PORT][,...]", help="Reach the box through these hosts in turn, "
+              "each host key checked (like ssh -J; ProxyJump).")  # fmt: skip
 @click.option(
     "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Environment for tfrund, e.g. TFRUN_HOME."
 )
 @click.option("--accept-new-host-key", is_flag=True, help="Trust the box's host key the first time it is seen.")
 @click.option("--default", "make_default", is_flag=True, help="Make it the default host.")
+@click.option("--install", is_flag=True, help="Then install this tfrun on the box and start tfrund there, as tfrun "
+              f"hosts install does ({WHEELHOUSE_ENV}=DIR: --offline with the wheels in DIR).")  # fmt: skip
 def hosts_add(
     name: str,
     destination: str,
@@ -1032,6 +1216,9 @@ def hosts_add(
     env_pairs: tuple[str, ...],
     accept_new_host_key: bool,
     make_default: bool,
+    install: bool,
+    identity_file: Optional[str],
+    jump: Optional[str],
 ) -> None:
     """Add (or replace) host NAME reached at DESTINATION (user@host[:port], or a Host of ~/.ssh/config)."""
     if name == config.LOCAL or validate_name(name):
@@ -1045,6 +1232,8 @@ def hosts_add(
             python=python,
             accept_new_host_key=accept_new_host_key,
             env=_parse_env(env_pairs),
+            identity_file=config.identity_path(identity_file) if identity_file else None,
+            jump=config.check_jump(jump) if jump else None,
         )
         if make_default or cfg.default_host is None:
             cfg.default_host = name
@@ -1052,6 +1241,9 @@ def hosts_add(
     except TfrunError as exc:
         _fail(exc.message, exc.exit_code)
     click.echo(f"added {name} ({destination}){' as the default host' if cfg.default_host == name else ''}")
+    if install:
+        wheels = os.environ.get(WHEELHOUSE_ENV)
+        _install_on(name, accept_new_host_key, offline=False, wheels=Path(wheels) if wheels else None)
 
 
 @hosts.command("remove")
@@ -1071,11 +1263,74 @@ def hosts_remove(name: str) -> None:
     click.echo(f"removed {name}")
 
 
+@hosts.command("install")
+@click.argument("name", required=False, envvar="TFRUN_HOST")
+@click.option("--offline", is_flag=True, help="Send the dependencies along: wheels for the box's Python and "
+              "platform, downloaded here, so the box needs no package index.")  # fmt: skip
+@click.option("--wheels", type=click.Path(exists=True, file_okay=False, path_type=Path), envvar=WHEELHOUSE_ENV,
+              metavar="DIR", help=f"Take those wheels from DIR instead of downloading them; implies --offline "
+              f"(env {WHEELHOUSE_ENV}).")  # fmt: skip
+@click.option("--python", metavar="PY", help="The box's Python to make the venv with (default: python3, else the "
+              "newest python3.X; 3.9 or newer).")  # fmt: skip
+@click.option("--venv", default=DEFAULT_BOX_VENV, show_default=True, metavar="DIR", help="Where the venv goes on "
+              "the box (~ is the box's home).")  # fmt: skip
+@click.option("--force", is_flag=True, help="Install even when the box has this version (e.g. a development build "
+              "of other files).")  # fmt: skip
+@click.option("--accept-new-host-key", is_flag=True, help="Trust the box's host key the first time it is seen.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON: action (installed, upgraded, "
+              "downgraded, reinstalled, unchanged), version, previous, tfrund, python, daemon_pid, ...")  # fmt: skip
+def hosts_install(
+    name: Optional[str],
+    offline: bool,
+    wheels: Optional[Path],
+    python: Optional[str],
+    venv: str,
+    force: bool,
+    accept_new_host_key: bool,
+    as_json: bool,
+) -> None:
+    """Install this client's own tfrun on host NAME's box and start tfrund there, with nothing but SSH.
+
+    It builds a wheel of this tfrun, copies it over tfrun's SSH connection, makes a venv on the box with its
+    Python (3.9 or newer), installs the wheel there with its dependencies (from the box's package index, or
+    with --offline from wheels sent from here), starts tfrund from it and records that tfrund for NAME.
+    Run again, it does nothing while the box has this version (--force: install anyway), and upgrades it
+    otherwise (tfrund is restarted; jobs keep running). `tfrun hosts check` says when the versions differ.
+    Progress goes to stderr.
+
+    \b
+    Examples:
+      tfrun hosts add box alice@gpu-box --install   # add the host and install at once
+      tfrun hosts install box --offline             # for a box that reaches no package index
+    """
+    _install_on(name, accept_new_host_key, offline, wheels, python, venv, force, as_json)
+
+
+def _install_on(
+    name: Optional[str],
+    accept_new: bool,
+    offline: bool,
+    wheels: Optional[Path],
+    python: Optional[str] = None,
+    venv: str = DEFAULT_BOX_VENV,
+    force: bool = False,
+    as_json: bool = False,
+) -> None:
+    """`hosts install` and `hosts add --install`: the install (client/install.py), then one summary line."""
+    from tfrun.client import install
+
+    options = install.Options(venv=venv, python=python, offline=offline, wheels=wheels, force=force)
+    result = _run(install.install(name, options, accept_new, lambda line: click.echo(f"tfrun: {line}", err=True)))
+    click.echo(render.to_json(result) if as_json else result.summary())
+
+
 @hosts.command("check")
 @click.argument("name", required=False, envvar="TFRUN_HOST")
 @click.option("--accept-new-host-key", is_flag=True, help="Trust the box's host key the first time it is seen.")
 def hosts_check(name: Optional[str], accept_new_host_key: bool) -> None:
-    """Check a host step by step: ssh, host key, tfrund and its version, socket forwarding, GPUs."""
+    """Check a host step by step: ssh, host key, tfrund and its version, socket forwarding, then the doctor's
+    checks (tfrun doctor) with the interpreter jobs get there (the host's --python, else tfrund's job_python):
+    its TensorFlow, CUDA build, GPUs, the driver, the checkpoint root. Exits 125 if any step fails."""
     try:
         host = config.resolve(name, config.load())
     except TfrunError as exc:
@@ -1084,10 +1339,12 @@ def hosts_check(name: Optional[str], accept_new_host_key: bool) -> None:
         _fail("no host given and no default host configured", EXIT_USAGE)
     from tfrun.client import ssh
 
-    ok = _run(
-        ssh.check(host, accept_new_host_key, lambda good, step: click.echo(f"{'ok ' if good else 'FAIL'} {step}"))
-    )
+    ok = _run(ssh.check(host, accept_new_host_key, lambda good, step: click.echo(f"{_STEP_LABEL[good]} {step}")))
     sys.exit(EXIT_OK if ok else EXIT_DAEMON)
+
+
+# How `hosts check` marks a step: passed or failed, or a doctor's check by its status.
+_STEP_LABEL: dict[bool | str, str] = {True: "ok ", False: "FAIL", "ok": "ok ", "warn": "warn", "fail": "FAIL"}
 
 
 @main.command("ssh-config")
@@ -1099,9 +1356,11 @@ def hosts_check(name: Optional[str], accept_new_host_key: bool) -> None:
 @click.option("--user", metavar="USER", help="The user to log in as, over DESTINATION's (the tfrun container: tf).")
 @click.option("--port", type=click.IntRange(1, 65535), metavar="PORT", help="The port, over DESTINATION's (the "
               "tfrun container: 2222).")  # fmt: skip
+@click.option("--jump", metavar="USER@HOST[:PORT][,...]", help="Reach the box through these hosts in turn "
+              "(ProxyJump, like ssh -J).")  # fmt: skip
 @click.option("--write", is_flag=True, help="Add the block to ~/.ssh/config (at the top), or replace the one "
-              "written before for NAME.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print name, hostname, port, user, identity_file, block "
+              "written before for NAME; tfrun's host NAME, if any, then reaches the box through it.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print name, hostname, port, user, identity_file, jump, block "
               "and written (the file, or null) as JSON.")  # fmt: skip
 def ssh_config(
     name: str,
@@ -1109,6 +1368,7 @@ def ssh_config(
     identity_file: Optional[str],
     user: Optional[str],
     port: Optional[int],
+    jump: Optional[str],
     write: bool,
     as_json: bool,
 ) -> None:
@@ -1116,12 +1376,15 @@ def ssh_config(
 
     Written once, it serves everything that reaches the box: `ssh NAME`, VS Code Remote-SSH (whose "Connect
     to Host" lists NAME) and tfrun (`tfrun ps --host NAME`, any verb). DESTINATION is user@host[:port] or ssh://user@host:port
-    (default: the destination of tfrun's host NAME, see tfrun hosts list). The block keeps idle connections
-    alive (ServerAliveInterval 30) and sets no ControlMaster, which VS Code on Windows cannot use.
+    (default: the destination, identity file and jump hosts of tfrun's host NAME, see tfrun hosts list, or the
+    block written before). The block keeps idle connections alive (ServerAliveInterval 30) and sets no
+    ControlMaster, which VS Code on Windows cannot use.
 
     --write puts the block at the top of ~/.ssh/config, where OpenSSH's first match wins, between
     `# >>> tfrun ssh-config NAME >>>` and `# <<< ... <<<`; running it again replaces that block and nothing
-    else. A `Host NAME` of your own is left alone: that is an error.
+    else. A `Host NAME` of your own is left alone: that is an error. tfrun's host NAME, if there is one, then
+    reaches the box through the block (destination NAME), so ssh, VS Code and tfrun use one address, user,
+    port and key: the same as `tfrun hosts add NAME NAME` after writing the block.
 
     \b
     Example, for the tfrun container (user tf, port 2222):
@@ -1132,18 +1395,126 @@ def ssh_config(
     from tfrun.client import sshconfig
 
     written: Optional[Path] = None
+    pointed = False
     try:
-        entry = sshconfig.make_entry(
-            name, sshconfig.destination_for(name, destination), user=user, port=port, identity_file=identity_file
-        )
+        entry = sshconfig.entry_for(name, destination, user, port, identity_file, jump)
         if write:
             written = sshconfig.write(entry)
+            pointed = sshconfig.point_host_at_block(name)
     except TfrunError as exc:
         _fail(exc.message, exc.exit_code)
     if as_json:
         fields = dataclasses.asdict(entry)
         click.echo(render.to_json({**fields, "block": entry.block(), "written": str(written) if written else None}))
     elif written is not None:
-        click.echo(f"wrote Host {name} to {written}")
+        click.echo(f"wrote Host {name} to {written}" + (f"; tfrun's host {name} now reaches the box through it"
+                                                         if pointed else ""))  # fmt: skip
     else:
         click.echo(entry.block(), nl=False)
+
+
+# -- shell completion ---------------------------------------------------------------------------------------
+
+
+@main.command("completion")
+@click.argument("shell", type=click.Choice(completion.SHELLS))
+def completion_script(shell: str) -> None:
+    """Print the Tab-completion script for bash, zsh or fish.
+
+    It completes verbs, options, files for SCRIPT, host names (from your config) and job ids, asked of the
+    box that --host or the default host names: a daemon that is not running is not started, and one that
+    does not answer within a few seconds offers none.
+
+    \b
+      bash:  echo 'eval "$(tfrun completion bash)"' >> ~/.bashrc
+      zsh:   echo 'eval "$(tfrun completion zsh)"' >> ~/.zshrc    (after compinit)
+      fish:  tfrun completion fish > ~/.config/fish/completions/tfrun.fish
+    """
+    click.echo(completion.script(click.get_current_context().find_root().command, shell))
+
+
+# -- housekeeping ---------------------------------------------------------------------------------------------
+
+
+@main.command()
+@host_options
+@click.argument("jobs", nargs=-1, required=True, metavar="JOB...", shell_complete=completion.jobs)
+@click.option("--checkpoints", is_flag=True, help="Remove their checkpoint folders too (never one a kept job shares).")
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed and what it would free.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def rm(jobs: tuple[str, ...], checkpoints: bool, dry_run: bool, as_json: bool) -> None:
+    """Remove ended jobs from the box: each one's folder (work dir snapshot, log, metrics) and its records
+    (events, alerts). Then the uploaded contents that no kept job needs are collected.
+
+    A job that has not ended is refused (cancel it first), and so is one an unfinished job needs: the
+    job it runs again (a restart) or runs --after. Checkpoint folders stay unless --checkpoints, and
+    even then one that a kept job shares (a restart chain shares its first job's folder); empty ones go.
+    JOB is an id or a name (the newest job of that name). Exit 1 if a job stays, 3 if one does not exist.
+
+    \b
+    Examples:
+      tfrun rm 3 4                 remove jobs 3 and 4; their checkpoints stay
+      tfrun rm --checkpoints bert  the newest job named bert, with its checkpoints
+    """
+    from tfrun.client.housekeeping import show_removals
+    from tfrun.constants import MAX_REMOVE_JOBS
+    from tfrun.protocol import Remove, RemoveReply
+
+    if len(jobs) > MAX_REMOVE_JOBS:
+        raise click.UsageError(f"at most {MAX_REMOVE_JOBS} jobs at once (tfrun prune removes many)")
+    reply = _ask(Remove(jobs=list(jobs), checkpoints=checkpoints, dry_run=dry_run), RemoveReply)
+    sys.exit(show_removals(reply, as_json))
+
+
+def _older_than(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
+    """--older-than's duration in seconds; a usage error that names the option if it is not one."""
+    from tfrun.duration import parse_duration
+
+    seconds = None if value is None else parse_duration(value.strip())
+    if value is not None and seconds is None:
+        raise click.BadParameter(f"{value!r} is not a duration such as 30d, 12h or 90m", ctx, param)
+    return seconds
+
+
+@main.command()
+@host_options
+@click.option("--older-than", metavar="DURATION", callback=_older_than,
+              help="Remove jobs that ended longer ago than this: 30d, 12h, 90m.")  # fmt: skip
+@click.option("--keep-last", type=click.IntRange(min=0), metavar="N", help="Keep the N jobs that ended last.")
+@click.option("--checkpoints", is_flag=True, help="Remove their checkpoint folders too (never one a kept job shares).")
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed and what it would free.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def prune(
+    older_than: Optional[float], keep_last: Optional[int], checkpoints: bool, dry_run: bool, as_json: bool
+) -> None:
+    """Remove ended jobs in bulk, as `tfrun rm` does, and collect the uploaded contents no job needs.
+
+    Given both options, a job goes if both pick it; given neither, no job goes and only the contents
+    that no kept job needs are collected. Jobs that have not ended, and those an unfinished job needs,
+    always stay.
+
+    \b
+    Examples:
+      tfrun prune --older-than 30d --dry-run   what a month-old clean-up would remove
+      tfrun prune --keep-last 20               all but the 20 jobs that ended last
+      tfrun prune                              only the contents no job needs
+    """
+    from tfrun.client.housekeeping import show_removals
+    from tfrun.protocol import Prune, RemoveReply
+
+    request = Prune(older_than=older_than, keep_last=keep_last, checkpoints=checkpoints, dry_run=dry_run)
+    sys.exit(show_removals(_ask(request, RemoveReply), as_json, named=False))
+
+
+@main.command()
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON (bytes).")
+def df(as_json: bool) -> None:
+    """What tfrun's folders take on the box: job folders, their logs, uploaded contents (blobs), spare
+    snapshots, checkpoints, the database; sizes on disk, as `du` counts them. `tfrun rm` and
+    `tfrun prune` free space; max_blob_bytes in the daemon's config.toml caps the uploaded contents."""
+    from tfrun.client.housekeeping import show_disk_report
+    from tfrun.protocol import DiskReport, DiskUsage
+
+    target = _target()
+    show_disk_report(_ask(DiskUsage(), DiskReport), target.host.label if target.host else "local", as_json)

@@ -2,9 +2,12 @@
 
 default_host = "box"
 reconnect_timeout = "10m"              # how long wait and logs -f keep trying to reach a daemon (default 5m)
+confirm_upload_bytes = "1GB"           # on a terminal, submit asks before sending more than this (0: never)
 
 [hosts.box]
 destination = "alice@gpu-box:2222"     # anything ssh accepts; ~/.ssh/config applies
+identity_file = "~/.ssh/id_box"        # the key to log in with (default: ~/.ssh/config's, the agent's)
+jump = "me@bastion:22"                 # reached through these hosts in turn, like ssh -J (ProxyJump)
 tfrund = "/opt/tfrund/bin/tfrund"      # the daemon's command on the box (default: tfrund)
 python = "/usr/bin/python3"            # the job interpreter there (default: the daemon's)
 accept_new_host_key = false            # like StrictHostKeyChecking=accept-new
@@ -18,15 +21,17 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
 import tomli_w
 
+from tfrun import tomltext
 from tfrun.client.errors import TfrunError
-from tfrun.constants import DEFAULT_RECONNECT_TIMEOUT_S, EXIT_DAEMON, EXIT_USAGE
+from tfrun.constants import DEFAULT_CONFIRM_UPLOAD_BYTES, DEFAULT_RECONNECT_TIMEOUT_S, EXIT_DAEMON, EXIT_USAGE
 from tfrun.duration import format_duration, parse_duration
+from tfrun.sizes import parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -51,6 +56,27 @@ def parse_destination(destination: str) -> tuple[Optional[str], str, Optional[in
     return match["user"], match["host"].strip("[]"), port
 
 
+def identity_path(path: str) -> str:
+    """An identity file as it will be written down: it must exist now (a typo would otherwise only show as a
+    refused login later); kept as given, `~` included, so it still reads right in a dotfiles repository; a
+    relative path made absolute, since ssh would read it from whatever folder it is started in."""
+    if not Path(path).expanduser().is_file():
+        raise TfrunError(f"identity file {path} does not exist", EXIT_USAGE)
+    return path if path.startswith("~") or os.path.isabs(path) else os.path.abspath(path)
+
+
+def check_jump(jump: str) -> str:
+    """`--jump` as given, once each comma-separated hop reads as an ssh destination (ProxyJump's form)."""
+    for hop in jump.split(","):
+        try:
+            if not hop or re.search(r"\s", hop):
+                raise TfrunError("", EXIT_USAGE)
+            parse_destination(hop)
+        except TfrunError:
+            raise TfrunError(f"cannot read {hop!r} as a jump host (user@host[:port][,...])", EXIT_USAGE) from None
+    return jump
+
+
 @dataclass
 class Host:
     """A box to run jobs on: a name from the config, or an ssh destination used as it is."""
@@ -61,6 +87,8 @@ class Host:
     python: Optional[str] = None
     accept_new_host_key: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    identity_file: Optional[str] = None
+    jump: Optional[str] = None  # user@host[:port][,...], as ssh -J takes it
 
     @property
     def label(self) -> str:
@@ -81,6 +109,10 @@ class Host:
             table["accept_new_host_key"] = True
         if self.env:
             table["env"] = dict(self.env)
+        if self.identity_file:
+            table["identity_file"] = self.identity_file
+        if self.jump:
+            table["jump"] = self.jump
         return table
 
 
@@ -90,6 +122,7 @@ class ClientConfig:
     default_host: Optional[str] = None
     hosts: dict[str, Host] = field(default_factory=dict)
     reconnect_timeout: Optional[float] = None  # seconds; None: TFRUN_RECONNECT_TIMEOUT or the default
+    confirm_upload_bytes: Optional[int] = None  # None: DEFAULT_CONFIRM_UPLOAD_BYTES
 
     def save(self) -> None:
         data: dict[str, Any] = {}
@@ -97,6 +130,8 @@ class ClientConfig:
             data["default_host"] = self.default_host
         if self.reconnect_timeout is not None:
             data["reconnect_timeout"] = format_duration(self.reconnect_timeout)
+        if self.confirm_upload_bytes is not None:
+            data["confirm_upload_bytes"] = self.confirm_upload_bytes
         data["hosts"] = {name: host.as_toml() for name, host in sorted(self.hosts.items())}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -116,14 +151,26 @@ def load() -> ClientConfig:
     """The config, or an empty one if the file does not exist; a broken file is a one-line error."""
     path = config_path()
     try:
-        raw = tomllib.loads(path.read_text())
+        text = path.read_text()
+        raw = tomllib.loads(text)
     except FileNotFoundError:
         return ClientConfig(path)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except tomllib.TOMLDecodeError as exc:
+        raise TfrunError(tomltext.decode_error(str(path), exc, text), EXIT_USAGE) from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise TfrunError(f"{path}: {exc}", EXIT_USAGE) from None
+    unknown = tomltext.unknown_key(str(path), text, raw, _schema())
+    if unknown:
+        raise TfrunError(unknown, EXIT_USAGE)
     config = ClientConfig(path, default_host=_string(raw, "default_host", path))
     if "reconnect_timeout" in raw:
         config.reconnect_timeout = _duration(raw["reconnect_timeout"], f"{path}: reconnect_timeout")
+    if "confirm_upload_bytes" in raw:
+        config.confirm_upload_bytes = parse_size(raw["confirm_upload_bytes"])
+        if config.confirm_upload_bytes is None:
+            raise TfrunError(
+                f"{path}: confirm_upload_bytes must be a size such as 1GB or 500MB (0: never ask)", EXIT_USAGE
+            )
     hosts = raw.get("hosts", {})
     if not isinstance(hosts, dict):
         raise TfrunError(f"{path}: [hosts] must be a table", EXIT_USAGE)
@@ -140,8 +187,20 @@ def load() -> ClientConfig:
             python=_string(table, "python", path),
             accept_new_host_key=bool(table.get("accept_new_host_key", False)),
             env=dict(env),
+            identity_file=_string(table, "identity_file", path),
+            jump=_string(table, "jump", path),
         )
     return config
+
+
+def _schema() -> tomltext.Schema:
+    """The keys the file may hold, from the fields of ClientConfig and Host: a setting is known as soon as it
+    has a field, and anything else (a typo such as `pyhton`) is named with its line."""
+    host: tomltext.Schema = {f.name: None for f in fields(Host) if f.name != "name"}
+    host["env"] = tomltext.ANY  # the daemon's environment: any names
+    top: tomltext.Schema = {f.name: None for f in fields(ClientConfig) if f.name not in ("path", "hosts")}
+    top["hosts"] = {tomltext.ANY: host}
+    return top
 
 
 def _string(table: dict[str, Any], key: str, path: Path) -> Optional[str]:
@@ -162,6 +221,11 @@ def _duration(value: Any, where: str) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
         raise TfrunError(f"{where} must be a duration such as 90s, 5m or 1h, not {value!r}", EXIT_USAGE)
     return float(seconds)
+
+
+def confirm_upload_bytes(config: ClientConfig) -> int:
+    """Above how many bytes to send `submit` asks first, on a terminal: the config's, else 1 GB."""
+    return DEFAULT_CONFIRM_UPLOAD_BYTES if config.confirm_upload_bytes is None else config.confirm_upload_bytes
 
 
 def reconnect_timeout(config: ClientConfig) -> float:

@@ -11,7 +11,7 @@ from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON
 from tfrun.paths import Layout
-from tfrun.protocol import Channel
+from tfrun.protocol import Channel, ErrorCode, RemoteError
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,12 @@ class Target:
         from tfrun.client import keeper
 
         if keeper.enabled():
-            return await keeper.connect(self.host, self.accept_new_host_key)
+            try:
+                return await keeper.connect(self.host, self.accept_new_host_key)
+            except RemoteError as exc:  # the box's dial-stdio, through a keeper already up, says why
+                if exc.code == ErrorCode.CANNOT_START:
+                    raise cannot_start(self.host, exc.message) from None
+                raise
         from tfrun.client import ssh  # asyncssh costs 0.3 s to import: only a direct connection pays it
 
         conn = await ssh.open_ssh(self.host, self.accept_new_host_key)
@@ -42,6 +47,13 @@ class Target:
             raise
         channel.on_close(conn.close)
         return channel
+
+
+def cannot_start(host: Optional[Host], reason: str) -> TfrunError:
+    """The one line for a daemon that could not start, whichever way its reason came (its log, its
+    stderr, an `Error` from dial-stdio): `tfrund cannot start on box: config.toml line 2: ...`."""
+    where = f" on {host.label}" if host is not None else ""
+    return TfrunError(f"tfrund cannot start{where}: {reason}", EXIT_DAEMON)
 
 
 async def connect_local(layout: Layout) -> Channel:
@@ -78,4 +90,4 @@ async def start_local_daemon() -> None:
     if proc.returncode != 0:
         lines = err.decode(errors="replace").strip().splitlines()
         reason = lines[-1].removeprefix("tfrund: error: ") if lines else f"exit code {proc.returncode}"
-        raise TfrunError(f"cannot start tfrund: {reason}", EXIT_DAEMON)
+        raise cannot_start(None, reason)

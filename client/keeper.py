@@ -48,9 +48,11 @@ def enabled() -> bool:
 
 def socket_path(host: Host, accept_new: bool) -> Path:
     """Where the keeper for `host` listens, for this caller: short, per user, named by what identifies the
-    daemon and by what decides trust (see `_trust`), so no caller rides a connection it could not open."""
+    daemon, by the way there (jump hosts, identity file) and by what decides trust (see `_trust`), so no caller
+    rides a connection it could not open."""
     base = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/tfrun-{os.getuid()}") / "keepers"
-    key = json.dumps([host.identity, _trust(accept_new or host.accept_new_host_key)])
+    login = [host.jump, host.identity_file and _fingerprint(Path(host.identity_file).expanduser())]
+    key = json.dumps([host.identity, login, _trust(accept_new or host.accept_new_host_key)])
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     return base / f"{digest}.sock"
 

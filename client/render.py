@@ -1,13 +1,16 @@
-"""How jobs look on a terminal (rich tables) and to scripts (JSON)."""
+"""How jobs look on a terminal (rich), in a pipe (plain whole rows) and to scripts (JSON)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shlex
+import sys
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from tfrun.protocol import Alert, Check, FileEntry, Gpu, Job, JobState, MetricSample
 
@@ -23,6 +26,68 @@ STATE_STYLE = {
     JobState.CANCELLED: "magenta",
     JobState.LOST: "red",
 }
+
+
+COLOR_CHOICES = ("auto", "always", "never")
+
+
+def wants_color(choice: str, terminal: bool, environ: Mapping[str, str]) -> bool:
+    """Whether to write colour: --color always or never decides; with auto, NO_COLOR (set, not empty) says no
+    (no-color.org), then FORCE_COLOR (set, not empty, not 0) says yes (force-color.org); else a terminal
+    gets colour and a pipe or file none. --color beats both variables: it is the more deliberate choice."""
+    if choice != "auto":
+        return choice == "always"
+    if environ.get("NO_COLOR"):
+        return False
+    if environ.get("FORCE_COLOR", "") not in ("", "0"):
+        return True
+    return terminal
+
+
+def console(choice: str = "auto") -> Console:
+    """The console a verb prints through. Whether stdout is a terminal is read here, once, and rich's own
+    guesses (FORCE_COLOR or TTY_COMPATIBLE making a pipe a terminal) are overruled: a pipe gets whole lines,
+    a terminal lines cut to its width. Without colour there are no escape codes at all, bold included."""
+    from rich.console import Console
+
+    terminal = sys.stdout.isatty()
+    color = wants_color(choice, terminal, os.environ)
+    system: Optional[Literal["auto", "standard"]] = ("auto" if terminal else "standard") if color else None
+    return Console(highlight=False, soft_wrap=False, force_terminal=terminal, no_color=False, color_system=system)
+
+
+def one_line(value: str) -> str:
+    """`value` with line breaks, tabs and other control characters written as escapes (\\n, \\x1b): a name or
+    an argument can hold anything, and a row must stay one row, with no escape code of the job's own."""
+    if value.isprintable():
+        return value
+    return "".join(char if char.isprintable() or char == " " else repr(char)[1:-1] for char in value)
+
+
+Cell = Union[str, "Text"]  # a table cell: plain text, or text with a style
+
+
+def print_table(
+    console: Console, header: Sequence[str], body: Sequence[Sequence[Cell]], right: Collection[str] = ()
+) -> None:
+    """A table as `ps` prints it: columns two spaces apart, one line per row, no trailing spaces. Never
+    wrapped: in a pipe every row is whole, however long (`ps -a | grep NAME` finds each job, `cut` and
+    `awk` see one record a line); on a terminal a row too long for it is cut with … at its right end."""
+    from rich.text import Text
+
+    lines = [[Text(name, style="bold") for name in header]]
+    lines += [[cell if isinstance(cell, Text) else Text(one_line(cell)) for cell in row] for row in body]
+    widths = [max(cells[i].cell_len for cells in lines) for i in range(len(header))]
+    for cells in lines:
+        line = Text()
+        for i, (name, cell, width) in enumerate(zip(header, cells, widths)):
+            pad = " " * (width - cell.cell_len)
+            line.append("  " if i else "")
+            line.append_text(Text(pad) + cell if name in right else cell + Text(pad))
+        line.rstrip()
+        if console.is_terminal:
+            line.truncate(console.width, overflow="ellipsis")
+        console.print(line, soft_wrap=True)
 
 
 def to_json(value: Any) -> str:
@@ -62,32 +127,32 @@ def command_line(job: Job) -> str:
     return shlex.join([job.script, *job.args])
 
 
-def job_table(jobs: list[Job], console: Console) -> None:
-    from rich.table import Table
+def job_table(jobs: list[Job], console: Console, where: str) -> None:
+    """`tfrun ps`: a first line naming the box (`where`), so that a default host is never a surprise, then a
+    row per job."""
     from rich.text import Text
 
     if not jobs:
-        console.print("no jobs", style="dim")
+        console.print(Text(f"no jobs on {where}", style="dim"), soft_wrap=True)
         return
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("ID", "NAME", "STATE", "GPUS", "EXIT", "STARTED", "RUNTIME", "COMMAND"):
-        table.add_column(column, no_wrap=column != "COMMAND", overflow="fold")
-    for job in jobs:
-        table.add_row(  # Text, not markup: a name like "[red]" is shown as typed
+    console.print(Text(f"jobs on {where}", style="dim"), soft_wrap=True)
+    body: list[list[Cell]] = [
+        [  # Text, not markup: a name like "[red]" is shown as typed
             str(job.id),
-            Text(job.name or "-"),
+            job.name or "-",
             Text(job.state, style=STATE_STYLE.get(job.state, "")),
             ",".join(job.gpus) or ("-" if not job.gpus_requested else f"({job.gpus_requested})"),
             "-" if job.exit_code is None else str(job.exit_code),
             when(job.started_at),
             duration(runtime(job)),
-            Text(command_line(job)),
-        )
-    console.print(table)
+            command_line(job),
+        ]
+        for job in jobs
+    ]
+    print_table(console, ("ID", "NAME", "STATE", "GPUS", "EXIT", "STARTED", "RUNTIME", "COMMAND"), body)
 
 
 def job_detail(job: Job, console: Console) -> None:
-    from rich.table import Table
     from rich.text import Text
 
     rows = [
@@ -127,12 +192,12 @@ def job_detail(job: Job, console: Console) -> None:
         ("notify", ", ".join(job.notify) or "the daemon's URLs only"),
     ]
     rows += [(f"env {k}", v) for k, v in sorted(job.env.items())]
-    table = Table(box=None, show_header=False, pad_edge=False)
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    for key, value in rows:
-        table.add_row(key, Text(value))
-    console.print(table)
+    width = max(len(key) for key, _ in rows)
+    for key, value in rows:  # a line each, whole and without trailing spaces: `status | grep workdir`
+        line = Text(key.ljust(width), style="bold") + Text("  ")
+        line.append(one_line(value), style=STATE_STYLE.get(value, "") if key == "state" else "")
+        line.rstrip()
+        console.print(line, soft_wrap=True)
 
 
 @dataclasses.dataclass
@@ -174,19 +239,11 @@ def checkpoints(entries: list[FileEntry]) -> list[Checkpoint]:
 
 
 def checkpoint_table(points: list[Checkpoint], console: Console) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
     if not points:
         console.print("no checkpoints", style="dim")
         return
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("CHECKPOINT", "STEP", "SAVED", "SIZE"):
-        table.add_column(column, no_wrap=True, justify="right" if column in ("STEP", "SIZE") else "left")
-    for point in points:
-        table.add_row(Text(point.name), "-" if point.step is None else str(point.step), when(point.saved),
-                      size(point.size))  # fmt: skip
-    console.print(table)
+    body = [[p.name, "-" if p.step is None else str(p.step), when(p.saved), size(p.size)] for p in points]
+    print_table(console, ("CHECKPOINT", "STEP", "SAVED", "SIZE"), body, right=("STEP", "SIZE"))
 
 
 _CHECK_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "bold red")}
@@ -205,17 +262,11 @@ def check_lines(checks: list[Check], console: Console) -> None:
 
 
 def gpu_table(gpus: list[Gpu], console: Console) -> None:
-    from rich.table import Table
-
     if not gpus:
         console.print("no GPUs on this box (or none NVML can see)", style="dim")
         return
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("GPU", "NAME", "MEMORY", "USE", "JOB"):
-        table.add_column(column, no_wrap=True, justify="right" if column in ("MEMORY", "USE") else "left")
-    for gpu in gpus:
-        table.add_row(*gpu_cells(gpu))
-    console.print(table)
+    body = [gpu_cells(gpu) for gpu in gpus]
+    print_table(console, ("GPU", "NAME", "MEMORY", "USE", "JOB"), body, right=("MEMORY", "USE"))
 
 
 def gpu_cells(gpu: Gpu) -> tuple[Text, Text, str, str, str]:
@@ -266,8 +317,6 @@ def alert_lines(alerts: list[Alert], verbose: bool, console: Console) -> None:
 
 def metric_table(source: str, samples: list[MetricSample], console: Console) -> None:
     """`tfrun metrics`: one row per step, a column per metric (loss first), and where they came from."""
-    from rich.table import Table
-
     if not samples:
         console.print("no metrics yet: nothing the daemon can read as a metric was printed", style="dim")
         return
@@ -275,13 +324,16 @@ def metric_table(source: str, samples: list[MetricSample], console: Console) -> 
     for sample in samples:
         names.update(dict.fromkeys(sample.values))
     columns = sorted(names, key=lambda n: (n != "loss", n.startswith("val_"), n))
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("STEP", "EPOCH", *(c.upper() for c in columns)):
-        table.add_column(column, no_wrap=True, justify="right")
-    for sample in samples:
-        values = [f"{sample.values[c]:.6g}" if c in sample.values else "" for c in columns]
-        table.add_row(str(sample.step), "" if sample.epoch is None else str(sample.epoch), *values)
-    console.print(table)
+    header = ("STEP", "EPOCH", *(c.upper() for c in columns))
+    body = [
+        [
+            str(s.step),
+            "" if s.epoch is None else str(s.epoch),
+            *(f"{s.values[c]:.6g}" if c in s.values else "" for c in columns),
+        ]
+        for s in samples
+    ]
+    print_table(console, header, body, right=header)
     where = {"callback": "written by tfrun.jobs (exact)", "log": "read from the output"}.get(source, source)
     console.print(f"{len(samples)} sample(s), {where}", style="dim")
 

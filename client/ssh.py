@@ -16,16 +16,29 @@ import os
 import shlex
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import asyncssh
 
+from tfrun import __version__
 from tfrun.client.config import Host, parse_destination
+from tfrun.client.connection import cannot_start
 from tfrun.client.errors import TfrunError
-from tfrun.constants import EXIT_DAEMON
-from tfrun.protocol import Channel, DaemonInfo, DaemonStatus, ProtocolError, RemoteError
+from tfrun.constants import EXIT_DAEMON, EXIT_USAGE
+from tfrun.protocol import (
+    Channel,
+    DaemonInfo,
+    DaemonStatus,
+    Doctor,
+    DoctorReport,
+    ErrorCode,
+    ProtocolError,
+    RemoteError,
+)
 
 _CONNECT_TIMEOUT_S = 20.0
+# How `check` reports a step: passed (True) or failed (False), or a doctor's check by its status.
+Report = Callable[[Union[bool, str], str], None]
 _RECHECK_S = 24 * 3600.0  # how long a box's refusal to forward is believed before trying again
 
 
@@ -61,33 +74,91 @@ class _HostKeyCheck(asyncssh.SSHClient):
 
 
 async def open_ssh(host: Host, accept_new: bool = False) -> asyncssh.SSHClientConnection:
-    """An authenticated SSH connection, or a TfrunError that says what went wrong and what to do."""
-    user, address, port = parse_destination(host.destination)
-    check = _HostKeyCheck(accept_new or host.accept_new_host_key)
-    options: dict[str, Any] = {"client_factory": lambda: check, "connect_timeout": _CONNECT_TIMEOUT_S}
+    """An authenticated SSH connection, or a TfrunError that says what went wrong and what to do.
+
+    Jump hosts (`hosts add --jump`, like ssh -J) are reached in turn, each through the one before, each host
+    key checked as the box's is, and the host's identity file offered on every hop: one key for the whole way,
+    as a user with one key expects (OpenSSH's -i reaches the last hop only). A ProxyJump from ~/.ssh/config
+    is asyncssh's to follow, with what the config says for each jump host.
+    """
+    accept_new = accept_new or host.accept_new_host_key
+    keys = _client_keys(host)
+    tunnel: Optional[asyncssh.SSHClientConnection] = None
+    try:
+        for hop in host.jump.split(",") if host.jump else []:
+            tunnel = await _connect(hop, f"jump host {hop}", accept_new, keys, tunnel)
+        return await _connect(host.destination, host.destination, accept_new, keys, tunnel)
+    except BaseException:
+        if tunnel is not None:
+            tunnel.close()  # and the hops before it: each closes the one it came through
+        raise
+
+
+def _client_keys(host: Host) -> dict[str, Any]:
+    """asyncssh's options for the host's identity file: it first, then the agent's keys, as OpenSSH offers an
+    IdentityFile. Without one, ~/.ssh/config's IdentityFile, the agent and ~/.ssh/id_* apply."""
+    if not host.identity_file:
+        return {}
+    path = Path(host.identity_file).expanduser()
+    if not path.is_file():
+        raise TfrunError(f"identity file {host.identity_file} of host {host.label} does not exist", EXIT_USAGE)
+    # A key with a passphrase is skipped, not fatal: asyncssh cannot ask for it, and the agent may hold it.
+    return {"client_keys": [str(path)], "ignore_encrypted": True}
+
+
+async def _connect(
+    destination: str,
+    what: str,
+    accept_new: bool,
+    keys: dict[str, Any],
+    tunnel: Optional[asyncssh.SSHClientConnection],
+) -> asyncssh.SSHClientConnection:
+    """One hop: `destination` (user@host:port, or a Host of ~/.ssh/config), through `tunnel` if there is one;
+    `what` names it in errors."""
+    user, address, port = parse_destination(destination)
+    check = _HostKeyCheck(accept_new)
+    options: dict[str, Any] = {"client_factory": lambda: check, "connect_timeout": _CONNECT_TIMEOUT_S, **keys}
     if user:
         options["username"] = user
     if port:
         options["port"] = port
+    if tunnel is not None:
+        options["tunnel"] = tunnel
     try:
-        return await asyncssh.connect(address, **options)
+        conn = await asyncssh.connect(address, **options)
     except asyncssh.HostKeyNotVerifiable:
-        raise TfrunError(_host_key_message(host, check), EXIT_DAEMON) from None
+        raise TfrunError(_host_key_message(destination, check), EXIT_DAEMON) from None
     except asyncssh.PermissionDenied:
-        raise TfrunError(
-            f"ssh authentication to {host.destination} failed: no key was accepted "
-            "(is it loaded in ssh-agent, or named by IdentityFile in ~/.ssh/config?)",
-            EXIT_DAEMON,
-        ) from None
+        raise TfrunError(_auth_message(what, bool(keys)), EXIT_DAEMON) from None
     except asyncssh.Error as exc:
-        raise TfrunError(f"ssh to {host.destination} failed: {exc.reason}", EXIT_DAEMON) from None
+        raise TfrunError(f"ssh to {what} failed: {exc.reason}", EXIT_DAEMON) from None
     except (OSError, TimeoutError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        raise TfrunError(f"cannot connect to {host.destination}: {reason}", EXIT_DAEMON) from None
+        raise TfrunError(f"cannot connect to {what}: {reason}", EXIT_DAEMON) from None
+    if tunnel is not None:
+        conn.set_tunnel(tunnel)  # closing the box's connection closes the way to it
+    return conn
 
 
-def _host_key_message(host: Host, check: _HostKeyCheck) -> str:
-    fingerprint = check.key.get_fingerprint() if check.key else "unknown"
+def _auth_message(what: str, identity_file: bool) -> str:
+    if identity_file:
+        return (
+            f"ssh authentication to {what} failed: the identity file was not accepted (one with a passphrase "
+            "must be loaded in ssh-agent)"
+        )
+    return (
+        f"ssh authentication to {what} failed: no key was accepted (is it loaded in ssh-agent, named by "
+        "IdentityFile in ~/.ssh/config, or by `tfrun hosts add --identity-file`?)"
+    )
+
+
+def _host_key_message(destination: str, check: _HostKeyCheck) -> str:
+    if check.key is None:  # refused before our check ran: a ProxyJump of ~/.ssh/config, which asyncssh follows
+        return (
+            f"the host key of a jump host on the way to {destination} (ProxyJump in ~/.ssh/config) is not in "
+            "~/.ssh/known_hosts: ssh to it once and check it, or give the jump with `tfrun hosts add --jump`"
+        )
+    fingerprint = check.key.get_fingerprint()
     if check.changed:
         return (
             f"the host key of {check.where} has CHANGED (now {fingerprint}); refusing to connect. If the box "
@@ -96,6 +167,23 @@ def _host_key_message(host: Host, check: _HostKeyCheck) -> str:
     return (
         f"the host key of {check.where} is unknown ({fingerprint}); check it, then accept it once with "
         f"--accept-new-host-key, or set accept_new_host_key = true for this host"
+    )
+
+
+def fix_hint(host: Host, upgrade: bool = False) -> str:
+    """What to run when the box has no tfrund (or another version): the ways out, named for this host."""
+    if upgrade:
+        if host.name:
+            return f"upgrade it with `tfrun hosts install {host.name}`"
+        return f"upgrade it with `tfrun hosts add NAME {host.destination} --install`"
+    if host.name:
+        return (
+            f"install it with `tfrun hosts install {host.name}` (or `tfrun hosts add {host.name} "
+            f"{host.destination} --install`), or name its path with --tfrund PATH"
+        )
+    return (
+        f"install it with `tfrun hosts add NAME {host.destination} --install`, or name its path with "
+        f"`tfrun hosts add NAME {host.destination} --tfrund PATH`"
     )
 
 
@@ -218,18 +306,18 @@ async def _dial_stdio(conn: asyncssh.SSHClientConnection, host: Host) -> Channel
     process = await conn.create_process(_remote_command(host, "dial-stdio"), encoding=None)
     try:
         channel = await _open_stream(process.stdout, process.stdin)
+    except RemoteError as exc:
+        if exc.code == ErrorCode.CANNOT_START:  # no daemon could start, and dial-stdio says why
+            raise cannot_start(host, exc.message) from None
+        raise
     except (ProtocolError, ConnectionError, asyncssh.Error):
         process.stdin.write_eof()
         result = await process.wait()
         stderr = result.stderr if isinstance(result.stderr, bytes) else b""
         lines = stderr.decode(errors="replace").strip().splitlines()
         if result.exit_status == 127:
-            raise TfrunError(
-                f"tfrund was not found on {host.label} ({host.tfrund!r}): install tfrun there "
-                f"(pip install tfrun), or name its path with `tfrun hosts add {host.label} "
-                f"{host.destination} --tfrund /path/to/tfrund`",
-                EXIT_DAEMON,
-            ) from None
+            message = f"tfrund was not found on {host.label} ({host.tfrund!r}): {fix_hint(host)}"
+            raise TfrunError(message, EXIT_DAEMON) from None
         reason = lines[-1].removeprefix("tfrund: error: ") if lines else f"exit status {result.exit_status}"
         raise TfrunError(f"tfrund on {host.label} failed: {reason}", EXIT_DAEMON) from None
     return channel
@@ -242,7 +330,7 @@ async def run_command(conn: asyncssh.SSHClientConnection, command: str) -> tuple
     return int(result.exit_status or 0), out
 
 
-async def check(host: Host, accept_new: bool, report: Callable[[bool, str], None]) -> bool:
+async def check(host: Host, accept_new: bool, report: Report) -> bool:
     """`tfrun hosts check`: each step reported as it passes or fails; True if all passed."""
     try:
         conn = await open_ssh(host, accept_new)
@@ -257,9 +345,12 @@ async def check(host: Host, accept_new: bool, report: Callable[[bool, str], None
         )
         status, out = await run_command(conn, _remote_command(host, "--version"))
         if status != 0:
-            report(False, f"tfrund: {host.tfrund!r} not found on the box (exit {status}); install tfrun there")
+            report(False, f"tfrund: {host.tfrund!r} not found on the box (exit {status}): {fix_hint(host)}")
             return False
-        report(True, f"tfrund: {out.strip()}")
+        box_version = out.split()[-1] if out.split() else "?"
+        same_version = box_version == __version__
+        report(same_version, f"tfrund: {out.strip()}" if same_version else f"tfrund: the box has {box_version}, this "
+               f"client {__version__}: {fix_hint(host, upgrade=True)}")  # fmt: skip
         try:
             channel, _ = await open_channel(conn, host)
         except (TfrunError, RemoteError) as exc:
@@ -272,9 +363,19 @@ async def check(host: Host, accept_new: bool, report: Callable[[bool, str], None
             report(True, f"transport: socket forwarding to {info.socket}")
         else:
             report(True, "transport: socket forwarding refused by the server; using tfrund dial-stdio (slower)")
-        status, out = await run_command(conn, "nvidia-smi -L")
-        gpus = [line for line in out.splitlines() if line.startswith("GPU ")]
-        report(True, f"GPUs: {len(gpus)}" + (f" ({'; '.join(gpus)})" if gpus else " (nvidia-smi found none)"))
-        return True
+        ready = await _doctor(channel, host, report)
+        return same_version and ready
     finally:
         conn.close()
+
+
+async def _doctor(channel: Channel, host: Host, report: Report) -> bool:
+    """The doctor's checks (TensorFlow, CUDA build, GPUs, driver, checkpoint root), run by the daemon with the
+    interpreter jobs will get: the host's `python`, else tfrund's job_python. A box whose jobs cannot import
+    TensorFlow is not ready, however well ssh works; True if nothing failed."""
+    reply = await channel.request(Doctor(python=host.python))
+    if not isinstance(reply, DoctorReport):
+        raise ProtocolError(f"expected 'doctor_report' in reply to 'doctor', got {reply.TYPE!r}")
+    for line in reply.checks:
+        report(line.status, f"{line.name}: {line.detail}" + (f"; {line.advice}" if line.advice else ""))
+    return all(line.status != "fail" for line in reply.checks)

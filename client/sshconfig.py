@@ -10,6 +10,7 @@ Imports nothing heavy: `tfrun ssh-config` never connects, so it must start as fa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -57,13 +58,14 @@ def check_name(name: str) -> None:
 
 @dataclass(frozen=True)
 class Entry:
-    """What one Host block says: where NAME leads, as who, with which key."""
+    """What one Host block says: where NAME leads, as who, with which key, through which jump hosts."""
 
     name: str
     hostname: str
     port: Optional[int] = None
     user: Optional[str] = None
     identity_file: Optional[str] = None
+    jump: Optional[str] = None
 
     def lines(self) -> list[str]:
         """The block as ssh_config lines (no line ends): a comment, `Host NAME`, then its options."""
@@ -72,6 +74,8 @@ class Entry:
             options.append(("Port", str(self.port)))
         if self.user:
             options.append(("User", self.user))
+        if self.jump:
+            options.append(("ProxyJump", self.jump))
         if self.identity_file:
             # IdentitiesOnly: offer only this key, not every key in the agent first (a server cuts a client
             # off after MaxAuthTries keys). `%` starts a token in IdentityFile, so a literal one is doubled.
@@ -99,10 +103,20 @@ def _check_value(what: str, value: str, spaces: bool = False) -> None:
         raise TfrunError(f"{what} {value!r} cannot be written to an ssh config", EXIT_USAGE)
 
 
-def destination_for(name: str, given: Optional[str]) -> str:
-    """DESTINATION as given, else the destination of tfrun's host NAME (`tfrun hosts add`), if it has one."""
-    if given is not None:
-        return given
+def entry_for(
+    name: str,
+    destination: Optional[str],
+    user: Optional[str] = None,
+    port: Optional[int] = None,
+    identity_file: Optional[str] = None,
+    jump: Optional[str] = None,
+) -> Entry:
+    """The block `tfrun ssh-config NAME` makes: from DESTINATION, else from tfrun's host NAME (its destination,
+    identity file and jump hosts), else, for a host that reaches NAME through the block already (after
+    `--write`, or `tfrun hosts add NAME NAME`), from that block as written, so running the command again
+    changes only what its options say. The options win over all of these."""
+    if destination is not None:
+        return make_entry(name, destination, user, port, identity_file, jump)
     hosts = config.load().hosts
     if name not in hosts:
         raise TfrunError(
@@ -110,13 +124,65 @@ def destination_for(name: str, given: Optional[str]) -> str:
             "tf@gpu-host:2222",
             EXIT_USAGE,
         )
-    destination = hosts[name].destination
-    if destination == name:  # `tfrun hosts add NAME NAME`: tfrun reaches it through the block itself
+    host = hosts[name]
+    if host.destination != name:
+        return make_entry(name, host.destination, user, port, identity_file or host.identity_file, jump or host.jump)
+    written = read_entry(name)
+    if written is None:  # a Host NAME of the user's own, or none at all
         raise TfrunError(
             f"tfrun's host {name} reaches {name} through ~/.ssh/config: give the box's address as DESTINATION",
             EXIT_USAGE,
         )
-    return destination
+    hostname = f"[{written.hostname}]" if ":" in written.hostname else written.hostname
+    return make_entry(
+        name,
+        hostname,
+        user if user is not None else written.user,
+        port if port is not None else written.port,
+        identity_file if identity_file is not None else written.identity_file,
+        jump if jump is not None else written.jump,
+    )
+
+
+def read_entry(name: str, path: Optional[Path] = None) -> Optional[Entry]:
+    """NAME's block as `write` left it in the ssh config, or None where there is none (or it lost HostName)."""
+    try:
+        lines = (path or config_path()).read_text(errors="surrogateescape").split("\n")
+    except OSError:
+        return None
+    start = next((i for i, line in enumerate(lines) if line.strip() == begin_marker(name)), None)
+    if start is None:
+        return None
+    values: dict[str, str] = {}
+    for line in lines[start + 1 :]:
+        if line.strip() == end_marker(name):
+            break
+        keyword, args = _keyword(line)
+        values.setdefault(keyword, args.strip())
+    else:
+        return None
+    port = values.get("port", "")
+    identity = values.get("identityfile")
+    if identity:
+        identity = identity[1:-1] if len(identity) > 1 and identity[0] == identity[-1] == '"' else identity
+        identity = identity.replace("%%", "%")
+    if not values.get("hostname"):
+        return None
+    return Entry(name, values["hostname"], int(port) if port.isdigit() else None, values.get("user"), identity,
+                 values.get("proxyjump"))  # fmt: skip
+
+
+def point_host_at_block(name: str) -> bool:
+    """After `--write`: tfrun's host NAME, if there is one, reaches the box through the block just written,
+    which now holds its address, user, port, key and jump hosts. One place for them, whichever of `hosts add`
+    and `ssh-config --write` came first, so plain ssh, VS Code and tfrun can never disagree."""
+    cfg = config.load()
+    host = cfg.hosts.get(name)
+    if host is None:
+        return False
+    cfg.hosts[name] = dataclasses.replace(host, destination=name, identity_file=None, jump=None)
+    cfg.save()
+    return True
 
 
 def make_entry(
@@ -125,12 +191,10 @@ def make_entry(
     user: Optional[str] = None,
     port: Optional[int] = None,
     identity_file: Optional[str] = None,
+    jump: Optional[str] = None,
 ) -> Entry:
-    """The Entry for NAME at DESTINATION, --user and --port winning over what DESTINATION says.
-
-    An identity file must exist now (a typo would otherwise only show as a refused login later). Its path is
-    kept as given, `~` included, so the block still reads right in a dotfiles repository; a relative path is
-    made absolute, since ssh would read it from whatever folder it is started in.
+    """The Entry for NAME at DESTINATION, --user and --port winning over what DESTINATION says; the identity
+    file checked and written as `config.identity_path` says, the jump hosts as `config.check_jump` reads them.
     """
     check_name(name)
     try:
@@ -143,11 +207,10 @@ def make_entry(
         _check_value("user", user)
     if identity_file is not None:
         _check_value("identity file", identity_file, spaces=True)
-        if not Path(identity_file).expanduser().is_file():
-            raise TfrunError(f"identity file {identity_file} does not exist", EXIT_USAGE)
-        if not identity_file.startswith("~") and not os.path.isabs(identity_file):
-            identity_file = os.path.abspath(identity_file)
-    return Entry(name, hostname, port if port is not None else dest_port, user, identity_file)
+        identity_file = config.identity_path(identity_file)
+    if jump is not None:
+        _check_value("jump host", config.check_jump(jump))
+    return Entry(name, hostname, port if port is not None else dest_port, user, identity_file, jump)
 
 
 def config_path() -> Path:

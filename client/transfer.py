@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from tfrun.client.errors import TfrunError
 from tfrun.client.snapshot import Snapshot
@@ -70,14 +70,19 @@ class LazyProgress:
             self.bar.stop()
 
 
-async def upload(channel: Channel, snapshot: Snapshot) -> tuple[int, int]:
-    """Send the contents the daemon lacks; return (files sent, bytes sent)."""
+async def upload(
+    channel: Channel, snapshot: Snapshot, confirm: Optional[Callable[[int, int], None]] = None
+) -> tuple[int, int]:
+    """Send the contents the daemon lacks; return (files sent, bytes sent). `confirm(files, bytes)` is told
+    what will be sent before anything is, and may stop it by raising."""
     digests = sorted(snapshot.sources)
     reply = await channel.request(HaveBlobs(digests))
     if not isinstance(reply, MissingBlobs):
         raise ProtocolError(f"expected missing_blobs, got {reply.TYPE}")
     missing = reply.digests
     sizes = {e.digest: e.size for e in snapshot.entries if e.digest}
+    if confirm is not None:
+        confirm(len(missing), sum(sizes.get(d, 0) for d in missing))
     progress = LazyProgress(sum(sizes.get(d, 0) for d in missing), "uploading")
 
     small = [d for d in missing if sizes.get(d, 0) <= _PACK_BELOW]

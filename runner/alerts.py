@@ -31,6 +31,7 @@ from typing import Any, Optional
 from tfrun.constants import EXIT_LOST
 from tfrun.protocol import JobState, MetricSample
 from tfrun.runner import cgroup, jobdir, oom
+from tfrun.runner.alerttext import INDENT
 from tfrun.runner.config import Config
 from tfrun.runner.gpus import GpuReading, read_gpu_memory
 from tfrun.runner.lines import TerminalLines, display, plain
@@ -118,6 +119,12 @@ class Alerts:
         self._watches: dict[int, Watch] = {}
         self._settings: dict[int, Settings] = {}
         self._gpu_high_since: dict[int, float] = {}
+
+    def reconfigure(self, config: Config) -> None:
+        """Use a config read again: each job's settings are worked out afresh at its next look, so the
+        daemon's notify URLs reach the alerts of jobs that were already running."""
+        self.config = config
+        self._settings.clear()
 
     # -- the loop -----------------------------------------------------------------------------------------
 
@@ -331,6 +338,8 @@ class Alerts:
     # -- the message --------------------------------------------------------------------------------------
 
     def _body(self, row: JobRow, summary: str, watch: Watch) -> str:
+        """The alert's text, laid out as runner/alerttext.py reads it back: mail shows it as HTML, Slack as
+        mrkdwn, and both keep its lines."""
         command = " ".join([row.spec["script"], *row.spec["args"]])
         lines = [
             summary,
@@ -344,10 +353,10 @@ class Alerts:
             lines.append(f"Restarted:   as job {row.restarted_as}")
         if watch.losses:
             losses = ", ".join(f"{step}: {loss:.4g}" for step, loss in watch.losses)
-            lines.append(f"Last losses: (step: loss) {losses}")
+            lines += ["", "Last losses (step: loss):", f"{INDENT}{losses}"]
         tail = _last_lines(Path(row.job_dir) / jobdir.OUTPUT, watch.offset)
         if tail:
-            lines += ["", "Last lines of output:", *(f"    {line}" for line in tail)]
+            lines += ["", "Last lines of output:", *(f"{INDENT}{line}" for line in tail)]
         return "\n".join(lines) + "\n"
 
     # -- the box ------------------------------------------------------------------------------------------

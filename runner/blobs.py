@@ -16,14 +16,19 @@ write outside the job's folder.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import stat
 import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from tfrun.constants import SPARE_COUNT, SPARE_MAX_BYTES
 from tfrun.content import ManifestError, check_manifest, sha256_file, valid_digest
@@ -35,7 +40,15 @@ class BlobStore:
         self._root = str(root)  # paths as strings: thousands are made per submit, and Path is slow
         self.incoming = root / "incoming"
         self.incoming.mkdir(parents=True, exist_ok=True)
-        self._known: set[str] = set()  # digests seen stored: contents are never removed, so a yes stays a yes
+        self._known: set[str] = set()  # digests seen stored (a collection forgets those it removes)
+        # Collections (runner/housekeeping.py) against submits in flight: a content a connection was told of
+        # (`missing` with a holder) is held until it hangs up, and one it let go of after a collection began is
+        # left to the next (that one may have read the jobs' manifests before the submit made its job).
+        self._lock = threading.Lock()  # guards the three below, and each removal
+        self._holds: dict[str, set[str]] = {}  # connection key -> digests it was told of
+        self._seen: dict[str, float] = {}  # digest -> when a connection let go of it (monotonic)
+        self._collections: list[float] = []  # when each collection under way began
+        self._collecting = threading.Lock()  # one collection at a time
 
     def path(self, digest: str) -> str:
         return os.path.join(self._root, digest[:2], digest)
@@ -48,11 +61,16 @@ class BlobStore:
             return True
         return False
 
-    def missing(self, digests: list[str]) -> list[str]:
+    def missing(self, digests: list[str], holder: Optional[str] = None) -> list[str]:
+        """The digests not stored. With `holder` (a connection's key), the connection holds all of them until
+        it hangs up (`discard`): a content it was told is here stays here until its submit has made its job."""
         bad = [d for d in digests if not valid_digest(d)]
         if bad:
             raise ManifestError(f"not a SHA-256 digest: {bad[0][:80]!r}")
-        return sorted({d for d in digests if not self.has(d)})
+        with self._lock:
+            if holder is not None:
+                self._holds.setdefault(holder, set()).update(digests)
+            return sorted({d for d in digests if not self.has(d)})
 
     def write_chunk(self, key: str, digest: str, offset: int, data: bytes, last: bool) -> None:
         """Append a chunk to the partial content `key` (one per connection); on the last, verify and keep it.
@@ -92,9 +110,14 @@ class BlobStore:
             offset += size
 
     def discard(self, key: str) -> None:
-        """Forget the partial contents of a connection that went away."""
+        """Forget the partial contents of a connection that went away, and let go of what it held."""
         for partial in self.incoming.glob(f"*.{key}"):
             partial.unlink(missing_ok=True)
+        with self._lock:
+            held = self._holds.pop(key, ())
+            if self._collections:  # only a collection under way can have read the manifests before its job
+                now = time.monotonic()
+                self._seen.update(dict.fromkeys(held, now))
 
     def build(self, files: list[FileEntry], dest: Path) -> None:
         """Create `dest` (must not exist) holding `files`; atomically, via a temporary sibling."""
@@ -119,6 +142,74 @@ class BlobStore:
         if lacking:
             raise ManifestError(f"{len(lacking)} file content(s) were never uploaded, e.g. {lacking[0][:12]}")
         return entries
+
+    def begin_collection(self) -> float:
+        """Note that a collection starts now, before the caller reads which contents the jobs name: what a
+        connection lets go of from now on is kept by it (its submit may have made a job after that read)."""
+        with self._lock:
+            start = time.monotonic()
+            self._collections.append(start)
+            return start
+
+    def collect(
+        self,
+        start: float,
+        needed: Callable[[], set[str]],
+        grace: float,
+        limit: Optional[int] = None,
+        dry_run: bool = False,
+    ) -> Collected:
+        """Remove the contents that `needed()` does not name, oldest first: all of them, or with `limit` only
+        until the store takes at most `limit` bytes. Never one that arrived less than `grace` seconds ago, one
+        a connection holds, or one let go of since `start` (from `begin_collection`). Sizes are bytes on
+        disk, as `du` counts them."""
+        try:
+            with self._collecting:
+                keep = needed()
+                contents = sorted(self.contents())
+                total = sum(size for _, _, size in contents)
+                removed = freed = 0
+                now = time.time()
+                for mtime, digest, size in contents:
+                    if limit is not None and total - freed <= limit:
+                        break
+                    if digest in keep or now - mtime < grace or not self._remove(digest, start, dry_run):
+                        continue
+                    removed += 1
+                    freed += size
+                return Collected(removed, freed, total - freed)
+        finally:
+            with self._lock:
+                self._collections.remove(start)
+                oldest = min(self._collections, default=time.monotonic())
+                self._seen = {d: t for d, t in self._seen.items() if t >= oldest}
+
+    def contents(self) -> Iterator[tuple[float, str, int]]:
+        """(time it arrived, digest, bytes on disk) of each stored content."""
+        with os.scandir(self._root) as folders:
+            for folder in folders:
+                if len(folder.name) != 2 or not folder.is_dir(follow_symlinks=False):
+                    continue  # incoming/: partial uploads, which their connection discards
+                with os.scandir(folder.path) as files:
+                    for entry in files:
+                        if valid_digest(entry.name):
+                            with contextlib.suppress(FileNotFoundError):
+                                st = entry.stat(follow_symlinks=False)
+                                yield st.st_mtime, entry.name, st.st_blocks * 512
+
+    def _remove(self, digest: str, start: float, dry_run: bool) -> bool:
+        """Remove one content unless a connection holds it or let go of it since `start`."""
+        with self._lock:
+            if self._seen.get(digest, -math.inf) >= start or any(digest in held for held in self._holds.values()):
+                return False
+            if dry_run:
+                return True
+            try:
+                os.unlink(self.path(digest))
+            except FileNotFoundError:
+                return False
+            self._known.discard(digest)
+            return True
 
     def create(self, entry: FileEntry, target: Path) -> None:
         """One entry of a snapshot at `target`, which must not exist; never through a link."""
@@ -230,6 +321,32 @@ def read_manifest(path: Path) -> list[FileEntry]:
     """A manifest kept by write_manifest; OSError, ValueError or TypeError if it is missing or damaged."""
     with open(path) as f:
         return [FileEntry(**entry) for entry in json.load(f)]
+
+
+@dataclass
+class Collected:
+    """What a collection of the blob store removed, and what the store takes after it (bytes on disk)."""
+
+    removed: int
+    freed: int
+    left: int
+
+
+def manifest_digests(paths: Iterable[Path]) -> set[str]:
+    """The contents that the manifests at `paths` name. A missing or damaged manifest names none: the job
+    it belongs to can never be built again from it (`tfrun restart` says so), so it needs no content."""
+    found: set[str] = set()
+    for path in paths:
+        try:
+            with open(path) as f:
+                entries = json.load(f)
+        except (OSError, ValueError):
+            continue
+        for entry in entries if isinstance(entries, list) else []:
+            digest = entry.get("digest") if isinstance(entry, dict) else None
+            if isinstance(digest, str):
+                found.add(digest)
+    return found
 
 
 def _same(a: Optional[FileEntry], b: Optional[FileEntry]) -> bool:

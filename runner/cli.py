@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import fcntl
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -19,17 +21,20 @@ from typing import Any, NoReturn, Optional
 import click
 
 from tfrun import __version__
-from tfrun.constants import DAEMON_START_TIMEOUT_S, EXIT_FAILURE, EXIT_OK
+from tfrun.constants import DAEMON_START_TIMEOUT_S, EXIT_FAILURE, EXIT_OK, HELLO_WAIT_S, MAX_HEADER_BYTES
 from tfrun.paths import Layout
 from tfrun.protocol import (
     Channel,
     DaemonInfo,
     DaemonStatus,
+    Error,
+    ErrorCode,
     Message,
     Ok,
     ProtocolError,
     RemoteError,
     Shutdown,
+    encode,
 )
 from tfrun.runner.config import Config, ConfigError
 from tfrun.runner.daemon import (
@@ -63,7 +68,8 @@ def main() -> None:
 
 @main.command()
 def run() -> None:
-    """Run the daemon in the foreground (for supervisors and containers); Ctrl-C or SIGTERM stops it.
+    """Run the daemon in the foreground (for supervisors and containers); Ctrl-C or SIGTERM stops it,
+    SIGHUP reads its config.toml again (as `tfrun config reload` does).
 
     Jobs keep running when it stops; the next daemon re-adopts them.
     """
@@ -96,17 +102,20 @@ def start(quiet: bool) -> None:
 
     Does nothing if one already runs for this TFRUN_HOME. Clients that race to start it get one daemon.
     """
-    pid = ensure_started(Layout.from_env())
+    try:
+        pid = ensure_started(Layout.from_env())
+    except DaemonError as exc:
+        _fail(str(exc))
     if not quiet:
         click.echo(f"tfrund running (pid {pid})")
 
 
 def ensure_started(layout: Layout) -> int:
-    """The pid of this home's daemon, started now if none answers. Exits with a message on failure."""
+    """The pid of this home's daemon, started now if none answers; DaemonError says why none could start."""
     try:
         prepare_dirs(layout)
-    except (DaemonError, OSError) as exc:
-        _fail(str(exc))
+    except OSError as exc:
+        raise DaemonError(str(exc)) from None
     with open(layout.start_lock, "a") as start_lock:
         fcntl.flock(start_lock, fcntl.LOCK_EX)  # released when the file closes, even if we crash
         info = _status(layout)
@@ -128,9 +137,9 @@ def ensure_started(layout: Layout) -> int:
             if info is not None:
                 return info.pid
             if proc.poll() is not None:
-                _fail(_last_error(layout, log_offset) or f"tfrund exited with code {proc.returncode}")
+                raise DaemonError(_last_error(layout, log_offset) or f"tfrund exited with code {proc.returncode}")
             time.sleep(0.05)
-        _fail(f"tfrund did not answer within {DAEMON_START_TIMEOUT_S:g}s; see {layout.daemon_log}")
+        raise DaemonError(f"tfrund did not answer within {DAEMON_START_TIMEOUT_S:g}s; see {layout.daemon_log}")
 
 
 def _last_error(layout: Layout, offset: int) -> Optional[str]:
@@ -250,7 +259,10 @@ def dial_stdio() -> None:
     For clients that reach the box by running a command over SSH when socket forwarding is refused.
     """
     layout = Layout.from_env()
-    ensure_started(layout)
+    try:
+        ensure_started(layout)
+    except DaemonError as exc:
+        _refuse(str(exc))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(str(layout.socket))
@@ -274,3 +286,29 @@ def dial_stdio() -> None:
     except OSError:
         pass  # whoever reads our stdout went away
     sys.exit(EXIT_OK)
+
+
+def _refuse(reason: str) -> NoReturn:
+    """Tell the client at the other end of stdin and stdout why no daemon could start, in the protocol: an
+    `Error` in answer to its hello reaches it through whatever carries the bytes (an SSH exec channel, the
+    client's connection keeper), where a bare exit reads as a connection closed for no reason. On stderr
+    too, for a person who runs dial-stdio by hand."""
+    click.echo(f"tfrund: error: {reason}", err=True)
+    with contextlib.suppress(OSError):
+        _skip_line(0)
+        frame = memoryview(encode(Error(ErrorCode.CANNOT_START, reason)))
+        while frame:
+            frame = frame[os.write(1, frame) :]
+    sys.exit(EXIT_FAILURE)
+
+
+def _skip_line(fd: int) -> None:
+    """Read the client's hello (one line), so that the answer follows it as the protocol has it."""
+    deadline = time.monotonic() + HELLO_WAIT_S
+    seen = 0
+    while seen <= MAX_HEADER_BYTES:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        data = os.read(fd, 1 << 16) if ready else b""
+        if not data or b"\n" in data:
+            return
+        seen += len(data)

@@ -6,6 +6,8 @@ notify = ["mailto://user:pass@smtp.example.com?to=me@example.com", "slack://T0/B
 gpus = ["0", "1"]                      # TFRUN_GPUS=0,1; the devices jobs get (default: those NVML sees)
 default_gpus = 1                       # GPUs a job gets without --gpus (default: 1 where there are GPUs, else 0)
 max_cpu_jobs = 4                       # CPU-only jobs running at once (default: no cap)
+max_blob_bytes = "20GB"                # cap on uploaded contents kept (default: none); oldest unneeded go first
+blob_grace = "1h"                      # an uploaded content younger than this is never collected
 
 [alerts]
 rules = ["oom", "spike=2", "stall=30m", "failed", "done", "lost", "gpu-memory=90%"]  # the default: all
@@ -23,10 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from tfrun import tomltext
+from tfrun.constants import BLOB_GRACE_S
 from tfrun.duration import parse_duration
 from tfrun.paths import Layout
 from tfrun.runner import rules
 from tfrun.runner.metrics import LogMetrics, PatternError
+from tfrun.sizes import parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,6 +47,52 @@ class ConfigError(Exception):
     """The config file cannot be used; the message names the file and the key."""
 
 
+# What `tfrun config set KEY VALUE...` makes of its words, by key.
+STRING, COUNT, STRINGS, DURATION = "a string", "a whole number", "a list of strings", "a duration such as 15m"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One setting of config.toml: what its words are, when a reload's change of it takes effect, and the
+    variable in tfrund's environment that overrides it (read once, at start: changing it needs a restart)."""
+
+    kind: str
+    applies: str
+    env: Optional[str] = None
+
+
+# Every key the file may hold, "table.key" for those in a table; a key missing here is refused as unknown.
+KEYS: dict[str, Key] = {
+    "checkpoint_root": Key(STRING, "to jobs submitted from now on", "TFRUN_CHECKPOINT_ROOT"),
+    "job_python": Key(STRING, "to jobs submitted from now on", "TFRUN_JOB_PYTHON"),
+    "notify": Key(STRINGS, "now, to the alerts of every job", "TFRUN_NOTIFY"),
+    "gpus": Key(STRINGS, "now (a job keeps the GPUs it holds)", "TFRUN_GPUS"),
+    "default_gpus": Key(COUNT, "to jobs submitted from now on"),
+    "max_cpu_jobs": Key(COUNT, "now"),
+    "max_blob_bytes": Key(STRING, "after the next submit"),  # a size: "20GB", "500MB"
+    "blob_grace": Key(DURATION, "now"),
+    "alerts.rules": Key(STRINGS, "to jobs submitted from now on (the gpu-memory rule: now)"),
+    "alerts.cooldown": Key(DURATION, "now"),
+    "alerts.expire": Key(DURATION, "to alerts recorded from now on"),
+    "alerts.gpu_memory_for": Key(DURATION, "now"),
+    "alerts.metric_patterns": Key(STRINGS, "to jobs started from now on"),
+}
+
+
+def schema() -> tomltext.Schema:
+    """KEYS as the table structure `tomltext.unknown_key` checks a file against."""
+    tree: tomltext.Schema = {}
+    for name in KEYS:
+        *tables, leaf = name.split(".")
+        node = tree
+        for table in tables:
+            sub = node.setdefault(table, {})
+            assert isinstance(sub, dict)
+            node = sub
+        node[leaf] = None
+    return tree
+
+
 @dataclass(frozen=True)
 class Config:
     checkpoint_root: Path
@@ -55,16 +106,32 @@ class Config:
     gpus: Optional[list[str]] = None  # None: ask NVML
     default_gpus: Optional[int] = None
     max_cpu_jobs: int = 0  # 0: no cap
+    max_blob_bytes: int = 0  # 0: no cap on the uploaded contents kept (runner/housekeeping.py)
+    blob_grace: float = BLOB_GRACE_S  # an uploaded content younger than this is never collected
+    sources: dict[str, str] = field(default_factory=dict)  # key -> "config.toml", or the variable that set it
 
     @classmethod
     def load(cls, layout: Layout) -> Config:
-        raw: dict[str, Any] = {}
-        where = str(layout.config_file)
+        text = ""
         if layout.config_file.exists():
             try:
-                raw = tomllib.loads(layout.config_file.read_text())
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-                raise ConfigError(f"{where}: {exc}") from None
+                text = layout.config_file.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"{layout.config_file}: {getattr(exc, 'strerror', None) or exc}") from None
+        return cls.parse(text, layout)
+
+    @classmethod
+    def parse(cls, text: str, layout: Layout) -> Config:
+        """The config that `text`, as the layout's config.toml, gives: what tfrund starts with, and what
+        `tfrun config set` checks a would-be file with before writing it."""
+        where = str(layout.config_file)
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(tomltext.decode_error(where, exc, text)) from None
+        unknown = tomltext.unknown_key(where, text, raw, schema())
+        if unknown:
+            raise ConfigError(unknown)
         alerts = raw.get("alerts", {})
         if not isinstance(alerts, dict):
             raise ConfigError(f"{where}: [alerts] must be a table")
@@ -87,14 +154,29 @@ class Config:
             job_python=python or None,
             notify=notify,
             rules=dict(chosen),
-            cooldown=_seconds(alerts, "cooldown", DEFAULT_COOLDOWN_S, where),
-            expire=_seconds(alerts, "expire", DEFAULT_EXPIRE_S, where),
-            gpu_memory_for=_seconds(alerts, "gpu_memory_for", DEFAULT_GPU_MEMORY_FOR_S, where),
+            cooldown=_seconds(alerts, "cooldown", DEFAULT_COOLDOWN_S, f"{where}: [alerts]"),
+            expire=_seconds(alerts, "expire", DEFAULT_EXPIRE_S, f"{where}: [alerts]"),
+            gpu_memory_for=_seconds(alerts, "gpu_memory_for", DEFAULT_GPU_MEMORY_FOR_S, f"{where}: [alerts]"),
             metric_patterns=patterns,
             gpus=_devices(raw, where),
             default_gpus=_count(raw, "default_gpus", where),
             max_cpu_jobs=_count(raw, "max_cpu_jobs", where) or 0,
+            max_blob_bytes=_size(raw, "max_blob_bytes", where),
+            blob_grace=_seconds(raw, "blob_grace", BLOB_GRACE_S, f"{where}:"),
+            sources=_sources(raw),
         )
+
+
+def _sources(raw: dict[str, Any]) -> dict[str, str]:
+    """Where each key that is not a default comes from: the environment wins over the file."""
+    found = {}
+    for name, key in KEYS.items():
+        table, _, leaf = name.rpartition(".")
+        if key.env and os.environ.get(key.env):
+            found[name] = key.env
+        elif leaf in (raw.get(table, {}) if table else raw):
+            found[name] = "config.toml"
+    return found
 
 
 def _devices(raw: dict[str, Any], where: str) -> Optional[list[str]]:
@@ -117,6 +199,16 @@ def _count(raw: dict[str, Any], key: str, where: str) -> Optional[int]:
     return value
 
 
+def _size(raw: dict[str, Any], key: str, where: str) -> int:
+    """Bytes: a whole number, or text such as "20GB" or "500MB"; 0 when the key is not there."""
+    if key not in raw:
+        return 0
+    size = parse_size(raw[key])
+    if size is None:
+        raise ConfigError(f"{where}: {key} must be a size such as 20GB or 500MB, or a number of bytes")
+    return size
+
+
 def _string(raw: dict[str, Any], key: str, where: str) -> Optional[str]:
     value = raw.get(key)
     if value is not None and not isinstance(value, str):
@@ -132,10 +224,11 @@ def _strings(raw: dict[str, Any], key: str, where: str) -> list[str]:
 
 
 def _seconds(raw: dict[str, Any], key: str, default: float, where: str) -> float:
+    """A duration setting ("15m", "1h") in seconds; `where` names the file (and table) in the error."""
     value = raw.get(key)
     if value is None:
         return default
     seconds = parse_duration(value) if isinstance(value, str) else None
     if seconds is None:
-        raise ConfigError(f"{where}: [alerts] {key} must be a duration such as 15m")
+        raise ConfigError(f"{where} {key} must be a duration such as 15m")
     return seconds

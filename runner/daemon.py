@@ -34,9 +34,11 @@ from tfrun.protocol import (
     read_message,
     write_message,
 )
+from tfrun.runner import liveconfig
 from tfrun.runner.alerts import Alerts
 from tfrun.runner.blobs import BlobStore, Spares
-from tfrun.runner.config import Config
+from tfrun.runner.config import Config, ConfigError
+from tfrun.runner.gpus import device_ids
 from tfrun.runner.handlers import HANDLERS, WATCHING, Connection, RequestError, rerun, start_rerun
 from tfrun.runner.outbox import Outbox
 from tfrun.runner.scheduler import Scheduler
@@ -188,6 +190,24 @@ class Daemon:
         if self._stopping is not None:
             self._stopping.set()
 
+    def apply_config(self, config: Config) -> None:
+        """Use a config read again (`tfrun config reload` or `set`, SIGHUP) from now on. Every part reads its
+        settings from here when it next needs them: the alerts (the notify URLs of every job's next alert),
+        the outbox, the scheduler (its GPUs and CPU slots, with a pass now, as a cap may have risen)."""
+        self.config = config
+        self.alerts.reconfigure(config)
+        self.outbox.cooldown, self.outbox.expire = config.cooldown, config.expire
+        self.scheduler.devices = device_ids(config.gpus)
+        self.in_background(self.scheduler.run_pass())
+
+    def _reload_on_hangup(self) -> None:
+        """SIGHUP: read config.toml again, as `tfrun config reload` does. A file that cannot be used is
+        logged, and the running config stays."""
+        try:
+            liveconfig.reload(self, "SIGHUP")
+        except ConfigError as exc:
+            log.error("config not reloaded (SIGHUP): %s; the running config stays", exc)
+
     async def serve(self) -> None:
         """Reconcile, listen, and serve until asked to stop (Shutdown, SIGTERM or SIGINT)."""
         self._stopping = asyncio.Event()
@@ -203,6 +223,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
+        loop.add_signal_handler(signal.SIGHUP, self._reload_on_hangup)
         monitor = asyncio.create_task(self.supervisor.monitor())
         watch = asyncio.create_task(self.alerts.run(self.log_watch))
         outbox = asyncio.create_task(self.outbox.run())

@@ -3,28 +3,67 @@ what to do, after the check script of ../shared/seeds/004: the job interpreter a
 with CUDA, the GPUs it sees, memory growth), the driver as nvidia-smi reports it, and the checkpoint root.
 
 TensorFlow is probed in the job interpreter (tfrun/jobs/probe.py), never in the daemon's, which may have
-none. No GPU at all is a warning, not a failure: CPU boxes are allowed; a GPU that nvidia-smi sees and
-TensorFlow does not is a failure, since that job would silently train on the CPU.
+none. When the job interpreter cannot import it, the interpreters on the box that can are named, from a
+short search (`pythons_with_tensorflow`), with how to choose one. No GPU at all is a warning, not a failure:
+CPU boxes are allowed; a GPU that nvidia-smi sees and TensorFlow does not is a failure, since that job would
+silently train on the CPU.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import tfrun
+from tfrun.constants import PYTHON_SEARCH_MAX, PYTHON_SEARCH_TIMEOUT_S, PYTHON_SEARCH_WORKERS, PYTHONS_NAMED
 from tfrun.protocol import Check
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _PROBE = Path(tfrun.__file__).parent / "jobs" / "probe.py"
 _PROBE_TIMEOUT_S = 180  # importing TensorFlow on a cold disk takes a while
 _LOW_SPACE_BYTES = 10 * 10**9
+# Where people keep interpreters with TensorFlow besides PATH: conda's base and envs, pyenv, and venvs under ~
+# (one per project, or .venv inside a project). Patterns, not a walk: a big home costs a few listings.
+_CONDA_ROOTS = ("~/miniconda3", "~/anaconda3", "~/miniforge3", "~/mambaforge", "/opt/conda")
+_VENV_PATTERNS = (
+    "~/.venv*/bin/python",
+    "~/venv*/bin/python",
+    "~/venvs/*/bin/python",
+    "~/.virtualenvs/*/bin/python",
+    "~/*/bin/python",
+    "~/*/.venv/bin/python",
+    "~/*/venv/bin/python",
+    "~/.pyenv/versions/*/bin/python",
+)
+# Run by each candidate: can it find TensorFlow (found, not imported: importing takes seconds), which version.
+# Python 3.6+ and the standard library only; run from / so that a folder named tensorflow there cannot count.
+_FIND_TENSORFLOW = """
+import importlib.util, json, sys
+found = importlib.util.find_spec("tensorflow") is not None
+version = None
+if found:
+    try:
+        from importlib.metadata import version as dist_version
+    except ImportError:
+        dist_version = None
+    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tensorflow-intel",
+                 "tensorflow-macos", "tensorflow-rocm", "tensorflow-aarch64", "intel-tensorflow"):
+        try:
+            version = dist_version(dist)
+            break
+        except Exception:
+            pass
+print(json.dumps({"prefix": sys.prefix, "tensorflow": found, "version": version}))
+"""
 
 
 def run_checks(checkpoint_root: Path, python: str) -> list[Check]:
@@ -50,7 +89,7 @@ def job_python(configured: Optional[str]) -> str:
 def _interpreter(python: str) -> tuple[Check, Optional[str]]:
     found = python if os.sep in python else shutil.which(python)
     if found is None or not os.access(found, os.X_OK):
-        return Check("job python", FAIL, f"{python} is not an executable", "set job_python to one"), None
+        return Check("job python", FAIL, f"{python} is not an executable", _choose_another(python)), None
     return Check("job python", OK, found), found
 
 
@@ -63,8 +102,7 @@ def _tensorflow(python: str, gpus_by_driver: int) -> list[Check]:
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
         return [Check("tensorflow", FAIL, f"could not run the probe in {python}: {exc}")]
     if "error" in found:
-        advice = f"install TensorFlow for {python}, or point job_python at an interpreter that has it"
-        return [Check("tensorflow", FAIL, f"not importable ({found['error']})", advice)]
+        return [Check("tensorflow", FAIL, f"not importable ({found['error']})", _choose_another(python))]
     checks = [Check("tensorflow", OK, f"{found['tensorflow']} on Python {found['python']}")]
     cuda = found.get("cuda_build")
     versions = ", ".join(f"{k} {found[k]}" for k in ("cuda", "cudnn") if found.get(k)) or "no CUDA"
@@ -87,6 +125,76 @@ def _tensorflow(python: str, gpus_by_driver: int) -> list[Check]:
         status = OK if growth == "ok" else FAIL
         checks.append(Check("memory growth", status, "applied on every GPU" if status == OK else str(growth)))
     return checks
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """A Python on this box that can import TensorFlow (`version`: its distribution's, when it says)."""
+
+    path: str
+    version: Optional[str]
+
+
+def _choose_another(python: str) -> str:
+    """What to do about a job interpreter without TensorFlow: the ones on this box that have it, and the two
+    ways jobs get one (per host from the client, or for every client in tfrund's config)."""
+    choose = "`tfrun hosts add NAME DEST --python PATH` (or job_python in tfrund's config.toml)"
+    found = [other for other in pythons_with_tensorflow() if other.path != python]
+    if not found:
+        return (
+            f"install TensorFlow for {python}; no other interpreter here has it (looked at python3 on PATH, conda "
+            f"envs, venvs under ~), then choose one with {choose}"
+        )
+    named = ", ".join(f"{other.path} (TensorFlow {other.version or '?'})" for other in found[:PYTHONS_NAMED])
+    more = f" and {len(found) - PYTHONS_NAMED} more" if len(found) > PYTHONS_NAMED else ""
+    return f"TensorFlow is in {named}{more}: choose one with {choose}, or install TensorFlow for {python}"
+
+
+def pythons_with_tensorflow() -> list[Interpreter]:
+    """Interpreters on this box that can import TensorFlow, in the order of `python_candidates`, one for each
+    environment (its sys.prefix). Each candidate runs a short script, several at once, none for long: a search
+    of seconds at most, run only when the job interpreter has no TensorFlow, off the daemon's event loop."""
+    candidates = python_candidates()
+    with ThreadPoolExecutor(PYTHON_SEARCH_WORKERS) as pool:
+        answers = list(pool.map(_find_tensorflow, candidates))
+    prefixes: set[str] = set()
+    found: list[Interpreter] = []
+    for path, answer in zip(candidates, answers):
+        if answer is not None and answer[0] not in prefixes:
+            prefixes.add(answer[0])
+            found.append(Interpreter(path, answer[1]))
+    return found
+
+
+def python_candidates() -> list[str]:
+    """Executables that may be Pythons with TensorFlow: python3 and python on PATH, then conda's, then venvs
+    and pyenv's under ~ (see _CONDA_ROOTS, _VENV_PATTERNS); at most PYTHON_SEARCH_MAX."""
+    found = [shutil.which("python3"), shutil.which("python")]
+    for root in _CONDA_ROOTS:
+        base = os.path.expanduser(root)
+        found.append(os.path.join(base, "bin", "python"))
+        found.extend(sorted(glob.glob(os.path.join(base, "envs", "*", "bin", "python"))))
+    for pattern in _VENV_PATTERNS:
+        found.extend(sorted(glob.glob(os.path.expanduser(pattern))))
+    unique = dict.fromkeys(path for path in found if path and os.access(path, os.X_OK))
+    return list(unique)[:PYTHON_SEARCH_MAX]
+
+
+def _find_tensorflow(python: str) -> Optional[tuple[str, Optional[str]]]:
+    """(sys.prefix, TensorFlow's version or None) if `python` can find TensorFlow; None if not, or if it is no
+    Python that answers in time."""
+    try:
+        result = subprocess.run(
+            [python, "-c", _FIND_TENSORFLOW], capture_output=True, text=True, cwd="/",
+            timeout=PYTHON_SEARCH_TIMEOUT_S, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        found = json.loads(result.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    if not isinstance(found, dict) or found.get("tensorflow") is not True:
+        return None
+    version = found.get("version")
+    return str(found.get("prefix")), version if isinstance(version, str) else None
 
 
 def _nvidia_smi() -> tuple[list[Check], int]:

@@ -32,14 +32,17 @@ from tfrun.protocol import (
     Cancel,
     CancelReply,
     CancelResult,
+    ConfigReply,
     DaemonInfo,
     DaemonStatus,
+    DiskUsage,
     Doctor,
     DoctorReport,
     ErrorCode,
     FileChunk,
     FileEntry,
     FileList,
+    GetConfig,
     GetJob,
     GetMetrics,
     Gpu,
@@ -62,11 +65,15 @@ from tfrun.protocol import (
     NotifyReport,
     NotifyTest,
     Ok,
+    Prune,
     PutBlob,
     PutBlobs,
     ReadFile,
     ReadLog,
+    ReloadConfig,
+    Remove,
     Restart,
+    SetConfig,
     Shutdown,
     Submit,
     Top,
@@ -75,9 +82,10 @@ from tfrun.protocol import (
     validate_name,
     write_message,
 )
-from tfrun.runner import jobdir, rules
+from tfrun.runner import housekeeping, jobdir, liveconfig, rules
 from tfrun.runner.alerts import read_metrics, recent_losses
 from tfrun.runner.blobs import read_manifest, write_manifest
+from tfrun.runner.config import ConfigError
 from tfrun.runner.doctor import job_python, run_checks
 from tfrun.runner.faults import crash_point
 from tfrun.runner.gpus import read_gpu_memory
@@ -85,7 +93,7 @@ from tfrun.runner.lines import BlockMatcher, LineFilter, PatternError, Selector,
 from tfrun.runner.logindex import LogIndex, Stamper
 from tfrun.runner.metrics import LogMetrics
 from tfrun.runner.metrics import PatternError as MetricPatternError
-from tfrun.runner.outbox import masked, usable
+from tfrun.runner.outbox import diagnose, masked, usable
 from tfrun.runner.scheduler import tty_socket
 from tfrun.runner.store import JobRow
 
@@ -189,6 +197,7 @@ async def _new_job(daemon: Daemon, req: Submit, sid: Optional[str] = None) -> Jo
         raise _invalid(f"cannot build the work dir: {exc}") from None
     crash_point("submit-accepted")
     daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
+    housekeeping.after_submit(daemon)
     return started
 
 
@@ -222,9 +231,7 @@ def _alert_rules(daemon: Daemon, req: Submit) -> dict[str, Optional[float]]:
         raise _invalid(f"--metric: {exc}") from None
     for url in req.notify:
         if not usable(url):
-            raise _invalid(
-                f"--notify {masked(url)}: not a URL apprise knows (see https://github.com/caronc/apprise/wiki)"
-            )
+            raise _invalid(f"--notify: {diagnose(url)}")
     return {name: value for name, value in chosen.items() if name in rules.JOB_RULES}
 
 
@@ -287,7 +294,7 @@ def rerun(daemon: Daemon, row: JobRow, reason: str, restarts_left: Optional[int]
 async def start_rerun(daemon: Daemon, row: JobRow) -> None:
     """Build and start a job made by `rerun` from the snapshot of the job it runs again (for automatic
     restarts, and at daemon start for restarts a dead daemon did not finish, in the background)."""
-    source = daemon.store.get(row.spec["restart_of"]) or row  # never gone: a job that ran is kept
+    source = daemon.store.get(row.spec["restart_of"]) or row  # kept while this one is unfinished (housekeeping)
     try:
         await _start(daemon, row, _snapshot_files(source))
     except RequestError as exc:
@@ -608,7 +615,7 @@ def _line_ends(data: bytes) -> list[int]:
 
 async def have_blobs(daemon: Daemon, req: HaveBlobs, conn: Connection) -> None:
     try:
-        await conn.send(MissingBlobs(daemon.blobs.missing(req.digests)))
+        await conn.send(MissingBlobs(daemon.blobs.missing(req.digests, holder=conn.key)))
     except ManifestError as exc:
         raise _invalid(str(exc)) from None
 
@@ -715,7 +722,10 @@ async def list_alerts(daemon: Daemon, req: ListAlerts, conn: Connection) -> None
 
 
 async def notify_test(daemon: Daemon, req: NotifyTest, conn: Connection) -> None:
-    """One message to the URL given, or to each of the daemon's; the report says how each went."""
+    """One message to the URL given, or to each of the daemon's; the report says how each went. A URL given
+    that apprise cannot use is bad input: the error says what is wrong with it."""
+    if req.url and not usable(req.url):
+        raise _invalid(diagnose(req.url))
     urls = [req.url] if req.url else daemon.config.notify
     if not urls:
         raise _invalid(
@@ -801,6 +811,46 @@ async def shutdown(daemon: Daemon, req: Shutdown, conn: Connection) -> None:
     daemon.stop()
 
 
+# -- the daemon's config -------------------------------------------------------------------------------------
+
+
+async def get_config(daemon: Daemon, req: GetConfig, conn: Connection) -> None:
+    await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon)))
+
+
+async def reload_config(daemon: Daemon, req: ReloadConfig, conn: Connection) -> None:
+    changes = _reconfigured(functools.partial(liveconfig.reload, daemon, "tfrun config reload"))
+    await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon), changes))
+
+
+async def set_config(daemon: Daemon, req: SetConfig, conn: Connection) -> None:
+    """Edit config.toml and reload it, with no await in between: no other request sees the file half done."""
+    changes = _reconfigured(functools.partial(liveconfig.set_key, daemon, req.key, req.values, req.unset))
+    await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon), changes))
+
+
+def _reconfigured(change: Callable[[], list[str]]) -> list[str]:
+    try:
+        return change()
+    except ConfigError as exc:
+        raise _invalid(f"{exc} (nothing changed)") from None
+
+
+# -- housekeeping (runner/housekeeping.py) ---------------------------------------------------------------
+
+
+async def remove(daemon: Daemon, req: Remove, conn: Connection) -> None:
+    await conn.send(await housekeeping.remove(daemon, req.jobs, req.checkpoints, req.dry_run))
+
+
+async def prune(daemon: Daemon, req: Prune, conn: Connection) -> None:
+    await conn.send(await housekeeping.prune(daemon, req))
+
+
+async def disk_usage(daemon: Daemon, req: DiskUsage, conn: Connection) -> None:
+    await conn.send(await housekeeping.disk_report(daemon))
+
+
 # Requests that only watch a job: the daemon drops one the moment its client hangs up, rather than when the
 # job ends. Nothing else is dropped half way: a submit or a cancel whose client left still runs to its end.
 WATCHING: tuple[type[Message], ...] = (Wait, ReadLog)
@@ -827,4 +877,10 @@ HANDLERS: dict[type[Message], Callable[[Daemon, Any, Connection], Awaitable[None
     Attach: attach,
     DaemonStatus: daemon_status,
     Shutdown: shutdown,
+    Remove: remove,
+    Prune: prune,
+    DiskUsage: disk_usage,
+    GetConfig: get_config,
+    ReloadConfig: reload_config,
+    SetConfig: set_config,
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import difflib
 import functools
 import logging
 import re
@@ -19,6 +20,7 @@ import urllib.parse
 from typing import Any, Optional
 
 from tfrun.protocol import Alert, Delivery
+from tfrun.runner import alerttext
 from tfrun.runner.store import Store
 
 log = logging.getLogger("tfrund")
@@ -98,17 +100,94 @@ class _Collect(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def send(url: str, title: str, body: str) -> Optional[str]:
-    """Send one message to one URL (blocking); None when it was sent, else why not (secrets masked)."""
-    apprise = _apprise()
+# -- why a URL is refused -------------------------------------------------------------------------------------
+
+_MAILTO_FORM = "://USER:PASSWORD@SMTP_HOST[:PORT]?from=ADDRESS&to=ADDRESS"  # after mailto or mailtos
+_SERVICES = "https://github.com/caronc/apprise/wiki"
+
+
+def diagnose(url: str) -> str:
+    """Why apprise cannot use `url`, in words its owner can act on; never a secret of it. tfrun's own checks
+    name what is missing for the common services; for the rest, apprise's own complaint, scrubbed."""
+    scheme, sep, _ = url.partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        return f"not a URL: expected SERVICE://..., such as mailto{_MAILTO_FORM} (the services: {_SERVICES})"
+    scheme = scheme.lower()
+    if scheme in ("http", "https"):
+        return (
+            f"apprise takes {scheme}:// only as a service's own web address (such as a Slack webhook's); "
+            "to POST to any web server, write json://HOST/PATH (or jsons:// for https)"
+        )
+    known = _apprise().NotificationManager().schemas()
+    if scheme not in known:
+        near = difflib.get_close_matches(scheme, known, n=1)
+        hint = f"; did you mean {near[0]}://?" if near else f" (the services: {_SERVICES})"
+        return f"no service called {scheme}:// in apprise{hint}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:  # a bracket that opens an IPv6 address and never closes it
+        return f"this {scheme}:// URL cannot be parsed ({exc})"
+    query = urllib.parse.parse_qs(parts.query)
+    if scheme in ("mailto", "mailtos"):
+        if not parts.hostname and not parts.username:
+            return f"{scheme}:// needs the mail server: {scheme}{_MAILTO_FORM}"
+        if "from" not in query and not parts.username:
+            return (
+                f"{scheme}:// needs a sender: add from=ADDRESS ({scheme}://SMTP_HOST?from=you@example.com&to=ADDRESS), "
+                "or log in as USER@SMTP_HOST, whose address is then the sender"
+            )
+    if scheme == "slack":
+        tokens = [piece for piece in f"{parts.netloc}{parts.path}".split("/") if piece and piece[0] not in "#@"]
+        if not (tokens and tokens[0].startswith("xox")) and len(tokens) < 3:
+            return (
+                f"{scheme}:// needs three tokens, {scheme}://TOKEN_A/TOKEN_B/TOKEN_C/#CHANNEL (the three parts "
+                f"after https://hooks.slack.com/services/ in a webhook's address), or a bot token, "
+                f"{scheme}://xoxb-TOKEN/#CHANNEL; this URL has {len(tokens)}"
+            )
+    if not parts.netloc:
+        return f"{scheme}:// needs more after the ://: a host, or the service's tokens (its page: {_SERVICES})"
+    reason = _apprise_reason(url)
+    if scheme in ("mailto", "mailtos") and "~From~" in reason:
+        return (
+            f"{scheme}:// has no valid sender: add from=you@example.com (without it the sender is "
+            "USER@SMTP_HOST, which must be a mail address)"
+        )
+    return reason or f"apprise cannot use this {scheme}:// URL (its page: {_SERVICES})"
+
+
+def _apprise_reason(url: str) -> str:
+    """What apprise says when it refuses `url` (its exception, or what it logs), with every piece of the URL
+    masked: apprise's messages quote the values they refuse, tokens and addresses included."""
     collect = _Collect()
     logger = logging.getLogger("apprise")
     logger.addHandler(collect)
     try:
-        notifier = apprise.Apprise()
-        if not notifier.add(url):
-            return f"apprise cannot use this URL ({masked(url)}): unknown kind of service or a malformed URL"
-        if notifier.notify(body=body, title=title):
+        _apprise().Apprise.instantiate(url, suppress_exceptions=False)
+        said = [line for line in collect.lines if not line.startswith("Could not load")]
+    except Exception as exc:
+        said = [str(exc)]
+    finally:
+        logger.removeHandler(collect)
+    reason = scrub(" ".join(said[-1].split()), [url]) if said else ""
+    return f"apprise says: {reason}" if reason else ""
+
+
+def send(url: str, title: str, body: str) -> Optional[str]:
+    """Send one message to one URL (blocking); None when it was sent, else why not (secrets masked). The
+    body goes in the format the service reads (the URL's format= or the service's first: HTML for mail,
+    Markdown for Slack, text for json://), made from the stored text by runner/alerttext.py, so apprise
+    converts nothing: its own conversion of text to a mail's parts joins the lines."""
+    plugin = _plugin(url)
+    if plugin is None:
+        return diagnose(url)
+    form = plugin.resolve_format()
+    collect = _Collect()
+    logger = logging.getLogger("apprise")
+    logger.addHandler(collect)
+    try:
+        notifier = _apprise().Apprise()
+        notifier.add(plugin)
+        if notifier.notify(body=alerttext.render(body, form.value), title=title, body_format=form):
             return None
         reason = "; ".join(dict.fromkeys(collect.lines)) or "the service refused it"
     except Exception as exc:

@@ -184,6 +184,7 @@ _COLUMNS = [
     "gpus", "waiting",
 ]  # fmt: skip
 _UPDATABLE = set(_COLUMNS) - {"id", "spec", "created_at"}
+_IDS_PER_STATEMENT = 500  # SQLite before 3.32 takes at most 999 parameters in one statement
 
 
 class Store:
@@ -300,6 +301,32 @@ class Store:
         for table in ("events", "job_alerts", "watches"):
             self.db.execute(f"DELETE FROM {table} WHERE job_id=?", (job_id,))
         self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+
+    def remove_jobs(self, ids: list[int]) -> None:
+        """Forget ended jobs (`tfrun rm`, `prune`): their rows, events, alert settings, watches, and their alerts
+        with the deliveries still to make, in one transaction: the outbox sends only what this database
+        lists, so no alert of a removed job goes out afterwards. A job that ran again as one of them no
+        longer says so (`wait` would follow it to a job that is gone)."""
+        with self.transaction():
+            for start in range(0, len(ids), _IDS_PER_STATEMENT):
+                chunk = ids[start : start + _IDS_PER_STATEMENT]
+                marks = ", ".join("?" * len(chunk))
+                self.db.execute(
+                    f"DELETE FROM deliveries WHERE alert_id IN (SELECT id FROM alerts WHERE job_id IN ({marks}))", chunk
+                )
+                for table in ("alerts", "events", "job_alerts", "watches"):
+                    self.db.execute(f"DELETE FROM {table} WHERE job_id IN ({marks})", chunk)
+                self.db.execute(f"UPDATE jobs SET restarted_as=NULL WHERE restarted_as IN ({marks})", chunk)
+                self.db.execute(f"DELETE FROM jobs WHERE id IN ({marks})", chunk)
+
+    def watched(self, ids: list[int]) -> bool:
+        """Whether the alert watch has yet to store the end alerts of any of these jobs."""
+        for start in range(0, len(ids), _IDS_PER_STATEMENT):
+            chunk = ids[start : start + _IDS_PER_STATEMENT]
+            marks = ", ".join("?" * len(chunk))
+            if self.db.execute(f"SELECT 1 FROM watches WHERE job_id IN ({marks}) LIMIT 1", chunk).fetchone():
+                return True
+        return False
 
     def set_job_alerts(
         self, job_id: int, rules: dict[str, Optional[float]], notify: list[str], patterns: list[str]

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -155,7 +156,8 @@ def _read_json(path: Path) -> Optional[dict[str, Any]]:
 class Sshd:
     """A real OpenSSH sshd on 127.0.0.1 with its own host key, letting in one test key (as this user)."""
 
-    def __init__(self, folder: Path, forwarding: bool = True) -> None:
+    def __init__(self, folder: Path, forwarding: bool = True, env: Optional[dict[str, str]] = None) -> None:
+        """`env`: variables every session gets over sshd's own (its SetEnv), e.g. a HOME of the box's own."""
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.host_key = folder / "host_ed25519"
@@ -165,6 +167,7 @@ class Sshd:
                 subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
         shutil.copy(f"{self.user_key}.pub", folder / "authorized_keys")
         self.port = free_port()
+        setenv = f"SetEnv {' '.join(f'{name}={value}' for name, value in env.items())}\n" if env else ""
         config = folder / "sshd_config"
         config.write_text(
             f"""Port {self.port}
@@ -180,7 +183,7 @@ StrictModes no
 UsePAM no
 AllowStreamLocalForwarding {"yes" if forwarding else "no"}
 LogLevel ERROR
-"""
+{setenv}"""
         )
         Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation needs it; the service would make it
         self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE)
@@ -230,6 +233,17 @@ def remote_client(tf: Tfrun, sshd: Sshd, trust: bool = True) -> Tfrun:
     tf.env["TFRUN_HOST"] = "box"
     tf.remote = True
     return tf
+
+
+@pytest.fixture
+def tmux() -> Iterator[str]:
+    """The name of a tmux server of the test's own (tmux -L NAME), and NAME-2 for a second one; killed after."""
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (.ci/run installs it)")
+    server = f"tfrun-test-{uuid.uuid4().hex[:8]}"
+    yield server
+    for name in (server, f"{server}-2"):
+        subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
 
 
 @pytest.fixture(scope="session")

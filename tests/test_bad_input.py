@@ -45,7 +45,7 @@ def one_line_error(stderr: str, *expected: str) -> None:
         (["frobnicate"], 2, "No such command 'frobnicate' (see tfrun --help)"),
         (["--frobnicate", "ps"], 2, "No such option '--frobnicate' (see tfrun --help)"),
         (["status", "--frobnicate", "1"], 2, "No such option '--frobnicate' (see tfrun status --help)"),
-        (["status"], 2, "Missing argument 'JOB' (see tfrun status --help)"),
+        (["wait"], 2, "Missing argument 'JOB' (see tfrun wait --help)"),
         (["alerts", "--last", "lots"], 2, "'lots' is not a valid integer range (see tfrun alerts --help)"),
         (["alerts", "--last", "0"], 2, "0 is not in the range 1<=x<=10000 (see tfrun alerts --help)"),
         (["hosts", "frob"], 2, "No such command 'frob' (see tfrun hosts --help)"),

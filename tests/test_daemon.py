@@ -123,7 +123,7 @@ def test_garbage_on_the_socket_is_refused_and_the_daemon_keeps_serving(tf: Tfrun
     assert b"expected a hello" in exchange(encode(ListJobs()))
     assert b"bad_request" in exchange(b"x" * (17 << 20))
     assert b"middle of a frame" in exchange(os.urandom(4096).replace(b"\n", b""))
-    assert tf.ok("ps").strip() == "no jobs"
+    assert tf.ok("ps").strip() == "no jobs on this machine"
     idle.close()
     assert daemons_of(tf.home) == [tf.daemon_pid()]
 
@@ -191,7 +191,7 @@ def test_a_corrupt_database_is_reported_and_left_untouched(tf: Tfrun) -> None:
     result = tf.run("ps")
     assert result.returncode == 125
     assert (
-        result.stderr.startswith("tfrun: error: cannot start tfrund: ")
+        result.stderr.startswith("tfrun: error: tfrund cannot start: ")
         and "not a usable tfrun database" in result.stderr
     )
     assert len(result.stderr.strip().splitlines()) == 1

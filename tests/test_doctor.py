@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -77,3 +78,33 @@ def test_doctor_fails_when_the_driver_sees_gpus_that_tensorflow_does_not(tf: Tfr
     seen = checks["GPUs seen by TensorFlow"]
     assert seen["status"] == "fail" and "nvidia-smi sees 2" in seen["detail"] and "CUDA" in seen["advice"]
     assert checks["built with CUDA"]["status"] == "fail", "a CPU-only TensorFlow on a GPU box is a failure"
+
+
+@pytest.mark.parametrize("tf", ["ssh"], indirect=True)
+def test_hosts_check_and_doctor_use_the_hosts_python_and_name_one_with_tensorflow(tf: Tfrun, tmp_path: Path) -> None:
+    """The host's `python` has no TensorFlow: `hosts check` fails on it (not only the first job), names an
+    interpreter on the box that has it (a conda env under the daemon's ~) and says how to choose it."""
+    bare = tmp_path / "bare"  # a real venv, without TensorFlow
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    box_home = tmp_path / "box-home"
+    (box_home / "miniconda3" / "envs").mkdir(parents=True)
+    with_tf = box_home / "miniconda3" / "envs" / "tf"
+    with_tf.symlink_to(sys.prefix)  # this test's own environment, which has TensorFlow
+    host = json.loads(tf.ok("hosts", "list", "--json"))["hosts"]["box"]
+    tf.ok("hosts", "add", "box", host["destination"], "--tfrund", host["tfrund"], "--env", f"TFRUN_HOME={tf.home}",
+          "--env", f"HOME={box_home}", "--python", str(bare / "bin" / "python"))  # fmt: skip
+
+    check = tf.run("hosts", "check", timeout=300)
+    assert check.returncode == 125, check.stdout + check.stderr
+    lines = check.stdout.splitlines()
+    assert f"ok  job python: {bare / 'bin' / 'python'}" in lines, lines
+    line = next(line for line in lines if "tensorflow:" in line)
+    assert line.startswith("FAIL tensorflow: not importable (ModuleNotFoundError"), line
+    assert f"{with_tf / 'bin' / 'python'} (TensorFlow {tf_version()})" in line, line
+    assert "tfrun hosts add NAME DEST --python" in line, line
+
+    doctor = tf.run("doctor", "--json", timeout=300)  # no --python: the host's
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    checks = _checks(doctor.stdout)
+    assert checks["job python"]["detail"] == str(bare / "bin" / "python")
+    assert str(with_tf / "bin" / "python") in checks["tensorflow"]["advice"]

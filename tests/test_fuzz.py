@@ -208,7 +208,8 @@ ANSWERS = {
     "list_alerts": ["alerts"], "list_files": ["file_list"], "list_gpus": ["gpus"], "notify_test": ["notify_report"],
     "put_blob": ["ok"], "put_blobs": ["ok"], "read_file": ["file_chunk"],
     "read_log": ["log_chunk", "log_lines", "log_end"], "restart": ["job"], "submit": ["job"], "top": ["top_reply"],
-    "wait": ["job"],
+    "wait": ["job"], "get_config": ["config"], "reload_config": ["config"], "set_config": ["config"],
+    "remove": ["remove_reply"], "prune": ["remove_reply"], "disk_usage": ["disk_report"],
 }  # fmt: skip
 # Every request but the one that stops the daemon.
 REQUESTS = sorted((cls for cls in _REGISTRY.values() if cls in HANDLERS and cls is not Shutdown), key=lambda c: c.TYPE)
@@ -228,6 +229,8 @@ def requests(draw: st.DrawFn) -> tuple[str, bytes]:
         del fields[draw(st.sampled_from(sorted(fields)))]
     if cls.TYPE == "submit" and isinstance(fields.get("files"), list):  # never a job that really runs
         fields["script"] = "not-among-the-files"
+    if cls.TYPE in ("remove", "prune"):  # the box's job stays, for the requests that find it
+        fields["dry_run"] = True
     payload = b""
     if any(f.type == "bytes" for f in dataclasses.fields(cls)):
         payload = draw(st.binary(max_size=64))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,7 +84,8 @@ def test_without_socket_forwarding_the_exec_fallback_serves_every_verb(
         assert tf.run("wait", "2").returncode == 9
         cache = json.loads((tf.client_home / ".cache" / "tfrun" / "hosts.json").read_text())
         assert [entry.get("forwarding_refused") for entry in cache.values()] == [True]
-        check = tf.run("hosts", "check")
+        _set_host(tf, python=sys.executable)  # hosts check imports TensorFlow in the job python
+        check = tf.run("hosts", "check", timeout=300)
         assert check.returncode == 0 and "socket forwarding refused" in check.stdout, check.stdout
     finally:
         server.stop()
@@ -93,7 +96,8 @@ def test_forwarding_is_used_once_the_socket_is_known(box: Tfrun, project: Path) 
     box.ok("wait", str(box.submit(str(project / "ok.py"))))
     cache = json.loads((box.client_home / ".cache" / "tfrun" / "hosts.json").read_text())
     assert [entry["socket"] for entry in cache.values()] == [str(box.home / "run" / "tfrund.sock")]
-    check = box.run("hosts", "check")
+    _set_host(box, python=sys.executable)  # hosts check imports TensorFlow in the job python
+    check = box.run("hosts", "check", timeout=300)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "socket forwarding to" in check.stdout and "tfrund, version" in check.stdout
 
@@ -158,7 +162,7 @@ def test_a_box_without_tfrund_gets_the_install_hint(box: Tfrun) -> None:
     result = box.run("ps")
     assert result.returncode == 125
     line = one_line(result.stderr)
-    assert "tfrund was not found on box" in line and "pip install tfrun" in line and "--tfrund" in line
+    assert "tfrund was not found on box" in line and "tfrun hosts install box" in line and "--tfrund" in line
 
 
 def test_connection_refused_and_auth_failures_are_one_line(box: Tfrun, sshd: Sshd, tmp_path: Path) -> None:
@@ -237,3 +241,41 @@ def test_a_kept_connection_serves_only_callers_who_trust_the_box_alike(tmp_path:
         assert result.returncode == 125 and "is unknown" in one_line(result.stderr), result.stderr
     finally:
         trusting.cleanup()
+
+
+def test_a_jump_host_leads_to_the_box_with_the_named_key(box: Tfrun) -> None:
+    """`hosts add --jump`: through the box's own sshd to itself (ProxyJump 127.0.0.1 -> 127.0.0.1), logging in
+    on both with a key that only --identity-file names."""
+    key = box.client_home / "keys" / "box_ed25519"
+    key.parent.mkdir()
+    shutil.move(str(box.client_home / ".ssh" / "id_ed25519"), key)
+    host = json.loads(box.ok("hosts", "list", "--json"))["hosts"]["box"]
+    common = ["hosts", "add", "box", host["destination"], "--tfrund", host["tfrund"], "--env", f"TFRUN_HOME={box.home}"]
+    box.ok(*common, "--jump", host["destination"])
+    result = box.run("ps")
+    assert result.returncode == 125 and "authentication to jump host" in one_line(result.stderr), result.stderr
+
+    box.ok(*common, "--jump", host["destination"], "--identity-file", str(key))
+    assert json.loads(box.ok("hosts", "list", "--json"))["hosts"]["box"]["jump"] == host["destination"]
+    result = box.run("ps", "--json")
+    assert result.returncode == 0 and json.loads(result.stdout) == [], result.stderr
+
+    closed = f"root@127.0.0.1:{_closed_port()}"  # the way is taken: a dead hop on it is the error
+    box.ok(*common, "--jump", f"{host['destination']},{closed}", "--identity-file", str(key))
+    result = box.run("ps")
+    assert result.returncode == 125 and f"jump host {closed}" in one_line(result.stderr), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--identity-file", "~/.ssh/nokey"], "identity file ~/.ssh/nokey does not exist"),
+        (["--jump", "me@"], "cannot read 'me@' as a jump host"),
+        (["--jump", "a,,b"], "cannot read '' as a jump host"),
+    ],
+    ids=["no-identity-file", "bad-jump", "empty-hop"],
+)
+def test_hosts_add_refuses_what_could_not_connect(tf: Tfrun, args: list[str], expected: str) -> None:
+    result = tf.run("hosts", "add", "box", "gpu-host", *args)
+    assert result.returncode == 2 and expected in one_line(result.stderr)
+    assert tf.run("hosts", "list", "--json").stdout.count("gpu-host") == 0

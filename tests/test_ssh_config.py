@@ -5,9 +5,11 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,7 @@ def test_the_identity_file_is_kept_as_given_and_json_says_it_all(tf: Tfrun) -> N
         "port": None,
         "user": None,
         "identity_file": "~/.ssh/id_box",
+        "jump": None,
         "block": block,
         "written": None,
     }
@@ -209,9 +212,9 @@ def test_plain_ssh_and_tfrun_reach_the_box_through_the_written_config(tf: Tfrun,
     assert json.loads(result.stdout) == []
     assert not (tf.client_home / ".ssh" / "id_ed25519").exists()
 
-    # The block cannot be remade from a tfrun host that points at the block itself.
+    # Run again for a tfrun host that points at the block, the block is remade from itself: nothing changes.
     again = tf.run("ssh-config", "box", "--write")
-    assert again.returncode == 2 and "give the box's address as DESTINATION" in one_line(again.stderr)
+    assert again.returncode == 0, again.stderr
     assert ssh_config(tf).read_text() == text
 
 
@@ -237,3 +240,68 @@ def test_bad_input_is_one_line_and_exit_2(tf: Tfrun, args: list[str], expected: 
         assert expected in one_line(result.stderr)
     assert not ssh_config(tf).parent.exists(), "nothing was written"
     assert not os.path.lexists(tf.home), "no daemon was started"
+
+
+def _keyless_client(tf: Tfrun, sshd: Sshd) -> tuple[Path, list[str]]:
+    """A client that trusts the box's host key but has no key in ~/.ssh: the login key lies elsewhere, so only
+    an identity file named on purpose finds it. Returns the key, and the `hosts add` options for the box's
+    tfrund (this Python), TFRUN_HOME and a job python with TensorFlow."""
+    ssh_dir = tf.client_home / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    (ssh_dir / "known_hosts").write_text(sshd.known_hosts_line)
+    key = tf.client_home / "keys" / "box_ed25519"
+    key.parent.mkdir()
+    shutil.copy(sshd.user_key, key)
+    key.chmod(0o600)
+    tfrund = shlex.join([sys.executable, "-m", "tfrun.runner"])
+    return key, ["--tfrund", tfrund, "--env", f"TFRUN_HOME={tf.home}", "--python", sys.executable]
+
+
+@pytest.mark.parametrize("order", ["hosts-add-first", "ssh-config-first"])
+def test_either_order_of_hosts_add_and_ssh_config_reaches_the_box_with_the_named_key(
+    tf: Tfrun, sshd: Sshd, order: str
+) -> None:
+    key, options = _keyless_client(tf, sshd)
+    address = f"{getpass.getuser()}@127.0.0.1:{sshd.port}"
+    if order == "hosts-add-first":
+        tf.ok("hosts", "add", "box", address, *options)
+        written = tf.ok("ssh-config", "box", "--identity-file", str(key), "--write")
+        assert "tfrun's host box now reaches the box through it" in written
+    else:
+        tf.ok("ssh-config", "box", address, "--identity-file", str(key), "--write")
+        tf.ok("hosts", "add", "box", "box", *options)
+    # The same either way: tfrun's host names the alias, whose block holds address, user, port and key.
+    assert json.loads(tf.ok("hosts", "list", "--json"))["hosts"]["box"] == {
+        "destination": "box",
+        "tfrund": options[1],
+        "python": sys.executable,
+        "env": {"TFRUN_HOME": str(tf.home)},
+    }
+    assert f"IdentityFile {key}\n" in ssh_config(tf).read_text()
+    check = tf.run("hosts", "check", "box", timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"ok  ssh: connected to box as {getpass.getuser()}" in check.stdout
+    assert "ok  tensorflow: " in check.stdout
+    assert not (tf.client_home / ".ssh" / "id_ed25519").exists()
+
+
+def test_a_host_of_your_own_in_ssh_config_is_a_destination(tf: Tfrun, sshd: Sshd) -> None:
+    """HostName, Port, User and IdentityFile of a `Host gpu` the user wrote apply to tfrun's host box at gpu."""
+    key, options = _keyless_client(tf, sshd)
+    ssh_config(tf).write_text(
+        f"Host gpu\n    HostName 127.0.0.1\n    Port {sshd.port}\n    User {getpass.getuser()}\n"
+        f"    IdentityFile {key}\n"
+    )
+    tf.ok("hosts", "add", "box", "gpu", *options)
+    result = tf.run("ps", "--host", "box", "--json")
+    assert result.returncode == 0 and json.loads(result.stdout) == [], result.stderr
+
+
+def test_jump_hosts_become_proxyjump_and_come_from_the_tfrun_host(tf: Tfrun, tmp_path: Path) -> None:
+    tf.ok("hosts", "add", "box", "tf@gpu-host:2222", "--jump", "me@bastion:2200,gate")
+    printed = tmp_path / "printed_config"
+    printed.write_text(tf.ok("ssh-config", "box"))
+    assert "    ProxyJump me@bastion:2200,gate\n" in printed.read_text()
+    assert resolved(printed, "box")["proxyjump"] == "me@bastion:2200,gate"
+    bad = tf.run("ssh-config", "box", "gpu-host", "--jump", "me@")
+    assert bad.returncode == 2 and "jump host" in one_line(bad.stderr)

@@ -4,11 +4,8 @@ over SSH."""
 from __future__ import annotations
 
 import shlex
-import shutil
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,15 +17,6 @@ for i in range(1, 10000):
     print(f"step {i} loss={1 / i:.5f}", flush=True)
     time.sleep(0.02)
 """
-
-
-@pytest.fixture
-def tmux() -> Iterator[str]:
-    if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed (.ci/run installs it)")
-    server = f"tfrun-test-{uuid.uuid4().hex[:8]}"
-    yield server
-    subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True)
 
 
 def screen(server: str) -> str:
@@ -119,3 +107,29 @@ def test_attach_refuses_a_job_without_a_session(tf: Tfrun, project: Path) -> Non
     job = tf.submit(str(write_script(project, "plain.py", "print('done')\n")))
     result = tf.run("attach", str(job))
     assert result.returncode == 2 and "was not submitted with --tty" in result.stderr
+
+
+def test_ps_on_a_narrow_terminal_cuts_long_rows_and_never_wraps_them(
+    tf: Tfrun, project: Path, tmux: str, tmp_path: Path
+) -> None:
+    script = str(write_script(project, "argv.py", "print('hi')\n"))
+    jobs = [tf.submit("--name", f"run-{i}", script, "--comment", "x" * 150, "--tag", "the-end") for i in range(3)]
+    for job in jobs:
+        tf.ok("wait", str(job))
+    for server, args in ((tmux, "ps -a"), (f"{tmux}-plain", "--color never ps -a")):
+        exit_file = tmp_path / f"exit-{server}"
+        try:
+            _in_tmux(tf, server, args, exit_file, width=60)
+            wait_for(lambda: exit_file.exists() and exit_file.read_text().strip(), what="ps to end")  # noqa: B023
+            shown = [line for line in screen(server).splitlines() if line.strip()]
+            coloured = subprocess.run(["tmux", "-L", server, "capture-pane", "-p", "-e"], capture_output=True,
+                                      text=True).stdout  # fmt: skip
+        finally:
+            if server != tmux:
+                subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True)
+        assert len(shown) == 2 + len(jobs) and shown[0] == "jobs on this machine", shown  # one line per row
+        assert shown[1].split()[:3] == ["ID", "NAME", "STATE"]
+        for job, row in zip(jobs, shown[2:]):
+            assert row.split()[:3] == [str(job), f"run-{jobs.index(job)}", "succeeded"], row
+            assert len(row) <= 60 and "the-end" not in row and row.endswith(("…", "...")), row
+        assert ("\x1b[" in coloured) == (server == tmux), coloured  # colour on a terminal, unless --color never

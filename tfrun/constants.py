@@ -51,6 +51,9 @@ MAX_TOP_LOSSES = 1000  # losses per job `tfrun top` draws
 
 # Seconds a client waits for a daemon it started to accept connections.
 DAEMON_START_TIMEOUT_S = 30.0
+HELLO_WAIT_S = 10.0  # how long `tfrund dial-stdio` waits for a client's hello before telling why no daemon started
+MAX_CONFIG_VALUES = 1000  # the words of one `tfrun config set KEY VALUE...`
+CONFIG_COUNT_DIGITS = 9  # `tfrun config set max_cpu_jobs N`: a count, never a number too long to write
 # `wait`, `logs -f` and `submit` outlive any number of daemon restarts and dropped SSH links; they give up
 # only once no daemon has answered for this long (TFRUN_RECONNECT_TIMEOUT, or reconnect_timeout in the
 # client's config.toml), trying again every RECONNECT_PAUSE_S meanwhile.
@@ -59,3 +62,22 @@ RECONNECT_PAUSE_S = 0.5
 SPARE_COUNT = 4  # ready copies of recent snapshots that the daemon keeps for re-submits (runner/blobs.py)
 SPARE_MAX_BYTES = 256 << 20  # no spare of a snapshot larger than this: it would double its disk use
 MAX_METRIC_SAMPLES = 100_000  # the newest samples `tfrun metrics` gets at most: about 10 MB in one frame
+COMPLETION_TIMEOUT_S = 3.0  # Tab on a JOB asks the box for its job ids; one that has not answered by then offers none
+
+# `tfrun hosts install`: where tfrund's venv goes on a box, and which of the box's Pythons may make it (tfrund
+# needs 3.9: python3 first, then the newest python3.X), and the env naming a local folder of wheels for --offline.
+DEFAULT_BOX_VENV = "~/.local/share/tfrun/venv"
+MIN_BOX_PYTHON = (3, 9)
+BOX_PYTHONS = ("python3", *(f"python3.{minor}" for minor in range(14, 8, -1)))
+WHEELHOUSE_ENV = "TFRUN_WHEELHOUSE"
+# Housekeeping (runner/housekeeping.py): `tfrun rm`, `prune`, `df`, and the uploaded contents kept.
+MAX_REMOVE_JOBS = 1000  # jobs one `tfrun rm` names
+BLOB_GRACE_S = 3600.0  # an uploaded content younger than this is never collected (blob_grace in config.toml)
+END_ALERTS_WAIT_S = 5.0  # how long removing a job that just ended waits for its end alerts to be stored
+DEFAULT_CONFIRM_UPLOAD_BYTES = 10**9  # `submit` asks on a terminal before sending more (confirm_upload_bytes)
+# When the job interpreter has no TensorFlow, the doctor looks for interpreters on the box that have it: at
+# most this many candidates, each given this long to answer, this many at a time; it names this many.
+PYTHON_SEARCH_MAX = 40
+PYTHON_SEARCH_TIMEOUT_S = 10.0
+PYTHON_SEARCH_WORKERS = 8
+PYTHONS_NAMED = 4

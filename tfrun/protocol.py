@@ -37,6 +37,7 @@ from tfrun import __version__
 from tfrun.constants import (
     MAX_ALERTS,
     MAX_CANCEL_JOBS,
+    MAX_CONFIG_VALUES,
     MAX_CONTEXT,
     MAX_ENV,
     MAX_GRACE_S,
@@ -48,6 +49,7 @@ from tfrun.constants import (
     MAX_PATTERNS,
     MAX_PAYLOAD_BYTES,
     MAX_PRIORITY,
+    MAX_REMOVE_JOBS,
     MAX_RESTARTS,
     MAX_STRING,
     MAX_TAIL,
@@ -81,6 +83,7 @@ class ErrorCode:
     NO_SUCH_JOB = "no_such_job"
     INVALID_INPUT = "invalid_input"  # well-formed, but cannot be done (missing script, unreadable folder)
     INTERNAL = "internal"
+    CANNOT_START = "cannot_start"  # no daemon runs and none could start: `tfrund dial-stdio` answers for it
 
 
 class ProtocolError(Exception):
@@ -284,6 +287,30 @@ class MetricSample:
     values: dict[str, Reading]
     epoch: Optional[int] = None
     time: Optional[float] = None
+
+
+@dataclass
+class Removal:
+    """What `Remove` or `Prune` did (with `dry_run`: would do) to one job."""
+
+    job: str  # the reference as given (for `Prune`, the id)
+    ok: bool  # removed (or would be); else `message` says why it stays
+    message: str = ""  # why it stays; for a removed job, what could not be deleted, if anything
+    id: Optional[int] = None
+    bytes: int = 0  # freed on disk: its folder, and its checkpoint folder where that goes too
+    checkpoint_dir: Optional[str] = None
+    # its checkpoint folder: "removed", "kept" (not asked to), "shared" (a kept job's too), "" (none there)
+    checkpoints: str = ""
+
+
+@dataclass
+class FolderUsage:
+    """One line of `tfrun df`: bytes on disk as `du` counts them, and regular files."""
+
+    name: str  # jobs (less their logs), logs, blobs, spares, checkpoints, database, other
+    path: str
+    bytes: int
+    files: int
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -543,6 +570,62 @@ class Shutdown(Message):
     """Stop the daemon. Jobs keep running; the next daemon re-adopts them."""
 
 
+@_message("remove")
+@dataclass
+class Remove(Message):
+    """Remove ended jobs: their folders and records, their checkpoint folders with `checkpoints` (where no
+    kept job shares them), then the uploaded contents no kept job needs (runner/housekeeping.py). With
+    `dry_run`, only say what would go. Answered by `RemoveReply`."""
+
+    jobs: Annotated[list[JobRef], Limit(items=MAX_REMOVE_JOBS)]
+    checkpoints: bool = False
+    dry_run: bool = False
+
+
+@_message("prune")
+@dataclass
+class Prune(Message):
+    """Remove the ended jobs that ended more than `older_than` seconds ago, less the `keep_last` that ended
+    last (both given: picked by both; neither: no job), as `Remove` does; answered by `RemoveReply`."""
+
+    older_than: Optional[Annotated[float, Range(0, math.inf)]] = None
+    keep_last: Optional[Offset] = None
+    checkpoints: bool = False
+    dry_run: bool = False
+
+
+@_message("disk_usage")
+@dataclass
+class DiskUsage(Message):
+    """What tfrun's folders take on the box; answered by `DiskReport`."""
+
+
+@_message("get_config")
+@dataclass
+class GetConfig(Message):
+    """The daemon's config as it uses it now, secrets masked; answered by `ConfigReply`."""
+
+
+@_message("reload_config")
+@dataclass
+class ReloadConfig(Message):
+    """Read config.toml again and use it from now on, as SIGHUP does; answered by `ConfigReply` with what
+    changed. A file the daemon cannot use is refused with an `Error`, and the running config stays."""
+
+
+@_message("set_config")
+@dataclass
+class SetConfig(Message):
+    """Set `key` ("notify", "alerts.cooldown") in config.toml to `values` (one word, or a list's items), or
+    remove it with `unset`: the would-be file is loaded first, then only the key's lines are rewritten (every
+    comment stays), then it is reloaded. Answered by `ConfigReply` with what changed. `values` may hold
+    notify URLs: secret, never echoed."""
+
+    key: Annotated[str, UTF8, Limit(chars=MAX_NAME)]
+    values: Annotated[list[Text], Limit(items=MAX_CONFIG_VALUES, chars=MAX_STRING)] = field(default_factory=list)
+    unset: bool = False
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Responses (daemon to client)
 
@@ -683,6 +766,42 @@ class DaemonInfo(Message):
 @dataclass
 class Ok(Message):
     message: str = ""
+
+
+@_message("remove_reply")
+@dataclass
+class RemoveReply(Message):
+    results: list[Removal]
+    blobs: int = 0  # uploaded contents collected (with dry_run: that would be) once the jobs were gone
+    blob_bytes: int = 0
+    dry_run: bool = False
+
+
+@_message("disk_report")
+@dataclass
+class DiskReport(Message):
+    home: str
+    folders: list[FolderUsage]
+    free: int  # bytes free to the daemon on the filesystem of its home
+    jobs: int  # job records
+    unneeded: int  # bytes of uploaded contents that no job or spare names: what `tfrun prune` frees
+
+
+@dataclass
+class Setting:
+    """One key of the daemon's config as it is in use."""
+
+    key: str  # "notify", or "alerts.cooldown" for a key in a table
+    value: str  # JSON; URLs with their secrets masked
+    source: str  # "config.toml", "default" (or how the default is found), or the variable that overrides the file
+
+
+@_message("config")
+@dataclass
+class ConfigReply(Message):
+    path: str  # the daemon's config.toml
+    settings: list[Setting]
+    changes: list[str] = field(default_factory=list)  # after a reload: each key that changed, and from when
 
 
 def client_hello() -> Hello:

@@ -1,0 +1,191 @@
+"""Output that scripts and pipes can use, and a command line that says where it acts: `ps`'s header and
+every "no job" error name the box, rows are never wrapped, colour follows --color, NO_COLOR and
+FORCE_COLOR, and the small verbs scripts want (`ps -q`, `logs -n`, `cancel --all`, completion)."""
+
+from __future__ import annotations
+
+import getpass
+import subprocess
+import time
+from pathlib import Path
+
+import click
+import pytest
+from conftest import TFRUN, Tfrun, gated_job, write_script
+
+ARGV = "import sys\nprint(sys.argv[1:])\n"
+LONG_ARGS = ["--comment", "x" * 150, "--tag", "the-very-end"]
+
+
+def where(tf: Tfrun) -> str:
+    """How tfrun names the place `tf` talks to."""
+    return "box" if tf.remote else "this machine"
+
+
+@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+def test_ps_and_every_no_such_job_error_name_the_host(tf: Tfrun, project: Path) -> None:
+    place = f"box ({getpass.getuser()}@127.0.0.1:" if tf.remote else "this machine"
+    assert tf.ok("ps").startswith(f"no jobs on {place}")
+    job = tf.submit(str(write_script(project, "argv.py", ARGV)))
+    tf.ok("wait", str(job))
+    lines = tf.ok("ps", "-a").splitlines()
+    assert lines[0].startswith(f"jobs on {place}") and (tf.remote or lines[0] == "jobs on this machine"), lines
+    assert lines[1].split()[:3] == ["ID", "NAME", "STATE"] and lines[2].split()[0] == str(job)
+    for args in (["status", "9999"], ["logs", "9999"], ["logs", "-f", "9999"], ["wait", "9999"], ["cancel", "9999"]):
+        result = tf.run(*args)
+        assert result.returncode == 3 and result.stderr.strip().endswith(f"no job '9999' on {where(tf)}"), (
+            args,
+            result.stderr,
+        )
+    assert tf.ok("ps", "--json").strip() == "[]"  # scripts get no header
+
+
+def test_tfrun_options_after_the_script_are_passed_on_with_a_warning(tf: Tfrun, project: Path) -> None:
+    script = str(write_script(project, "argv.py", ARGV))
+    result = tf.run("submit", script, "--host", "box", "--gpus=2", "--epochs", "3")
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert warnings == [
+        f"tfrun: warning: --host, --gpus after SCRIPT go to {script}, not to tfrun; put tfrun's options "
+        "before SCRIPT, or write -- before the script's own to pass them on without this warning"
+    ], result.stderr
+    job = int(result.stdout)
+    tf.ok("wait", str(job))
+    assert tf.log(job) == b"['--host', 'box', '--gpus=2', '--epochs', '3']\n"
+    deliberate = tf.run("submit", script, "--", "--host", "box", "--", "x")
+    assert deliberate.returncode == 0 and "warning" not in deliberate.stderr, deliberate.stderr
+    tf.ok("wait", deliberate.stdout.strip())
+    assert tf.log(deliberate.stdout.strip()) == b"['--host', 'box', '--', 'x']\n"  # only the first -- is tfrun's
+    plain = tf.run("submit", script, "--epochs", "3")
+    assert plain.returncode == 0 and "warning" not in plain.stderr
+
+
+def test_pipes_get_whole_rows_with_no_escape_codes_and_no_trailing_spaces(tf: Tfrun, project: Path, gate: Path) -> None:
+    write_script(project, "slow.py", gated_job(1, 0, 0, gate))
+    jobs = [tf.submit("--name", f"run-{i}", str(project / "slow.py"), *LONG_ARGS) for i in range(3)]
+    tf.env["COLUMNS"] = "40"  # a pipe has no width: rows stay whole whatever COLUMNS says
+    try:
+        table = tf.ok("ps", "-a")
+        rows = table.splitlines()
+        assert len(rows) == 2 + len(jobs) and "\x1b" not in table, table
+        for job, row in zip(jobs, rows[2:]):
+            assert row.split()[0] == str(job) and row.endswith("--tag the-very-end"), row
+        assert all(line == line.rstrip() for line in rows), table
+        grep = subprocess.run(f"{' '.join(TFRUN)} ps -a | grep run-1", shell=True, env=tf.env, capture_output=True,
+                              text=True)  # fmt: skip
+        assert grep.stdout.count("\n") == 1 and "the-very-end" in grep.stdout
+        detail = tf.ok("status", str(jobs[0]))
+        assert "\x1b" not in detail and all(line == line.rstrip() for line in detail.splitlines()), detail
+        assert any(line.split() == ["state", "running"] for line in detail.splitlines()), detail
+    finally:
+        gate.touch()
+        tf.ok("cancel", "--all")
+
+
+def test_colour_follows_the_option_then_no_color_then_force_color(tf: Tfrun, project: Path) -> None:
+    tf.ok("wait", str(tf.submit(str(write_script(project, "argv.py", ARGV)))))
+
+    plain = {k: v for k, v in tf.env.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+
+    def coloured(*args: str, **env: str) -> bool:
+        result = subprocess.run([*TFRUN, *args, "ps", "-a"], env={**plain, **env}, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert len(result.stdout.splitlines()) == 3  # colour or not, one row per job
+        return "\x1b[" in result.stdout
+
+    assert not coloured()  # a pipe
+    assert coloured("--color", "always")
+    assert not coloured("--color", "never", FORCE_COLOR="1")
+    assert coloured(FORCE_COLOR="1")
+    assert not coloured(FORCE_COLOR="0")
+    assert not coloured(NO_COLOR="1", FORCE_COLOR="1")
+    assert coloured("--color", "always", NO_COLOR="1")
+    bad = tf.run("--color", "sometimes", "ps")
+    assert bad.returncode == 2 and "'sometimes' is not one of 'auto', 'always', 'never'" in bad.stderr
+
+
+def test_ps_q_logs_n_the_newest_job_and_cancel_all(tf: Tfrun, project: Path, gate: Path) -> None:
+    nothing = tf.run("logs")
+    assert nothing.returncode == 3 and "no jobs on this machine" in nothing.stderr
+    write_script(project, "count.py", "for i in range(10):\n    print('line', i)\n")
+    write_script(project, "slow.py", gated_job(1, 0, 0, gate))
+    done = tf.submit(str(project / "count.py"))
+    tf.ok("wait", str(done))
+    assert tf.ok("logs", "-n", "2", str(done)) == "line 8\nline 9\n"
+    running = [tf.submit("--name", f"slow{i}", str(project / "slow.py")) for i in range(2)]
+    assert tf.ok("ps", "-q").split() == [str(job) for job in running]
+    assert tf.ok("ps", "-aq").split() == [str(done), *map(str, running)]
+    newest = tf.run("logs")
+    assert newest.returncode == 0 and newest.stdout.startswith("before 0")
+    assert newest.stderr == f"tfrun: job {running[-1]} (slow1), the newest on this machine\n"
+    assert tf.ok("status").splitlines()[0].split() == ["id", str(running[-1])]
+    both = tf.run("cancel", "--all", "4")
+    assert both.returncode == 2 and "JOB... or --all, not both" in both.stderr
+    cancelled = tf.run("cancel", "--all", "--grace", "1")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert sorted(cancelled.stdout.splitlines()) == sorted(f"job {job} cancelled" for job in running)
+    assert tf.ok("ps", "-q") == ""
+    again = tf.run("cancel", "--all")
+    assert again.returncode == 0 and again.stdout == "" and "no unfinished jobs on this machine" in again.stderr
+
+
+def test_a_short_option_means_one_thing_in_every_verb() -> None:
+    from tfrun.client.cli import main
+
+    same = {"--tail": "--last"}  # logs -n N: the last N lines, as alerts -n and metrics -n: the last N
+    meanings: dict[str, set[str]] = {}
+
+    def walk(command: click.Command) -> None:
+        for param in command.params:
+            if isinstance(param, click.Option):
+                longs = [o for o in param.opts if o.startswith("--")]
+                for short in (o for o in param.opts + param.secondary_opts if not o.startswith("--")):
+                    meanings.setdefault(short, set()).add(same.get(longs[0], longs[0]) if longs else short)
+        if isinstance(command, click.Group):
+            for sub in command.commands.values():
+                walk(sub)
+
+    walk(main)
+    assert {short: longs for short, longs in meanings.items() if len(longs) > 1} == {}
+    assert meanings["-n"] == {"--last"}
+
+
+def completions(tf: Tfrun, words: str, timeout: float = 30) -> list[tuple[str, str]]:
+    """What tfrun offers for the last word of `words`, asked the way click's bash script asks."""
+    env = {**tf.env, "_TFRUN_COMPLETE": "bash_complete", "COMP_WORDS": words,
+           "COMP_CWORD": str(len(words.split(" ")) - 1)}  # fmt: skip
+    result = subprocess.run(TFRUN, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    return [tuple(line.split(",", 1)) for line in result.stdout.splitlines() if line]  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+def test_completion_offers_job_ids_hosts_and_files(tf: Tfrun, project: Path, tmp_path: Path) -> None:
+    jobs = [tf.submit(str(write_script(project, "argv.py", ARGV))) for _ in range(2)]
+    for job in jobs:
+        tf.ok("wait", str(job))
+    assert completions(tf, "tfrun logs ") == [("plain", str(job)) for job in reversed(jobs)]
+    assert completions(tf, f"tfrun status {jobs[1]}") == [("plain", str(jobs[1]))]
+    assert completions(tf, "tfrun submit ") == [("file", "")]
+    assert completions(tf, "tfrun submit tr") == [("file", "tr")]
+    source = tf.ok("completion", "bash")
+    for verb, offered in (("logs", [str(job) for job in jobs]), ("cancel", [])):  # cancel: the unfinished only
+        # bash calls the function with the command's name; click's function runs it to ask for the words
+        words = f'COMP_WORDS=(tfrun {verb} ""); COMP_CWORD=2; _tfrun_completion {TFRUN[0]}; echo "${{COMPREPLY[@]}}"'
+        bash = subprocess.run(["bash", "-c", f"{source}\n{words}"], env=tf.env, capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert bash.returncode == 0 and sorted(bash.stdout.split()) == offered, bash.stderr
+    if not tf.remote:
+        tf.ok("hosts", "add", "gpu-box", "alice@gpu-box")  # the default host from now on
+    hosts = completions(tf, "tfrun ps --host ")
+    assert ("plain", "local") in hosts and ("plain", "box" if tf.remote else "gpu-box") in hosts
+    started = time.monotonic()
+    assert completions(tf, "tfrun --color never logs --host nobody@127.0.0.1:1 ") == []  # nothing there: silence
+    assert time.monotonic() - started < 10
+    for shell in ("zsh", "fish"):
+        assert "_TFRUN_COMPLETE" in tf.ok("completion", shell)
+
+
+def test_completion_of_a_local_box_never_starts_its_daemon(tf: Tfrun) -> None:
+    assert completions(tf, "tfrun logs ") == []
+    assert not (tf.home / "run" / "tfrund.lock").exists() or tf.daemon("status").returncode != 0
