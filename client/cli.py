@@ -1014,12 +1014,14 @@ def metrics(
         click.echo(render.to_json(reply.samples))
     elif not (plot or png):
         render.metric_table(reply.source, reply.samples, _console())
+    if not (plot or png):
         return
     from tfrun.client import plot as plotting
 
-    curves = plotting.series(reply.samples, names or ("loss", "val_loss"))
+    wanted = names or plotting.default_names(reply.samples)
+    curves = plotting.series(reply.samples, wanted)
     if not curves:
-        _fail(f"job {job} has no {' or '.join(names or ('loss',))} to plot yet", EXIT_FAILURE)
+        _fail(f"job {job} has no {' or '.join(wanted)} to plot yet", EXIT_FAILURE)
     if plot:
         console = _console()
         width = max(20, min(console.width, 120) - 12)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tfrun.losses import evaluation_name, training_loss_name
 from tfrun.protocol import MetricSample
 
 if TYPE_CHECKING:
@@ -30,6 +31,14 @@ def sparkline(values: Sequence[float], width: int = 20) -> str:
     low, high = min(finite), max(finite)
     span = (high - low) or 1.0
     return "".join(_BLOCKS[min(7, int((v - low) / span * 8))] for v in finite)
+
+
+def default_names(samples: list[MetricSample]) -> tuple[str, ...]:
+    """The curves to draw when none are named: the training loss that `top` and the alerts watch, and its
+    validation counterpart (`loss` and `val_loss`; Lightning's `train_loss` and `val_loss`)."""
+    names = dict.fromkeys(name for sample in samples for name in sample.values)
+    loss = training_loss_name(names) or "loss"
+    return (loss, evaluation_name(loss))
 
 
 def series(samples: list[MetricSample], names: Sequence[str]) -> dict[str, tuple[list[float], list[float]]]:

@@ -6,15 +6,33 @@ the end of a chunk waits for the next. Recognised, in this order (ANSI colour re
 
 - the user's patterns (RE2, named groups), which win over the formats below where they find a metric;
 - Keras 2 and 3 `model.fit` (verbose 1 and 2): `Epoch 3/10`, then `5/9 [===>...] - ETA: 0s - loss: 0.7428`;
-- PyTorch Lightning's bar: `Epoch 0:  45%|████▌     | 45/100 [00:01<00:02, 25.0it/s, v_num=0, loss=1.23]`;
-- a plain print with a loss: `Epoch 1, Avg Loss: 0.2345`, `step 100 loss=1.23`, `iter 100 | loss 1.2300`.
+- PyTorch Lightning's bar: `Epoch 0:  45%|████▌     | 45/100 [00:01<00:02, 25.0it/s, v_num=0, loss=1.23]`,
+  one sample a step: Lightning draws each step twice, the first time with the previous step's loss, so a step is
+  taken, as its last redraw, when the bar draws the next step or ends its line;
+- a plain print with a loss: `Epoch 1, Avg Loss: 0.2345`, `step 100 loss=1.23`, `iter 100 | loss 1.2300`,
+  `Training loss (for 1 batch) at step 100: 0.4312`, `{'loss': 0.23, 'step': 5}`, JSON lines, tqdm and rich
+  postfixes. Values in any float notation, `nan`, `nan.0`, `inf.0`, `Infinity`, and tensors and NumPy scalars
+  (`tensor(0.23, grad_fn=<...>)`, `tf.Tensor(0.23, shape=(), dtype=float32)`, `np.float32(0.23)`).
+
+The step of a print is the one it says: `step N`, `iter N`, a tqdm bar's `N/M`, and `[N/M (p%)]` (PyTorch's
+examples), which counts samples, not batches. The batch size cannot be read from those prints (the gap between
+two is the log interval times the batch size, and the percentage is N/M again), so that step is the sample count,
+made global over epochs like any printed step that restarts: a step the line shows, where an alert points to.
+Only a print that says no step is counted. An evaluation's line (`Test set: Average loss: 0.2475`,
+`Validation loss: 0.31`, `Test loss: 0.31` after training) is named `test_loss`, `val_loss` or `eval_loss`, which
+training_loss() never takes, and placed at the step training got to when it says none.
 
 Keras prints the running mean of each metric since the start of the epoch. An alert needs what the model does
 now, so each redraw gives the mean over the batches since the previous redraw, decoded from two running means
 (b batches, mean m): (b2*m2 - b1*m1) / (b2 - b1). That is exact up to Keras's rounding to 4 digits, which this
 multiplies by about (b2 + b1) / (b2 - b1): late in a long epoch redrawn at every batch, an interval mean is only
-good to a few hundredths (tfrun.jobs writes exact losses, and the daemon prefers them). Values printed once
-an epoch (val_*, and any that appear only on the epoch's last line) are taken as printed.
+good to a few hundredths (tfrun.jobs writes exact losses, and the daemon prefers them). Where that error passes
+the interval mean itself (a loss near 0), decoding can give a negative mean: each interval mean is then clamped to
+what the printed precision allows, [max(0, lo), hi] around it, for a metric never printed negative. The decoded
+value is the middle of [lo, hi] (its bounds are its error either side), so the clamp is max(0, decoded): a
+non-negative loss cannot have a negative interval mean, and 0 is the bound nearest to what was decoded. A fall
+back to the printed running mean was not taken: it can lie above hi, which the printed means rule out. Values
+printed once an epoch (val_*, and any that appear only on the epoch's last line) are taken as printed.
 
 A daemon reads every job's whole output, up to tens of MB/s: a block with no "loss" or "epoch" in it (nor a
 match of a user pattern) costs a few byte searches, and only the segments that hold one are looked at.
@@ -25,28 +43,58 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 from tfrun.constants import MAX_INT64
+from tfrun.losses import EVALUATION_PREFIXES, training_loss_name
 
 MAX_SEGMENT = 1 << 16  # longer segments are not metrics: skipped, and never buffered whole
 _MARKERS = (b"oss", b"OSS", b"poch", b"POCH")  # loss, Loss, LOSS, epoch, Epoch, EPOCH: every format has one
 _FLAT = bytes.maketrans(b"\r\b", b"\n\n")
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
-_NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|(?i:nan|inf(?:inity)?))"
+# Any float notation (`1e-3`, `.5`, `2.`), and NaN and Inf as Python, NumPy, JSON and Lightning (`nan.0`) print them.
+_NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|(?i:nan|inf(?:inity)?)(?:\.0)?)"
 _END = r"(?![\w.:])"  # a number ends here: not `0s` (an ETA), not `1:02`, not `1.2.3`
+_PRINT_END = r"(?![\w.:/])"  # in a print, not `9213/10000` either (a count, such as `Accuracy: 9213/10000`)
 _NUMBER = re.compile(_NUM)
 _KERAS_HEADER = re.compile(r"\s*Epoch (\d+)/\d+\s*")
 _KERAS_BAR = re.compile(r"\s*(\d+)/(\d+|Unknown) ")
 _KERAS_PAIR = re.compile(rf" - ([A-Za-z_][\w./]*): ({_NUM}){_END}")
 _LIGHTNING = re.compile(r"\s*Epoch (\d+):.*?(\d+)(?:/(\d+|\?)|it) \[([^\]]*)")
 _LIGHTNING_PAIR = re.compile(rf"([A-Za-z_][\w./]*)=({_NUM}){_END}")
-_COUNTER = re.compile(r"(?i)\b(global_step|step|iteration|iter|batch|epoch)s?\b\s*[\[(#:=]?\s*(\d+)(?:\s*/\s*(\d+))?")
-_QUALIFIERS = "train|training|val|valid|validation|test|eval|avg|average|mean|total|running|epoch|batch"
+_COUNTER = re.compile(
+    r"(?i)\b(global_step|step|iteration|iter|batch|epoch)s?\b['\"]?\s*[\[(#:=]?\s*(\d+)(?:\s*/\s*(\d+))?"
+)
+_SEEN = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\(\s*\d+(?:\.\d*)?%\)\s*\]")  # PyTorch's `[22400/60000 (37%)]`
+_BAR_COUNT = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")  # a tqdm bar's `| 45/100 [`
+# A value printed as a tensor or a NumPy scalar: `tensor(0.2300, grad_fn=<NllLossBackward0>)`,
+# `tf.Tensor(0.23, shape=(), dtype=float32)`, `np.float32(0.23)`; read as the number inside.
+_WRAPPED = re.compile(
+    rf"\b(?:tf\.Tensor|Tensor|tensor|(?:np|numpy)\.float(?:16|32|64)|array)\(\s*({_NUM})"
+    r"(?:\s*,[^()]*(?:\([^()]*\)[^()]*)*)?\)"
+)
+_WRAPPERS = ("ensor(", "float", "array(")  # in every text _WRAPPED matches
+# The one word before a metric's name: a qualifier (`train loss`, `Average loss`) or a model's part
+# (`discriminator loss at step 0: 0.68`); none of the words that only join a sentence.
+_JOINING_WORDS = frozenset({"a", "an", "and", "at", "for", "in", "is", "of", "on", "the", "to", "with"})
+_EVAL_KINDS = {
+    "val": "val",
+    "valid": "val",
+    "validation": "val",
+    "test": "test",
+    "testing": "test",
+    "eval": "eval",
+    "evaluation": "eval",
+}
+_EVAL_WORD = re.compile(rf"(?i)(?<![a-z])({'|'.join(_EVAL_KINDS)})(?![a-z])")
+_PLAIN_QUALIFIERS = frozenset({"avg", "average", "mean", "total", "running"})  # dropped where the line names a kind
+# `name: value`, `name=value`, `name value`, `'name': value` (dict reprs, JSON), `name │ value` (rich tables),
+# and `name (anything) at step N: value` (keras-io's custom-loop guide).
 _PRINT_PAIR = re.compile(
-    rf"(?i)(?<!\w)(?:({_QUALIFIERS}) )?([a-z_]*(?:loss|accuracy|acc)(?:_\w*)?|lr|learning_rate)"
-    rf"\s*(?:[:=]\s*|\s)({_NUM}){_END}"
+    r"(?i)(?<![\w.])(?:([a-z]+) )?([a-z_]*(?:loss|accuracy|acc)(?:_\w*)?|lr|learning_rate)['\"]?"
+    r"(?:\s*\([^()]*\))?(?:\s+at\s+(?:step|iteration|iter|batch|epoch)\s+\d+)?"
+    rf"\s*(?:[:=\u2502|]\s*|\s)({_NUM}){_PRINT_END}"
 )
 
 
@@ -75,13 +123,9 @@ def plausible(step: Any, epoch: Any = None) -> bool:
 
 
 def training_loss(values: Mapping[str, float]) -> Optional[float]:
-    """The loss to watch among a sample's values: `loss`, else a `...loss` that is not validation or test."""
-    if "loss" in values:
-        return values["loss"]
-    for name, value in values.items():
-        if name.endswith("loss") and not name.startswith(("val", "test", "eval")):
-            return value
-    return None
+    """The loss to watch among a sample's values (tfrun/losses.py says which, for the client's charts too)."""
+    name = training_loss_name(values)
+    return None if name is None else values[name]
 
 
 @dataclass
@@ -94,6 +138,7 @@ class _Keras:
     batch: int = 0  # the batch of the last redraw
     means: dict[str, float] = field(default_factory=dict)  # its running means
     base: int = 0  # batches of the epochs before this one
+    signed: list[str] = field(default_factory=list)  # metrics printed negative at least once: never clamped
 
 
 @dataclass
@@ -103,12 +148,15 @@ class _Counters:
     lightning_epoch: Optional[int] = None
     lightning_batch: int = 0
     lightning_base: int = 0  # batches of the epochs before, when the bar has no total
-    lightning_last: str = ""  # the last redraw taken, to skip one drawn again unchanged
+    # The last redraw of the bar's current step, as JSON (step, values, epoch): Lightning redraws a step twice,
+    # the first time with the previous step's loss, so a step is taken when the next one is drawn.
+    lightning_held: Optional[dict[str, Any]] = None
     prints: int = 0  # samples from plain prints
     print_last: Optional[int] = None  # the last step counter printed
     print_offset: int = 0  # added to printed steps that restart at each epoch
     print_epoch: Optional[int] = None  # the last epoch counter printed
     patterns: int = 0  # samples from user patterns
+    last_step: int = 0  # the step of the last sample: where an evaluation that says no step is placed
 
 
 class LogMetrics:
@@ -151,12 +199,15 @@ class LogMetrics:
                 continue
             try:
                 sample = self._pattern_sample(matched[start]) if start in matched else None
+                found = [sample] if sample is not None else []
                 if sample is None:
-                    sample = self._parse(flat[start:end].decode("utf-8", "replace"), text[end] == ord("\n"))
+                    found = self._parse(flat[start:end].decode("utf-8", "replace"), text[end] == ord("\n"))
             except (ValueError, OverflowError):  # a count of 4,300+ digits: no training printed that
-                sample = None
-            if sample is not None and plausible(sample.step, sample.epoch):
-                samples.append(sample)
+                found = []
+            for sample in found:
+                if plausible(sample.step, sample.epoch):
+                    samples.append(sample)
+                    self.counters.last_step = sample.step
         return samples
 
     def _pattern_matches(self, flat: bytes, segments: dict[int, int]) -> dict[int, dict[bytes, Optional[bytes]]]:
@@ -184,31 +235,34 @@ class LogMetrics:
                 if text.isdigit():
                     counters[name] = int(text)
             elif _NUMBER.fullmatch(text):
-                values[name] = float(text)
+                values[name] = _float(text)
         if not values:
             return None
         self.counters.patterns += 1
         return Sample(counters.get("step", self.counters.patterns), values, counters.get("epoch"), "pattern")
 
-    def _parse(self, segment: str, line_end: bool) -> Optional[Sample]:
+    def _parse(self, segment: str, line_end: bool) -> list[Sample]:
         header = _KERAS_HEADER.fullmatch(segment)
         if header:
             self._keras_epoch(int(header.group(1)))
-            return None
+            return []
         bar = _KERAS_BAR.match(segment)
+        sample: Optional[Sample]
         if bar:
-            pairs = {name: float(value) for name, value in _KERAS_PAIR.findall(segment, bar.end())}
+            pairs = {name: _float(value) for name, value in _KERAS_PAIR.findall(segment, bar.end())}
             if pairs:
                 size = int(bar.group(2)) if bar.group(2).isdigit() else None
-                return self._keras_bar(int(bar.group(1)), size, pairs, line_end)
+                sample = self._keras_bar(int(bar.group(1)), size, pairs, line_end)
+                return [sample] if sample is not None else []
         lightning = _LIGHTNING.match(segment)
         if lightning:
-            return self._lightning(lightning)
-        return self._print(segment)
+            return self._lightning(lightning, line_end)
+        sample = self._print(segment)
+        return [sample] if sample is not None else []
 
     def _keras_epoch(self, epoch: int) -> None:
         keras = self.keras
-        self.keras = _Keras(epoch=epoch, open=True, base=keras.base + (keras.size or keras.batch))
+        self.keras = _Keras(epoch=epoch, open=True, base=keras.base + (keras.size or keras.batch), signed=keras.signed)
 
     def _keras_bar(
         self, batch: int, size: Optional[int], printed: dict[str, float], line_end: bool
@@ -219,38 +273,52 @@ class LogMetrics:
         keras.size = size or keras.size
         values = {}
         for name, value in printed.items():
+            if value < 0 and name not in keras.signed:
+                keras.signed.append(name)
             if name.startswith("val_") or name not in keras.means:
                 values[name] = value  # once an epoch, or the first redraw (a mean since the epoch began)
             elif batch > keras.batch:
-                values[name] = _interval_mean(keras.batch, keras.means[name], batch, value)
+                mean = _interval_mean(keras.batch, keras.means[name], batch, value)
+                values[name] = mean if name in keras.signed else max(mean, 0.0)
         keras.means = {name: value for name, value in printed.items() if not name.startswith("val_")}
         keras.batch = batch
         if line_end and keras.size is not None and batch >= keras.size:
             keras.open = False
         return Sample(keras.base + batch, values, keras.epoch, "keras") if values else None
 
-    def _lightning(self, bar: re.Match[str]) -> Optional[Sample]:
+    def _lightning(self, bar: re.Match[str], line_end: bool) -> list[Sample]:
+        """The samples of the steps this redraw closes: one per step, its last redraw (see lightning_held)."""
         epoch, batch, size, postfix = int(bar.group(1)), int(bar.group(2)), bar.group(3), bar.group(4)
-        values = {name: float(value) for name, value in _LIGHTNING_PAIR.findall(postfix) if name != "v_num"}
+        values = {name: _float(value) for name, value in _LIGHTNING_PAIR.findall(postfix) if name != "v_num"}
         counters = self.counters
         if counters.lightning_epoch is not None and epoch != counters.lightning_epoch:
             counters.lightning_base += counters.lightning_batch
         counters.lightning_epoch, counters.lightning_batch = epoch, batch
         step = epoch * int(size) + batch if size and size.isdigit() else counters.lightning_base + batch
-        drawn = f"{step} {postfix}"
-        if not values or drawn == counters.lightning_last:
-            return None
-        counters.lightning_last = drawn
-        return Sample(step, values, epoch, "lightning")
+        held = counters.lightning_held
+        if not values:
+            return []
+        closed = [_held_sample(held)] if held is not None and held["step"] != step else []
+        current = {"step": step, "values": {name: _json_float(value) for name, value in values.items()}, "epoch": epoch}
+        if line_end:  # the bar's last redraw, closed with a newline: no redraw of this step follows
+            counters.lightning_held = None
+            return [*closed, _held_sample(current)]
+        counters.lightning_held = current
+        return closed
 
     def _print(self, segment: str) -> Optional[Sample]:
+        if any(wrapper in segment for wrapper in _WRAPPERS):  # a few byte searches, not a regex a line
+            segment = _WRAPPED.sub(r"\1", segment)
+        pairs = [
+            (qualifier.lower(), name.lower(), _float(value)) for qualifier, name, value in _PRINT_PAIR.findall(segment)
+        ]
+        kind = _eval_kind(segment, pairs)
         values: dict[str, float] = {}
-        for qualifier, name, value in _PRINT_PAIR.findall(segment):
-            values.setdefault(f"{qualifier}_{name}".lower() if qualifier else name.lower(), float(value))
+        for qualifier, name, value in pairs:
+            values.setdefault(_metric_name(qualifier, name, kind), value)
         if not any("loss" in name for name in values):
             return None
         counters = self.counters
-        counters.prints += 1
         step: Optional[int] = None
         epoch: Optional[int] = None
         for counter in _COUNTER.finditer(segment):
@@ -260,7 +328,14 @@ class LogMetrics:
                 epoch = epoch if epoch is not None else int(counter.group(2))
             elif step is None:
                 step = self._print_step(int(counter.group(2)), counter.group(3), epoch)
-        if step is None:
+        for counted in (_SEEN.search(segment), _BAR_COUNT.search(segment)) if step is None else ():
+            if step is None and counted and len(counted.group(1)) <= _MAX_COUNTER_DIGITS:
+                step = self._print_step(int(counted.group(1)), counted.group(2), epoch)
+        evaluation = all(name.startswith(EVALUATION_PREFIXES) for name in values if "loss" in name)
+        if step is None and evaluation:
+            step = counters.last_step  # after the training it evaluates, not a training print of its own
+        elif step is None:
+            counters.prints += 1
             step = counters.prints if counters.print_last is None else counters.print_offset + counters.print_last
         counters.print_epoch = epoch if epoch is not None else counters.print_epoch
         return Sample(step, values, epoch, "print")
@@ -294,7 +369,8 @@ class LogMetrics:
         keras = dict(state["keras"])
         keras["means"] = {name: float(value) for name, value in keras["means"].items()}
         metrics.keras = _Keras(**keras)
-        metrics.counters = _Counters(**state["counters"])
+        known = {counter.name for counter in fields(_Counters)}  # a state saved before a counter was added or dropped
+        metrics.counters = _Counters(**{name: value for name, value in state["counters"].items() if name in known})
         return metrics
 
 
@@ -328,6 +404,37 @@ def _segments(flat: bytes) -> dict[int, int]:
             segments[start] = end
             at = flat.find(marker, end)
     return segments
+
+
+def _eval_kind(segment: str, pairs: list[tuple[str, str, float]]) -> str:
+    """`val`, `test` or `eval` when the line is an evaluation's and its names do not say so themselves
+    (`Test set: Average loss: 0.2475`, `Validation loss: 0.31`); "" for a training line, or one whose names
+    tell training and evaluation apart already (`loss=0.25 val_loss=0.31`, `train loss 2.1, val loss 2.2`)."""
+    if any(qualifier in _EVAL_KINDS or name.startswith(EVALUATION_PREFIXES) for qualifier, name, _ in pairs):
+        return ""
+    found = _EVAL_WORD.search(segment)
+    return _EVAL_KINDS[found.group(1).lower()] if found else ""
+
+
+def _metric_name(qualifier: str, name: str, kind: str) -> str:
+    """A printed name as a metric's: `Training loss` is `training_loss`, `Validation loss` `val_loss`, and on
+    an evaluation's line (`kind`) `Average loss` is `test_loss`, so that training_loss() never takes it."""
+    qualifier = "" if qualifier in _JOINING_WORDS else _EVAL_KINDS.get(qualifier, qualifier)
+    if kind:
+        qualifier = kind if not qualifier or qualifier in _PLAIN_QUALIFIERS else f"{kind}_{qualifier}"
+    return f"{qualifier}_{name}" if qualifier else name
+
+
+def _held_sample(held: Mapping[str, Any]) -> Sample:
+    """A Lightning redraw kept in _Counters.lightning_held as the sample it is."""
+    values = {name: float(value) for name, value in held["values"].items()}
+    return Sample(held["step"], values, held["epoch"], "lightning")
+
+
+def _float(text: str) -> float:
+    """A number as printed: Lightning's tqdm postfix prints NaN and Inf as `nan.0` and `inf.0`, which float()
+    refuses, and a NaN read as no value is a NaN that raises no alert."""
+    return float(text[:-2] if text.endswith(".0") and text[-3:-2].isalpha() else text)
 
 
 def _interval_mean(batch1: int, mean1: float, batch2: int, mean2: float) -> float:
