@@ -73,15 +73,20 @@ def wheelhouse(python: str) -> Path:
     return folder
 
 
-@pytest.fixture
-def bare_box(tmp_path: Path) -> Iterator[tuple[Sshd, Path]]:
-    """A box that never had tfrun: its sessions' HOME is a new folder; (its sshd, that HOME)."""
+def start_bare_box(tmp_path: Path, *first_on_path: Path) -> tuple[Sshd, Path]:
+    """A box that never had tfrun: an sshd whose sessions' HOME is a new folder and whose PATH holds no tfrund
+    (the folders given first, then the system's and this Python's base); (its sshd, that HOME)."""
     if not Path("/usr/sbin/sshd").exists():
         pytest.skip("openssh-server is not installed (.ci/run installs it)")
     home = tmp_path / "box-home"
     home.mkdir()
-    path = f"{Path(sys.base_prefix) / 'bin'}:/usr/local/bin:/usr/bin:/bin"
-    server = Sshd(tmp_path / "box-sshd", env={"HOME": str(home), "PATH": path})
+    path = ":".join([*map(str, first_on_path), str(Path(sys.base_prefix) / "bin"), "/usr/local/bin:/usr/bin:/bin"])
+    return Sshd(tmp_path / "box-sshd", env={"HOME": str(home), "PATH": path}), home
+
+
+@pytest.fixture
+def bare_box(tmp_path: Path) -> Iterator[tuple[Sshd, Path]]:
+    server, home = start_bare_box(tmp_path)
     yield server, home
     server.stop()
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TFRUN, Sshd, Tfrun
-from test_install import box_python, trust, wheelhouse
+from test_install import box_python, start_bare_box, trust, wheelhouse
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -74,16 +74,11 @@ def readme_block() -> list[list[str]]:
 @pytest.fixture
 def box(tmp_path: Path) -> Iterator[tuple[Sshd, Path]]:
     """A box that never had tfrun, whose python3 has TensorFlow: (its sshd, its HOME)."""
-    if not Path("/usr/sbin/sshd").exists():
-        pytest.skip("openssh-server is not installed (.ci/run installs it)")
-    home = tmp_path / "box-home"
-    home.mkdir()
     python_only = tmp_path / "box-bin"
     python_only.mkdir()
     (python_only / "python3").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
     (python_only / "python3").chmod(0o755)
-    path = f"{python_only}:{Path(sys.base_prefix) / 'bin'}:/usr/local/bin:/usr/bin:/bin"
-    server = Sshd(tmp_path / "box-sshd", env={"HOME": str(home), "PATH": path})
+    server, home = start_bare_box(tmp_path, python_only)
     yield server, home
     server.stop()
 
