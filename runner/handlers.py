@@ -22,6 +22,7 @@ from tfrun.constants import (
     FOLLOW_POLL_S,
     LOG_CHUNK_BYTES,
     MAX_METRIC_SAMPLES,
+    METRICS_SETTLE_S,
 )
 from tfrun.content import ManifestError, check_manifest, check_relative
 from tfrun.protocol import (
@@ -739,10 +740,23 @@ async def notify_test(daemon: Daemon, req: NotifyTest, conn: Connection) -> None
 
 async def get_metrics(daemon: Daemon, req: GetMetrics, conn: Connection) -> None:
     row = _find(daemon, req.job)
+    if row.final:
+        await _watch_caught_up(daemon, row.id)
     last = min(req.last or MAX_METRIC_SAMPLES, MAX_METRIC_SAMPLES)
     work = functools.partial(read_metrics, Path(row.job_dir), last)
     source, samples = await asyncio.get_running_loop().run_in_executor(None, work)
     await conn.send(MetricsReply(source=source, samples=samples))
+
+
+async def _watch_caught_up(daemon: Daemon, job_id: int) -> None:
+    """Wait (briefly) until the alert watch has read the rest of an ended job's log, which it marks by deleting
+    the job's watch row: the metrics it reads from the output are whole only then, and `tfrun wait J && tfrun
+    metrics J` must show the last lines' too. A watch that cannot finish (a daemon overloaded) costs at most
+    METRICS_SETTLE_S; the reply is then what has been read."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + METRICS_SETTLE_S
+    while daemon.store.watch_state(job_id) is not None and loop.time() < deadline:
+        await asyncio.sleep(FOLLOW_POLL_S / 2)
 
 
 async def list_gpus(daemon: Daemon, req: ListGpus, conn: Connection) -> None:

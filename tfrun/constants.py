@@ -61,6 +61,8 @@ DEFAULT_RECONNECT_TIMEOUT_S = 300.0
 RECONNECT_PAUSE_S = 0.5
 SPARE_COUNT = 4  # ready copies of recent snapshots that the daemon keeps for re-submits (runner/blobs.py)
 SPARE_MAX_BYTES = 256 << 20  # no spare of a snapshot larger than this: it would double its disk use
+# `tfrun metrics` of an ended job waits up to this long for the alert watch to finish reading its log.
+METRICS_SETTLE_S = 5.0
 MAX_METRIC_SAMPLES = 100_000  # the newest samples `tfrun metrics` gets at most: about 10 MB in one frame
 COMPLETION_TIMEOUT_S = 3.0  # Tab on a JOB asks the box for its job ids; one that has not answered by then offers none
 
