@@ -22,7 +22,7 @@ from tfrun.protocol import Setting
 from tfrun.runner import rules
 from tfrun.runner.config import COUNT, KEYS, STRINGS, Config, ConfigError
 from tfrun.runner.doctor import job_python
-from tfrun.runner.outbox import masked, usable
+from tfrun.runner.outbox import diagnose, masked, usable
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -105,7 +105,7 @@ def _value(name: str, kind: str, words: list[str]) -> Any:
         if name == "notify":
             for url in words:
                 if not usable(url):
-                    raise ConfigError(f"notify: {masked(url)} is not a URL apprise knows (see tfrun notify-test URL)")
+                    raise ConfigError(f"notify: {diagnose(url)}")
         return list(words)
     if len(words) != 1:
         raise ConfigError(f"{name} takes one value ({kind}), not {len(words)}")

@@ -93,6 +93,8 @@ def test_config_set_notify_reaches_the_receiver_without_a_restart(
     assert "max_cpu_jobs must be a whole number" in one_line_error(tf.run("config", "set", "max_cpu_jobs", "lots"), 2)
     assert "cooldown must be a duration" in one_line_error(tf.run("config", "set", "alerts.cooldown", "soon"), 2)
     assert "did you mean 'notify'?" in one_line_error(tf.run("config", "set", "notfy", "x"), 2)
+    refused = one_line_error(tf.run("config", "set", "notify", "mailto://smtp.example.com"), 2)
+    assert "mailto:// needs a sender: add from=ADDRESS" in refused  # what is wrong, as notify-test says it
     assert path.read_text() == before
     assert shown(tf)["values"]["alerts"]["cooldown"] == "30m"
     assert "max_cpu_jobs" in tf.ok("config", "unset", "max_cpu_jobs")
