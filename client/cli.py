@@ -31,6 +31,7 @@ from tfrun.constants import (
     MAX_ALERTS,
     MAX_CANCEL_JOBS,
     MAX_CONTEXT,
+    MAX_INT64,
     MAX_PATTERN_CHARS,
     MAX_PATTERNS,
     MAX_PRIORITY,
@@ -1482,7 +1483,7 @@ def _older_than(ctx: click.Context, param: click.Parameter, value: Optional[str]
 @host_options
 @click.option("--older-than", metavar="DURATION", callback=_older_than,
               help="Remove jobs that ended longer ago than this: 30d, 12h, 90m.")  # fmt: skip
-@click.option("--keep-last", type=click.IntRange(min=0), metavar="N", help="Keep the N jobs that ended last.")
+@click.option("--keep-last", type=click.IntRange(0, MAX_INT64), metavar="N", help="Keep the N jobs that ended last.")
 @click.option("--checkpoints", is_flag=True, help="Remove their checkpoint folders too (never one a kept job shares).")
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed and what it would free.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")

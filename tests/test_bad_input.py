@@ -39,6 +39,7 @@ def one_line_error(stderr: str, *expected: str) -> None:
         (["logs", "\udcff"], 2, "read_log.job: not UTF-8 text"),
         (["cancel", "\udcff"], 2, "cancel.jobs[0]: not UTF-8 text"),
         (["logs", "1", "--tail", "1" + "0" * 30], 2, "is not in the range 0<=x<=1000000"),
+        (["prune", "--keep-last", "1" + "0" * 30], 2, "is not in the range 0<=x<=9223372036854775807"),
         (["logs", "1", *["-e", "x"] * 1001], 2, "at most 1000 patterns of 65536 characters in all"),
         (["logs", "1", "-e", "x" * 65537], 2, "at most 1000 patterns of 65536 characters in all"),
         (["cancel", *["1"] * 1001], 2, "at most 1000 jobs at once"),

@@ -122,10 +122,10 @@ def _message(tag: str) -> typing.Callable[[M], M]:
 
 @dataclass(frozen=True)
 class Range:
-    """The inclusive bounds of a number."""
+    """The inclusive bounds of a number: ints for an int field (a float would round 2^63-1 when shown)."""
 
-    low: float
-    high: float
+    low: Union[int, float]
+    high: Union[int, float]
 
 
 @dataclass(frozen=True)
@@ -892,7 +892,7 @@ def _int_checker(bounds: Range) -> Checker:
         if type(value) is not int:
             _fail("expected an integer")
         if not bounds.low <= value <= bounds.high:
-            _fail(f"out of range (from {bounds.low:.0f} to {bounds.high:.0f})")
+            _fail(f"out of range (from {bounds.low} to {bounds.high})")
         return typing.cast(int, value)
 
     return check_int
