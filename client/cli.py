@@ -55,6 +55,7 @@ from tfrun.protocol import (
     Doctor,
     DoctorReport,
     ErrorCode,
+    ExplainMetrics,
     FileList,
     GetConfig,
     GetJob,
@@ -72,6 +73,7 @@ from tfrun.protocol import (
     LogEnd,
     LogLines,
     Message,
+    MetricsExplained,
     MetricsReply,
     NotifyReport,
     NotifyTest,
@@ -1000,15 +1002,34 @@ def notify_test(url: Optional[str], as_json: bool) -> None:
               help="Save the loss (and val_loss) over steps as a PNG (needs matplotlib: tfrun[png]).")  # fmt: skip
 @click.option("-m", "--metric", "names", multiple=True, metavar="NAME", help="Plot NAME instead of loss and "
               "val_loss; repeatable.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print the samples as a JSON list.")
+@click.option("--explain", is_flag=True, help="Show how the daemon reads JOB's output: one line of each shape "
+              "(N of them with -n, default 30), what was read from it, at which step, and why; for a loss it "
+              "misses, write a --metric pattern at submit.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the samples (or --explain's lines) as JSON.")
 def metrics(
-    job: str, last: Optional[int], plot: bool, png: Optional[Path], names: tuple[str, ...], as_json: bool
+    job: str,
+    last: Optional[int],
+    plot: bool,
+    png: Optional[Path],
+    names: tuple[str, ...],
+    explain: bool,
+    as_json: bool,
 ) -> None:
     """JOB's metrics by step: exact per-step values when the script uses tfrun.jobs (its callback or
-    Progress), else what the daemon read from its output (Keras and Lightning progress bars, prints such
-    as `step 100 loss=1.23`, and --metric patterns). Keras prints a running mean of each epoch; the values
-    here are the means over the steps between two of its prints, worked back from them."""
+    Progress), else what the daemon read from its output: Keras and tqdm/Lightning progress bars, prints
+    such as `step 100 loss=1.23`, `iter 5: loss 2.1`, dicts and JSON lines, and --metric patterns. Keras
+    prints a running mean of each epoch; the values here are the means over the steps between two of its
+    prints, worked back from them. A line's step is the one it prints; --explain shows which, line by line."""
 
+    if explain:
+        if plot or png is not None or names:
+            _fail("--explain shows lines, not curves: leave out --plot, --png and --metric", EXIT_USAGE)
+        answer = _ask(ExplainMetrics(job=job, lines=min(last or 30, 1000)), MetricsExplained)
+        if as_json:
+            click.echo(render.to_json(answer.readings))
+        else:
+            render.explained(answer.readings, answer.truncated, _console())
+        return
     whole = as_json or plot or png is not None
     reply = _ask(GetMetrics(job=job, last=last if (last or whole) else 20), MetricsReply)
     if as_json:

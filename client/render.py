@@ -12,7 +12,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
-from tfrun.protocol import Alert, Check, FileEntry, Gpu, Job, JobState, MetricSample
+from tfrun.protocol import Alert, Check, FileEntry, Gpu, Job, JobState, LineReading, MetricSample
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn: `tfrun submit` and `--json` never pay for it
     from rich.console import Console
@@ -336,6 +336,29 @@ def metric_table(source: str, samples: list[MetricSample], console: Console) -> 
     print_table(console, header, body, right=header)
     where = {"callback": "written by tfrun.jobs (exact)", "log": "read from the output"}.get(source, source)
     console.print(f"{len(samples)} sample(s), {where}", style="dim")
+
+
+def explained(readings: list[LineReading], truncated: bool, console: Console) -> None:
+    """`tfrun metrics --explain`: each line shown, what was read from it, and how."""
+    from rich.text import Text
+
+    if not readings:
+        console.print("no output with a number in it yet", style="dim")
+        return
+    for reading in readings:
+        console.print(Text(f"{reading.lines:>7,}x  ") + Text(one_line(reading.line), style="bold"), soft_wrap=True)
+        if reading.values:
+            values = ", ".join(f"{name}={value:.6g}" for name, value in reading.values.items())
+            epoch = "" if reading.epoch is None else f" (epoch {reading.epoch})"
+            console.print(f"          read: {values} at step {reading.step}{epoch}", soft_wrap=True)
+        else:
+            console.print("          read: nothing", style="yellow", soft_wrap=True)
+        console.print(f"          how:  {reading.why}", style="dim", soft_wrap=True)
+    console.print(
+        "a line of each shape (the same but for its numbers), with how many lines have it"
+        + ("; the log's first 8 MiB only" if truncated else ""),
+        style="dim",
+    )
 
 
 def size(n: float) -> str:

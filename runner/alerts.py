@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tfrun.constants import EXIT_LOST
+from tfrun.losses import TrainingLoss
 from tfrun.protocol import JobState, MetricSample
 from tfrun.runner import cgroup, jobdir, oom
 from tfrun.runner.alerttext import INDENT
 from tfrun.runner.config import Config
 from tfrun.runner.gpus import GpuReading, read_gpu_memory
 from tfrun.runner.lines import TerminalLines, display, plain
-from tfrun.runner.metrics import LogMetrics, PatternError, plausible, training_loss
+from tfrun.runner.metrics import LogMetrics, PatternError, Sample, plausible, training_loss
 from tfrun.runner.outbox import Outbox
 from tfrun.runner.spikes import DEFAULT_FACTOR, DEFAULT_PATIENCE, Spike, SpikeDetector
 from tfrun.runner.store import JobRow, Store
@@ -68,6 +69,7 @@ class Watch:
     metrics: LogMetrics = field(default_factory=LogMetrics)
     spikes: SpikeDetector = field(default_factory=SpikeDetector)
     callback_spikes: SpikeDetector = field(default_factory=SpikeDetector)
+    log_loss: TrainingLoss = field(default_factory=TrainingLoss)  # the loss the log's samples are followed by
     losses: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=10))
     saved_at: float = 0.0
 
@@ -81,6 +83,7 @@ class Watch:
             "metrics": self.metrics.state(),
             "spikes": self.spikes.state(),
             "callback_spikes": self.callback_spikes.state(),
+            "log_loss": self.log_loss.name,
             "losses": list(self.losses),
         }
 
@@ -96,6 +99,7 @@ class Watch:
             metrics=LogMetrics.restore(state["metrics"], patterns),
             spikes=SpikeDetector.restore(state["spikes"]),
             callback_spikes=SpikeDetector.restore(state["callback_spikes"]),
+            log_loss=TrainingLoss(state.get("log_loss")),  # absent from a watch saved by an older daemon
         )
         watch.losses.extend((int(step), float(loss)) for step, loss in state["losses"])
         return watch
@@ -231,7 +235,9 @@ class Alerts:
             self._keep_log_metrics(row, samples)
             if not watch.from_callback:
                 for sample in samples:
-                    self._loss(row, watch, settings, watch.spikes, sample.step, _loss_of(sample.values))
+                    loss = watch.log_loss.of(sample.values)
+                    where = _position(sample)
+                    self._loss(row, watch, settings, watch.spikes, sample.step, loss, where, watch.log_loss.cause)
         if "oom" in settings.rules:
             self._search_oom(row, watch, settings, data)
         else:
@@ -294,8 +300,18 @@ class Alerts:
     # -- the rules ----------------------------------------------------------------------------------------
 
     def _loss(
-        self, row: JobRow, watch: Watch, settings: Settings, detector: SpikeDetector, step: int, loss: Optional[float]
+        self,
+        row: JobRow,
+        watch: Watch,
+        settings: Settings,
+        detector: SpikeDetector,
+        step: int,
+        loss: Optional[float],
+        position: str = "",
+        name: Optional[str] = None,
     ) -> None:
+        """Follow one training loss; `position` says where the log printed it, for the alert (see _position),
+        and `name` what the value is, where not the loss (a NaN gradient norm: TrainingLoss.of)."""
         if loss is None:
             return
         watch.losses.append((step, loss))
@@ -303,7 +319,7 @@ class Alerts:
             return
         spike = detector.add(step, loss)
         if spike is not None:
-            self._fire(row, watch, settings, "spike", _spike_summary(spike))
+            self._fire(row, watch, settings, "spike", _spike_summary(spike, position, name))
 
     def _check_stall(self, row: JobRow, watch: Watch, settings: Settings) -> None:
         limit = settings.rules.get("stall")
@@ -412,9 +428,10 @@ def recent_losses(job_dir: Path, n: int) -> list[float]:
         except OSError:
             continue
         losses = []
+        follow = TrainingLoss()  # one loss from line to line: a GAN's two are not one curve (tfrun/losses.py)
         for line in lines:
             sample = _sample(line)
-            loss = training_loss(sample.values) if sample is not None else None
+            loss = follow.of(sample.values) if sample is not None else None
             if loss is not None:
                 losses.append(loss)
         if losses:
@@ -450,12 +467,23 @@ def _loss_of(values: dict[str, Any]) -> Optional[float]:
     )
 
 
-def _spike_summary(spike: Spike) -> str:
+def _position(sample: Sample) -> str:
+    """Where a sample read from the log was printed, when its step is not what the line shows: the epoch and the
+    line's own counter (`epoch 2, step 100` of a loop whose steps restart, Keras's `batch 40`), so that a user
+    finds the line the alert is about."""
+    if sample.epoch is None or sample.printed_step is None or sample.printed_step == sample.step:
+        return ""
+    counter = {"keras": "batch", "lightning": "batch", "bar": "batch"}.get(sample.source, "step")
+    return f" (epoch {sample.epoch}, {counter} {sample.printed_step})"
+
+
+def _spike_summary(spike: Spike, position: str = "", name: Optional[str] = None) -> str:
     if spike.kind in ("nan", "inf"):
-        return f"loss is {spike.value} at step {spike.step}"
+        what = name if name and "grad_norm" in name else "loss"
+        return f"{what} is {spike.value} at step {spike.step}{position}"
     ratio = spike.value / spike.baseline
     return (
-        f"loss spike at step {spike.step}: {spike.value:.4g}, {ratio:.1f}x the 90th percentile of the last "
+        f"loss spike at step {spike.step}{position}: {spike.value:.4g}, {ratio:.1f}x the 90th percentile of the last "
         f"losses ({spike.baseline:.4g}), for {DEFAULT_PATIENCE} losses in a row"
     )
 

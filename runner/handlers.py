@@ -40,6 +40,7 @@ from tfrun.protocol import (
     Doctor,
     DoctorReport,
     ErrorCode,
+    ExplainMetrics,
     FileChunk,
     FileEntry,
     FileList,
@@ -61,6 +62,7 @@ from tfrun.protocol import (
     LogEnd,
     LogLines,
     Message,
+    MetricsExplained,
     MetricsReply,
     MissingBlobs,
     NotifyReport,
@@ -88,6 +90,7 @@ from tfrun.runner.alerts import read_metrics, recent_losses
 from tfrun.runner.blobs import read_manifest, write_manifest
 from tfrun.runner.config import ConfigError
 from tfrun.runner.doctor import job_python, run_checks
+from tfrun.runner.explain import explain
 from tfrun.runner.faults import crash_point
 from tfrun.runner.gpus import read_gpu_memory
 from tfrun.runner.lines import BlockMatcher, LineFilter, PatternError, Selector, Tail, TerminalLines, display
@@ -748,6 +751,19 @@ async def get_metrics(daemon: Daemon, req: GetMetrics, conn: Connection) -> None
     await conn.send(MetricsReply(source=source, samples=samples))
 
 
+async def explain_metrics(daemon: Daemon, req: ExplainMetrics, conn: Connection) -> None:
+    row = _find(daemon, req.job)
+    patterns = daemon.alerts.settings(row.id).patterns
+    work = functools.partial(explain, Path(row.job_dir) / jobdir.OUTPUT, patterns, req.lines)
+    try:
+        readings, truncated = await asyncio.get_running_loop().run_in_executor(None, work)
+    except FileNotFoundError:
+        readings, truncated = [], False
+    except MetricPatternError as exc:  # a daemon config changed since submit: say so, as the watch logs it
+        raise _invalid(str(exc)) from None
+    await conn.send(MetricsExplained(readings=readings, truncated=truncated))
+
+
 async def _watch_caught_up(daemon: Daemon, job_id: int) -> None:
     """Wait (briefly) until the alert watch has read the rest of an ended job's log, which it marks by deleting
     the job's watch row: the metrics it reads from the output are whole only then, and `tfrun wait J && tfrun
@@ -886,6 +902,7 @@ HANDLERS: dict[type[Message], Callable[[Daemon, Any, Connection], Awaitable[None
     ListAlerts: list_alerts,
     NotifyTest: notify_test,
     GetMetrics: get_metrics,
+    ExplainMetrics: explain_metrics,
     ListGpus: list_gpus,
     Top: top,
     Attach: attach,

@@ -275,6 +275,28 @@ def test_a_real_loss_spike_alerts_once_near_where_it_happened(tf: Tfrun, project
     assert "Last losses" in found[0]["body"]
 
 
+@pytest.mark.parametrize(
+    ("run", "says"),
+    [
+        # keras-io's custom loop: steps restart each epoch and no line says an epoch's length.
+        ("custom_loop.diverge", re.compile(r"loss spike at step \d+ \(epoch \d+, step \d+\): ")),
+        # Hugging Face's Trainer prints `'loss': '0'` for a NaN step; its grad_norm says NaN.
+        ("hf_trainer.nan", re.compile(r"grad_norm is nan at step 40$")),
+    ],
+)
+def test_real_output_replayed_as_a_job_alerts_where_its_lines_say(
+    tf: Tfrun, project: Path, receiver: Receiver, run: str, says: re.Pattern[str]
+) -> None:
+    """The corpus's logs (tests/data/real/) through the daemon, written as the script wrote them: the alert
+    names the step, and the line's own epoch and counter where the step is made global."""
+    configure(tf, receiver.url)
+    (project / "out.log").write_bytes((DATA / "real" / f"{run}.log").read_bytes())
+    write_script(project, "job.py", "import sys\nsys.stdout.buffer.write(open('out.log', 'rb').read())\n")
+    job = tf.submit("--no-alert", "done", str(project / "job.py"))
+    (alert,) = settled(tf, job, 1)
+    assert alert["rule"] == "spike" and says.search(alert["summary"]), alert["summary"]
+
+
 # -- stall, done, lost --------------------------------------------------------------------------------------
 
 
@@ -688,6 +710,32 @@ def test_metrics_json_and_plot_of_a_job_whose_loss_is_named_train_loss(tf: Tfrun
     assert [s["values"] for s in json.loads(listed.stdout)][-1] == {"train_loss": 0.2}
     chart = tf.ok("metrics", "--plot", str(job))
     assert "━ train_loss" in chart and "step 5" in chart
+
+
+def test_metrics_explain_shows_each_line_shape_what_was_read_and_why(tf: Tfrun, project: Path) -> None:
+    """Issue #16: `--explain` shows why a loss is missed and where a read one lands, so that a user knows
+    when to add --metric, and then sees the pattern at work."""
+    configure(tf)
+    lines = ["Start of epoch 0", *(f"Training loss (for 1 batch) at step {i}: {2 / (i + 1):.4f}" for i in range(5))]
+    lines += [f"batch {i} objective={i / 10}" for i in range(3)]
+    write_script(project, "loop.py", printing(*lines))
+    job = tf.submit(str(project / "loop.py"))
+    assert tf.run("wait", str(job)).returncode == 0
+    shown = tf.ok("metrics", "--explain", str(job))
+    assert "5x  Training loss (for 1 batch) at step 0: 2.0000" in shown
+    assert "read: training_loss=2 at step 0 (epoch 0)" in shown and "from its counter 0" in shown
+    assert "3x  batch 0 objective=0.0" in shown and "read: nothing" in shown
+    readings = json.loads(tf.ok("metrics", "--explain", "--json", "-n", "1", str(job)))
+    assert [(r["line"], r["lines"], r["step"]) for r in readings] == [
+        ("Training loss (for 1 batch) at step 0: 2.0000", 5, 0)
+    ]
+    job = tf.submit("--metric", r"objective=(?P<objective>\S+)", str(project / "loop.py"))
+    assert tf.run("wait", str(job)).returncode == 0
+    readings = json.loads(tf.ok("metrics", "--explain", "--json", str(job)))
+    matched = next(r for r in readings if r["line"].startswith("batch 0"))
+    assert matched["values"] == {"objective": 0.0} and "--metric pattern" in matched["why"]
+    wrong = tf.run("metrics", "--explain", "--plot", str(job))
+    assert wrong.returncode == 2 and "--explain shows lines" in wrong.stderr
 
 
 @pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)

@@ -204,7 +204,8 @@ def record(cls: Any, chaos: bool) -> st.SearchStrategy[dict[str, Any]]:
 # What each request is answered with, besides an `Error`.
 ANSWERS = {
     "attach": ["attach_reply"], "cancel": ["cancelled"], "daemon_status": ["daemon_info"], "doctor": ["doctor_report"],
-    "get": ["job"], "get_metrics": ["metrics"], "have_blobs": ["missing_blobs"], "list": ["jobs"],
+    "get": ["job"], "get_metrics": ["metrics"], "explain_metrics": ["metrics_explained"],
+    "have_blobs": ["missing_blobs"], "list": ["jobs"],
     "list_alerts": ["alerts"], "list_files": ["file_list"], "list_gpus": ["gpus"], "notify_test": ["notify_report"],
     "put_blob": ["ok"], "put_blobs": ["ok"], "read_file": ["file_chunk"],
     "read_log": ["log_chunk", "log_lines", "log_end"], "restart": ["job"], "submit": ["job"], "top": ["top_reply"],

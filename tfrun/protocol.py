@@ -290,6 +290,18 @@ class MetricSample:
 
 
 @dataclass
+class LineReading:
+    """One line of a job's output as the daemon reads it for metrics (`tfrun metrics --explain`)."""
+
+    line: str  # the line, ANSI colours removed, cut to 160 characters
+    lines: int  # lines of the log of this shape (the same but for their numbers)
+    why: str  # how it was read, or why nothing was
+    values: dict[str, Reading] = field(default_factory=dict)  # what was read from it
+    step: Optional[int] = None
+    epoch: Optional[int] = None
+
+
+@dataclass
 class Removal:
     """What `Remove` or `Prune` did (with `dry_run`: would do) to one job."""
 
@@ -534,6 +546,16 @@ class GetMetrics(Message):
     last: Optional[Annotated[int, Range(1, MAX_INT64)]] = None
 
 
+@_message("explain_metrics")
+@dataclass
+class ExplainMetrics(Message):
+    """How the daemon reads the job's output for metrics, one line of each shape; answered by
+    `MetricsExplained`."""
+
+    job: JobRef
+    lines: Annotated[int, Range(1, 1000)] = 30
+
+
 @_message("list_gpus")
 @dataclass
 class ListGpus(Message):
@@ -725,6 +747,15 @@ class MetricsReply(Message):
 
     source: str
     samples: list[MetricSample]
+
+
+@_message("metrics_explained")
+@dataclass
+class MetricsExplained(Message):
+    """`truncated`: the log is longer than what was read (its first 8 MiB)."""
+
+    readings: list[LineReading]
+    truncated: bool = False
 
 
 @_message("gpus")
