@@ -102,9 +102,10 @@ _RICH_PAIR = re.compile(rf"([A-Za-z_][\w./]*): ({_NUM}){_END}")
 _RICH_MORE = re.compile(rf"\s*(?:(?:[A-Za-z_][\w./]*:|{_NUM})\s*)+")
 _DESC_EPOCH = re.compile(r"(?i)\bepoch\s*(\d+)")
 _LIGHTNING_PAIR = re.compile(rf"([A-Za-z_][\w./]*)=({_NUM}){_END}")
-# `step 100`, `Epoch [2/10]`, `'epoch': 3`; not `ms/batch 45.12` (a rate) nor `'epoch': 0.05` (a fraction).
+# `step 100`, `Epoch [2/10]`, `'epoch': 3`, `'train/global_step': 100`; not `ms/batch 45.12` (a rate) nor
+# `'epoch': 0.05` (a fraction).
 _COUNTER = re.compile(
-    r"(?i)(?<!/)\b(global_step|step|iteration|iter|batch|epoch)s?\b['\"]?\s*[\[(#:=]?\s*(\d+)(?:\s*/\s*(\d+))?(?!\.?\d)"
+    r"(?i)\b(global_step|step|iteration|iter|batch|epoch)s?\b['\"]?\s*[\[(#:=]?\s*(\d+)(?:\s*/\s*(\d+))?(?!\.?\d)"
 )
 # A count before its name: word_language_model's `|   200/ 2983 batches |`.
 _COUNTED = re.compile(r"(?i)(?<![\d.])(\d+)\s*/\s*(\d+)\s+(?:batch|step|iteration|iter)(?:es|s)?\b")
@@ -133,7 +134,7 @@ _PLAIN_QUALIFIERS = frozenset({"avg", "average", "mean", "total", "running"})  #
 # `name: value`, `name=value`, `name value`, `'name': value` (dict reprs, JSON), `name │ value` (rich tables),
 # and `name (anything) at step N: value` (keras-io's custom-loop guide).
 _PRINT_PAIR = re.compile(
-    r"(?i)(?<![\w.])(?:([a-z]+) )?([a-z_]*(?:loss|accuracy|acc)(?:_\w*)?|lr|learning_rate|[a-z_]*grad_norm\w*)['\"]?"
+    r"(?i)(?<![\w./])(?:([a-z]+) )?((?:[a-z_]+/)*[a-z_]*(?:loss|accuracy|acc)(?:_\w*)?|lr|learning_rate|[a-z_]*grad_norm\w*)['\"]?"
     r"(?:\s*\([^()]*\))?(?:\s+at\s+(?:step|iteration|iter|batch|epoch)\s+\d+)?"
     rf"\s*(?:[:=\u2502|]\s*|\s)['\"]?({_NUM}){_PRINT_END}"
 )
@@ -458,7 +459,9 @@ class LogMetrics:
             counters.bar_base += counters.bar_size or counters.bar_batch
         counters.bar_epoch, counters.bar_batch = epoch, n
         counters.bar_size = int(total) if total and total.isdigit() else None
-        lightning = found is not None and desc.lstrip().startswith("Epoch") and ":" in desc
+        # Lightning's bar (its `Epoch 0:` desc, the logger's `v_num` in the postfix) counts epochs from 0 and its
+        # bars are all as long; a user's own `Epoch 1:` may count from 1.
+        lightning = found is not None and desc.lstrip().startswith("Epoch") and "v_num=" in bar.group("info")
         # Lightning's `Epoch 0:` counts from 0 and its bars are all as long: a log read from the middle of a
         # run (a job restarted from a checkpoint) still gives the run's global step.
         step = epoch * counters.bar_size if lightning and epoch and counters.bar_size else counters.bar_base

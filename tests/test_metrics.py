@@ -324,6 +324,17 @@ def test_lightning_bar_without_a_total() -> None:
         # PyTorch's repr of a 0-d tensor (torch/_tensor_str.py), as print(f"... loss: {loss}") shows it.
         (b"epoch 1 step 30 loss: tensor(0.2300, grad_fn=<NllLossBackward0>)", 30, {"loss": 0.23}, 1),
         (b"iter 40: loss tensor(0.2300)", 40, {"loss": 0.23}, None),
+        # Logging-style and hand-written loops not in the corpus: a logger's `name/metric` keys, a rate's unit
+        # before the loss (`samples/sec loss=`), word_language_model's count before its name.
+        (b"{'train/loss': 0.23, 'train/global_step': 100}", 100, {"train/loss": 0.23}, None),
+        (b"INFO:root:Epoch[0] Batch [100] Speed: 1000 samples/sec loss=0.52", 100, {"loss": 0.52}, 0),
+        (
+            b"| epoch   1 |   200/ 2983 batches | lr 20.00 | ms/batch 45.12 | loss  7.63",
+            200,
+            {"lr": 20.0, "loss": 7.63},
+            1,
+        ),
+        (b"2026-12-01 10:00:00,123 INFO train step=100 loss=0.43", 100, {"loss": 0.43}, None),
         # keras-io's "Writing a training loop from scratch" (its print format strings; see tests/data/real/).
         (b"Training loss (for 1 batch) at step 100: 0.4312", 100, {"training_loss": 0.4312}, None),
         (b"discriminator loss at step 0: 0.68", 0, {"discriminator_loss": 0.68}, None),

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""How fast the CLI answers the verbs users type all day, side by side with `python3 -c pass`. Run by hand.
+
+    .venv/bin/python bench/cli_start.py [--runs 20]
+
+Measures, in one run on one machine (the SSH rows need openssh-server and root for the test sshd):
+  - `python3 -c pass` with the same interpreter: the floor any Python CLI pays;
+  - `tfrun --help`;
+  - `tfrun ps` and `tfrun status J` against the local daemon (started once before, as any first use does);
+  - `tfrun ps --host box` over a loopback sshd, warm: through the connection keeper, which holds the SSH
+    connection between commands (like OpenSSH's ControlPersist), against `ssh box true` on a fresh connection.
+Prints a Markdown table of medians (p50) and p90, and each as a multiple of the floor (or of ssh's time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import TFRUN, Sshd, Tfrun, remote_client
+
+
+def timed(command: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def stats(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--no-ssh", action="store_true", help="Skip the rows over SSH (no sshd needed).")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tfrun-bench-"))
+    local = Tfrun(work / "home")
+    project = work / "project"
+    project.mkdir()
+    (project / "job.py").write_text("print('done')\n")
+    job = str(local.submit(str(project / "job.py")))  # starts the daemon; `status` then has a job to show
+    local.ok("wait", job)
+    rows: list[tuple[str, list[float], str, list[float]]] = []
+    floor = [timed([sys.executable, "-c", "pass"], local.env) for _ in range(args.runs)]
+    for what, argv in (("tfrun --help", ["--help"]), ("tfrun ps (local)", ["ps"]), ("tfrun status J", ["status", job])):
+        samples = [timed([*TFRUN, *argv], local.env) for _ in range(args.runs)]
+        rows.append((what, samples, "python3 -c pass", floor))
+    local.cleanup()
+    if not args.no_ssh:
+        sshd = Sshd(work / "sshd")
+        try:
+            remote = remote_client(Tfrun(work / "remote"), sshd)
+            remote.ok("ps")  # the first use: the daemon starts, the keeper connects
+            ssh = sshd.ssh_command(remote.client_home / ".ssh" / "known_hosts")
+            warm = [timed([*TFRUN, "ps"], remote.env) for _ in range(args.runs)]
+            fresh = [timed([*ssh, "true"], remote.env) for _ in range(args.runs)]
+            rows.append(("tfrun ps --host box (warm keeper)", warm, "ssh box true", fresh))
+            remote.cleanup()
+        finally:
+            sshd.stop()
+
+    print(f"\n{args.runs} runs each, {os.cpu_count()} CPUs; seconds, p50 (p90)\n")
+    print("| what | tfrun | baseline | ratio (p50) |")
+    print("| --- | --- | --- | --- |")
+    for what, ours, name, theirs in rows:
+        (o50, o90), (t50, t90) = stats(ours), stats(theirs)
+        print(f"| {what} | {o50:.3f} ({o90:.3f}) | {name}: {t50:.3f} ({t90:.3f}) | {o50 / t50:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()
