@@ -1,7 +1,7 @@
 """`tfrun metrics JOB --explain`: how the daemon reads a job's output, line by line, so that a user sees why a
 loss is missed (and what `--metric` pattern would catch it) or why it lands at the step it does.
 
-The log is read again from its start with a fresh reader (runner/metrics.py), one segment (a line, or one redraw
+The log is read again from its start with a fresh reader (runner/metrics/), one segment (a line, or one redraw
 of a progress bar) at a time, and each segment's reading is kept with the reader's own account of it. A log has
 thousands of lines of a few shapes, so one line of each shape (its digits aside) is shown, with how many lines
 have that shape: first the shapes that gave a metric, then those with a metric's word that gave none (the misses),

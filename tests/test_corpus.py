@@ -1,7 +1,7 @@
 """Issue 16's goal, on the whole corpus of real training output in tests/data/real/ (its README says how each log
 was made and what its `*.truth.json` holds).
 
-Each log is read as the daemon reads a job's output.log: in chunks cut anywhere (runner/metrics.py), each sample's
+Each log is read as the daemon reads a job's output.log: in chunks cut anywhere (runner/metrics/), each sample's
 training loss followed as the alert watch follows it (tfrun/losses.py TrainingLoss), into the spike rule
 (runner/spikes.py). The goal:
 - at least 95 % of the printed training losses recovered, at the step the line says;
@@ -98,7 +98,7 @@ class Expected:
     value: float
     tolerance: float  # absolute; 0 where only `rtol` is given
     rtol: float = 0.0
-    clamped: bool = False  # a Keras interval mean that may read 0 (runner/metrics.py clamps it there)
+    clamped: bool = False  # a Keras interval mean that may read 0 (runner/metrics/bars.py clamps it there)
 
     def met_by(self, read: float) -> bool:
         if math.isnan(self.value) or math.isnan(read):

@@ -1,4 +1,4 @@
-"""Metrics read from raw job output (runner/metrics.py) and loss spikes (runner/spikes.py), on real output.
+"""Metrics read from raw job output (runner/metrics/) and loss spikes (runner/spikes.py), on real output.
 
 tests/data/keras{2,3}_fit.log come from tests/data/keras_fit.py; tests/data/curves/*.jsonl and
 tests/data/keras3_spike.log from tests/data/make_curves.py; the short Keras snippets below are cut from real

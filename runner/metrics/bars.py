@@ -1,0 +1,170 @@
+"""Progress bars: Keras's `model.fit` bar (its running means worked back into the mean of each interval), tqdm's
+(Lightning's among them) and Lightning's rich bar, one sample a step, at the step the bar counts."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Optional
+
+from tfrun.runner.metrics.state import Keras, Reader, Sample, held_sample
+from tfrun.runner.metrics.text import END, NUM, PRINT_PAIR, json_float, metric_name, parse_float
+
+KERAS_HEADER = re.compile(r"\s*Epoch (\d+)/\d+\s*")
+KERAS_BAR = re.compile(r"\s*(\d+)/(\d+|Unknown) ")
+KERAS_PAIR = re.compile(rf" - ([A-Za-z_][\w./]*): ({NUM}){END}")
+# A tqdm bar: `desc:  45%|████▌     | 45/100 [00:01<00:02, 25.0it/s, loss=1.23]`, or `desc: 45it [00:01, ...]`
+# without a total; what is in brackets holds a rate (`25.0it/s`, `?it/s`, `1.52s/it`, `3.1batch/s`), which tells it
+# from a Keras bar (`5/9 [===>....]`) and from PyTorch's `[22400/60000 (37%)]`. Lightning's desc is `Epoch 0:`.
+TQDM = re.compile(
+    r"(?P<desc>[^|\[\]]*?)(?:\s*(?:\d+%)?\|[^|]*\|)?\s*(?P<n>\d+)(?:/(?P<total>\d+|\?)|it)\s\["
+    r"(?P<info>[^\]]*?(?:\?|\d)(?:[a-zA-Z]+/s|s/[a-zA-Z]+)[^\]]*)\]?"
+)
+# Lightning's RichProgressBar (rich's bar, its count, elapsed • remaining, rate, metrics), ANSI codes removed:
+# `Epoch 0/3  ━━━━╺━━━━ 4/20 0:00:01 • 0:00:07 2.35it/s v_num: 0.000`; the metrics that do not fit follow on
+# lines of their own (`          train_loss: 5.692`), before the next redraw.
+RICH = re.compile(
+    r"(?P<desc>[^\u2501\u2578\u257a]*?)\s*[\u2501\u2578\u257a]+\s+(?P<n>\d+)/(?P<total>\d+|\?)\s+"
+    r"[\d:-]+\s+\u2022\s+[\d:-]+\s*(?P<rest>.*)"
+)
+_RICH_PAIR = re.compile(rf"([A-Za-z_][\w./]*): ({NUM}){END}")
+# A line of metrics only, under the bar; rich wraps them anywhere (`train_loss:` / `467.306 val_loss:` / `497.969`).
+RICH_MORE = re.compile(rf"\s*(?:(?:[A-Za-z_][\w./]*:|{NUM})\s*)+")
+_DESC_EPOCH = re.compile(r"(?i)\bepoch\s*(\d+)")
+_LIGHTNING_PAIR = re.compile(rf"([A-Za-z_][\w./]*)=({NUM}){END}")
+
+
+class ProgressBars(Reader):
+    """The reader's part that reads progress bars."""
+
+    def _keras_epoch(self, epoch: int) -> None:
+        keras = self.keras
+        self.keras = Keras(epoch=epoch, open=True, base=keras.base + (keras.size or keras.batch), signed=keras.signed)
+
+    def _keras_bar(
+        self, batch: int, size: Optional[int], printed: dict[str, float], line_end: bool
+    ) -> Optional[Sample]:
+        keras = self.keras
+        if not keras.open or batch < keras.batch or (size and keras.size and size != keras.size):
+            self.why = "Keras: a bar outside an epoch of fit (evaluate or predict): not training"
+            return None
+        keras.size = size or keras.size
+        values = {}
+        for name, value in printed.items():
+            if value < 0 and name not in keras.signed:
+                keras.signed.append(name)
+            if name.startswith("val_") or name not in keras.means:
+                values[name] = value  # once an epoch, or the first redraw (a mean since the epoch began)
+            elif batch > keras.batch:
+                mean = _interval_mean(keras.batch, keras.means[name], batch, value)
+                values[name] = mean if name in keras.signed else max(mean, 0.0)
+        self.why = f"Keras fit: batch {batch} of epoch {keras.epoch}; " + (
+            f"mean of batches {keras.batch + 1}-{batch}, worked back from two running means"
+            if keras.means
+            else "the running mean since the epoch began"
+        )
+        keras.means = {name: value for name, value in printed.items() if not name.startswith("val_")}
+        keras.batch = batch
+        if line_end and keras.size is not None and batch >= keras.size:
+            keras.open = False
+        return Sample(keras.base + batch, values, keras.epoch, "keras", batch) if values else None
+
+    def _bar(self, bar: re.Match[str], line_end: bool) -> list[Sample]:
+        """The samples of the steps this redraw of a tqdm bar closes: one per step, its last redraw (see
+        bar_held). Its step is the bar's count, made global over the bars of earlier epochs: a bar whose desc
+        names another epoch, or whose count goes back, is a new epoch's."""
+        desc, n, total = bar.group("desc"), int(bar.group("n")), bar.group("total")
+        found = _DESC_EPOCH.search(desc)
+        epoch = int(found.group(1)) if found else None
+        values = {
+            name: parse_float(value) for name, value in _LIGHTNING_PAIR.findall(bar.group("info")) if name != "v_num"
+        }
+        # set_description's metrics: `loss 0.2300:  45%|...`
+        for qualifier, name, value in PRINT_PAIR.findall(desc.rstrip().rstrip(":")):
+            values.setdefault(metric_name(qualifier.lower(), name.lower(), ""), parse_float(value))
+        if not values:  # an evaluation's bar, or one that shows no metric: its count is not training's
+            self.why = "a progress bar with no metric in it"
+            return []
+        if n == 0:
+            self.why = "a bar before its first step: its metrics are the last epoch's"
+            return []
+        counters = self.counters
+        new = epoch != counters.bar_epoch if epoch is not None else n < counters.bar_batch
+        if counters.bar_batch and new:
+            counters.bar_base += counters.bar_size or counters.bar_batch
+        counters.bar_epoch, counters.bar_batch = epoch, n
+        counters.bar_size = int(total) if total and total.isdigit() else None
+        # Lightning's bar (its `Epoch 0:` desc, the logger's `v_num` in the postfix) counts epochs from 0 and its
+        # bars are all as long; a user's own `Epoch 1:` may count from 1.
+        lightning = found is not None and desc.lstrip().startswith("Epoch") and "v_num=" in bar.group("info")
+        # Lightning's `Epoch 0:` counts from 0 and its bars are all as long: a log read from the middle of a
+        # run (a job restarted from a checkpoint) still gives the run's global step.
+        step = epoch * counters.bar_size if lightning and epoch and counters.bar_size else counters.bar_base
+        step += n
+        self.why = (
+            f"{'Lightning' if lightning else 'tqdm'} bar: step {step}, its count {n}"
+            + (f" after {step - n} of earlier epochs" if step != n else "")
+            + "; a step's last redraw is taken when the next is drawn or the line ends"
+        )
+        held = counters.bar_held
+        closed = [held_sample(held)] if held is not None and held["step"] != step else []
+        current = {
+            "step": step,
+            "values": {name: json_float(value) for name, value in values.items()},
+            "epoch": epoch,
+            "batch": n,
+            "source": "lightning" if lightning else "bar",
+        }
+        if line_end:  # the bar's last redraw, closed with a newline: no redraw of this step follows
+            counters.bar_held = None
+            return [*closed, held_sample(current)]
+        counters.bar_held = current
+        return closed
+
+    def _rich(self, bar: re.Match[str]) -> list[Sample]:
+        """A redraw of a rich bar: the step it shows is held, and its metrics gathered (see rich_held)."""
+        desc, n, total = bar.group("desc").strip(), int(bar.group("n")), bar.group("total")
+        found = _DESC_EPOCH.search(desc)
+        epoch = int(found.group(1)) if found else None
+        count = self._bar_count(n, total)
+        lightning = epoch is not None and desc.startswith("Epoch") and total.isdigit()
+        step = epoch * int(total) + n if lightning and epoch is not None else count
+        held = self.counters.rich_held
+        released = self._rich_release() if held is not None and (held["step"], held["desc"]) != (step, desc) else []
+        self.counters.rich_held = {
+            "step": step,
+            "text": bar.group("rest").strip(),
+            "epoch": epoch,
+            "batch": n,
+            "source": "lightning" if lightning else "bar",
+            "desc": desc,
+        }
+        self.why = f"a rich bar: step {step}, its count {n}; its metrics follow it, the last redraw of a step is taken"
+        return released
+
+    def _rich_release(self) -> list[Sample]:
+        """The held rich redraw as a sample; none for a bar at 0 (before its first step, its metrics are the last
+        epoch's) or with no metric."""
+        held, self.counters.rich_held = self.counters.rich_held, None
+        if held is None or not held["batch"]:
+            return []
+        values = {
+            name: json_float(parse_float(v)) for name, v in _RICH_PAIR.findall(held.pop("text")) if name != "v_num"
+        }
+        return [held_sample({**held, "values": values})] if values else []
+
+    def _bar_count(self, n: int, total: Optional[str]) -> int:
+        """A tqdm bar's count made global over epochs (see Counters.bar_counts)."""
+        counts = self.counters.bar_counts
+        base, last = counts.get(total or "?", (0, -1))
+        if n < last:
+            base += int(total) if total and total.isdigit() else last
+        counts[total or "?"] = [base, n]
+        return base + n
+
+
+def _interval_mean(batch1: int, mean1: float, batch2: int, mean2: float) -> float:
+    """The mean over batches batch1+1..batch2, from the running means after batch1 and batch2."""
+    if not (math.isfinite(mean1) and math.isfinite(mean2)):
+        return mean2  # NaN or Inf since the epoch began stays so: report it as printed
+    return (batch2 * mean2 - batch1 * mean1) / (batch2 - batch1)

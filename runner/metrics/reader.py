@@ -1,0 +1,215 @@
+"""LogMetrics: a job's output, fed as it grows in chunks cut anywhere, read into metric samples (the package's
+docstring says what it reads and how)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, fields
+from typing import Any, Optional
+
+from tfrun.runner.metrics.bars import KERAS_BAR, KERAS_HEADER, KERAS_PAIR, RICH, RICH_MORE, TQDM, ProgressBars
+from tfrun.runner.metrics.prints import Prints
+from tfrun.runner.metrics.state import Counters, Keras, PatternError, Sample, plausible
+from tfrun.runner.metrics.text import NUMBER, json_float, parse_float
+
+MAX_SEGMENT = 1 << 16  # longer segments are not metrics: skipped, and never buffered whole
+# loss, Loss, LOSS, epoch, Epoch, EPOCH: every format has one; and a tqdm bar's rate, whose count is the step of
+# the prints written over it
+_MARKERS = (b"oss", b"OSS", b"poch", b"POCH", b"it/s", b"s/it")
+_FLAT = bytes.maketrans(b"\r\b", b"\n\n")
+_NEWLINE = re.compile(b"\n")
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+class LogMetrics(ProgressBars, Prints):
+    """Feed it the raw bytes of a job's output in order; it answers the metric samples in them."""
+
+    def __init__(self, patterns: Sequence[str] = ()) -> None:
+        """`patterns`: user regexes with named groups; each named group that matches a number is a metric,
+        groups named `step` / `epoch` are counters. RE2, so that no pattern can stall the daemon."""
+        self.patterns = [_compile(pattern) for pattern in patterns]
+        self.pending = b""  # the segment cut by the end of the last chunk
+        self.skipping = False  # inside a segment longer than MAX_SEGMENT, until its end
+        self.keras = Keras()
+        self.counters = Counters()
+        self.why = ""  # how the last segment looked at was read, in a few words: `tfrun metrics --explain`
+
+    def feed(self, data: bytes) -> list[Sample]:
+        """Samples found in this chunk (a partial segment at the end is kept for the next call)."""
+        if self.skipping:
+            ends = [cut for cut in (data.find(b"\n"), data.find(b"\r"), data.find(b"\b")) if cut >= 0]
+            if not ends:
+                return []
+            data, self.skipping = data[min(ends) :], False
+        block = self.pending + data if self.pending else data
+        cut = max(block.rfind(b"\n"), block.rfind(b"\r"), block.rfind(b"\b")) + 1
+        self.pending = block[cut:]
+        if len(self.pending) > MAX_SEGMENT:
+            self.pending, self.skipping = b"", True
+        return self._scan(block[:cut]) if cut else []
+
+    def _scan(self, block: bytes) -> list[Sample]:
+        text = _ANSI.sub(b"", block) if b"\x1b" in block else block
+        self.why = "not looked at: no `loss` or `epoch` in it, and no --metric pattern matches"
+        table = self.counters.table is not None  # its rows hold no marker: every segment is looked at
+        if not self.patterns and not table and not any(marker in text for marker in _MARKERS):
+            return []
+        flat = text.translate(_FLAT)  # every segment a line: one search per segment, ^ and $ at its ends
+        segments = _segments(flat, every=table)
+        matched = self._pattern_matches(flat, segments)
+        samples = []
+        for start in sorted(segments):
+            end = segments[start]
+            if end - start > MAX_SEGMENT:
+                continue
+            try:
+                sample = self._pattern_sample(matched[start]) if start in matched else None
+                found = [sample] if sample is not None else []
+                if sample is None:
+                    found = self._parse(flat[start:end].decode("utf-8", "replace"), text[end] == ord("\n"))
+            except (ValueError, OverflowError):  # a count of 4,300+ digits: no training printed that
+                found, self.why = [], "a number too long to be a metric or a count"
+            for sample in found:
+                if not plausible(sample.step, sample.epoch):
+                    self.why = f"step {sample.step} or epoch {sample.epoch} is no training's count: dropped"
+                else:
+                    samples.append(sample)
+                    self.counters.last_step = sample.step
+            if not table and self.counters.table is not None:  # a table's header: its rows may follow in this block
+                return samples + self._scan(text[end + 1 :])
+        return samples
+
+    def _pattern_matches(self, flat: bytes, segments: dict[int, int]) -> dict[int, dict[bytes, Optional[bytes]]]:
+        """The named groups of the user patterns in each segment that one matches, by the segment's start;
+        those segments are added to `segments`."""
+        matched: dict[int, dict[bytes, Optional[bytes]]] = {}
+        for pattern in self.patterns:
+            found = pattern.search(flat)
+            while found is not None:
+                start = flat.rfind(b"\n", 0, found.start()) + 1
+                end = flat.find(b"\n", found.start())
+                segments[start] = end
+                groups = matched.setdefault(start, {})
+                for name, value in found.groupdict().items():
+                    groups.setdefault(name, value)
+                found = pattern.search(flat, end + 1)
+        return matched
+
+    def _pattern_sample(self, groups: Mapping[bytes, Optional[bytes]]) -> Optional[Sample]:
+        counters: dict[str, int] = {}
+        values: dict[str, float] = {}
+        for raw_name, raw in groups.items():
+            name, text = raw_name.decode(), (raw or b"").decode("utf-8", "replace").strip()
+            if name in ("step", "epoch"):
+                if text.isdigit():
+                    counters[name] = int(text)
+            elif NUMBER.fullmatch(text):
+                values[name] = parse_float(text)
+        if not values:
+            self.why = "a --metric pattern matched, but none of its named groups holds a number"
+            return None
+        self.counters.patterns += 1
+        self.why = "a --metric pattern" + (
+            " (its `step` group)" if "step" in counters else "; no `step` group: counted"
+        )
+        return Sample(counters.get("step", self.counters.patterns), values, counters.get("epoch"), "pattern")
+
+    def _parse(self, segment: str, line_end: bool) -> list[Sample]:
+        if self.counters.table is not None:
+            row = self._table_row(segment)
+            if row is not None:
+                return [row]
+            if line_end and segment.strip():
+                self.counters.table = None  # a line that is no row: the table is over
+        rich = RICH.match(segment)
+        if rich:
+            return self._rich(rich)
+        held = self.counters.rich_held
+        if held is not None and RICH_MORE.fullmatch(segment):
+            held["text"] += " " + segment.strip()
+            self.why = f"a metric of the rich bar above: step {held['step']}"
+            return []
+        released = self._rich_release()
+        if released:
+            return [*released, *self._parse(segment, line_end)]
+        header = KERAS_HEADER.fullmatch(segment)
+        if header:
+            self._keras_epoch(int(header.group(1)))
+            self.why = "Keras: an epoch begins"
+            return []
+        bar = KERAS_BAR.match(segment)
+        sample: Optional[Sample]
+        if bar:
+            pairs = {name: parse_float(value) for name, value in KERAS_PAIR.findall(segment, bar.end())}
+            if pairs:
+                size = int(bar.group(2)) if bar.group(2).isdigit() else None
+                sample = self._keras_bar(int(bar.group(1)), size, pairs, line_end)
+                return [sample] if sample is not None else []
+        tqdm = TQDM.match(segment)
+        if tqdm:
+            count = self._bar_count(int(tqdm.group("n")), tqdm.group("total"))
+            self.counters.bar_live = not line_end
+            return [*self._release(count), *self._bar(tqdm, line_end)]
+        released = self._release(None)  # not the bar: the waiting print is counted
+        sample = self._print(segment)
+        return [*released, sample] if sample is not None else released
+
+    def state(self) -> dict[str, Any]:
+        """Where reading has got to, as JSON, so that a restarted daemon goes on where it stopped."""
+        keras = asdict(self.keras)
+        keras["means"] = {name: json_float(value) for name, value in self.keras.means.items()}
+        return {
+            "pending": self.pending.decode("latin-1"),  # any bytes, one code point each
+            "skipping": self.skipping,
+            "keras": keras,
+            "counters": asdict(self.counters),
+        }
+
+    @classmethod
+    def restore(cls, state: dict[str, Any], patterns: Sequence[str] = ()) -> LogMetrics:
+        metrics = cls(patterns)
+        metrics.pending = state["pending"].encode("latin-1")
+        metrics.skipping = bool(state["skipping"])
+        keras = dict(state["keras"])
+        keras["means"] = {name: float(value) for name, value in keras["means"].items()}
+        metrics.keras = Keras(**keras)
+        known = {counter.name for counter in fields(Counters)}  # a state saved before a counter was added or dropped
+        metrics.counters = Counters(**{name: value for name, value in state["counters"].items() if name in known})
+        return metrics
+
+
+def _compile(pattern: str) -> Any:
+    """A user pattern as RE2 over bytes, for one segment at a time; PatternError if it cannot be one."""
+    import re2  # google-re2: linear time whatever the pattern
+
+    options = re2.Options()
+    options.log_errors = False
+    options.never_nl = True  # segments are lines of the flattened block: a match never spans two
+    try:
+        re2.compile(pattern.encode(), options)  # first as written, so that an error quotes only the user's text
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else ""
+        text = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+        raise PatternError(f"invalid pattern {pattern!r}: {text}") from None
+    compiled = re2.compile(f"(?m){pattern}".encode(), options)  # ^ and $ at the ends of each segment
+    if not set(compiled.groupindex) - {b"step", b"epoch"}:
+        raise PatternError(f"pattern {pattern!r} names no metric: name a group, e.g. loss=(?P<loss>\\S+)")
+    return compiled
+
+
+def _segments(flat: bytes, every: bool = False) -> dict[int, int]:
+    """Start and end of each segment (line of `flat`) that holds a marker, found with one search each; of every
+    segment with `every`."""
+    if every:
+        ends = [found.start() for found in _NEWLINE.finditer(flat)]
+        return dict(zip([0, *(end + 1 for end in ends[:-1])], ends))
+    segments: dict[int, int] = {}
+    for marker in _MARKERS:
+        at = flat.find(marker)
+        while at >= 0:
+            start = flat.rfind(b"\n", 0, at) + 1
+            end = flat.find(b"\n", at)
+            segments[start] = end
+            at = flat.find(marker, end)
+    return segments
