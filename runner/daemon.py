@@ -40,11 +40,12 @@ from tfrun.runner.blobs import BlobStore, Spares
 from tfrun.runner.config import Config, ConfigError
 from tfrun.runner.gpus import device_ids
 from tfrun.runner.handlers import HANDLERS, WATCHING, Connection, RequestError, rerun, start_rerun
+from tfrun.runner.job import JobRow
+from tfrun.runner.loggrowth import LogGrowth
 from tfrun.runner.outbox import Outbox
 from tfrun.runner.scheduler import Scheduler
-from tfrun.runner.store import JobRow, Store
+from tfrun.runner.store import Store
 from tfrun.runner.supervisor import Supervisor
-from tfrun.runner.watch import LogWatch
 
 log = logging.getLogger("tfrund")
 
@@ -156,7 +157,7 @@ class Daemon:
         """In the transaction that makes a job final: its end alerts are due (the watch stores them once it
         has read the rest of the log), and the restart policy decides whether it runs again. Database
         writes only, so that the end and what it calls for are committed together."""
-        self.store.db.execute("INSERT OR IGNORE INTO watches (job_id, state) VALUES (?, '{}')", (job_id,))
+        self.store.end_alerts_due(job_id)
         self._restart_if_wanted(job_id)
 
     def _after_end(self, job_id: int) -> None:
@@ -169,11 +170,11 @@ class Daemon:
         """The restart policy, applied the moment a job becomes final: a job that failed or was lost and
         has restarts left runs again (same snapshot, same checkpoint folder) as a new job."""
         row = self.store.get(job_id)
-        left = row.spec.get("max_restarts", 0) if row else 0
+        left = row.spec.max_restarts if row else 0
         if row is None or row.state not in (JobState.FAILED, JobState.LOST) or left <= 0 or row.restarted_as:
             return
         reason = f"{row.state} with exit code {row.exit_code}; {left - 1} automatic restart(s) left"
-        new = rerun(self, row, reason, restarts_left=left - 1)
+        new = rerun(self, row, restarts_left=left - 1)
         log.info("job %d: %s; running it again as job %d", row.id, reason, new.id)
 
     def prepare_restarts(self) -> None:
@@ -181,7 +182,7 @@ class Daemon:
         end just called for, or at daemon start one whose daemon died before it was built or started.
         start_rerun redoes only what is missing, so this is safe to repeat."""
         for row in self.store.list(include_final=False):
-            restart = row.spec.get("restart_of") is not None and row.state == JobState.QUEUED and not row.prepared
+            restart = row.spec.restart_of is not None and row.state == JobState.QUEUED and not row.prepared
             if restart and not self.supervisor.is_starting(row.id):
                 self.supervisor.preparing(row.id)
                 self.in_background(start_rerun(self, row))
@@ -211,7 +212,7 @@ class Daemon:
     async def serve(self) -> None:
         """Reconcile, listen, and serve until asked to stop (Shutdown, SIGTERM or SIGINT)."""
         self._stopping = asyncio.Event()
-        self.log_watch = LogWatch(asyncio.get_running_loop())
+        self.log_growth = LogGrowth(asyncio.get_running_loop())
         self.supervisor.reconcile()
         self.prepare_restarts()
         await self.supervisor.resume_queued()
@@ -225,7 +226,7 @@ class Daemon:
             loop.add_signal_handler(sig, self.stop)
         loop.add_signal_handler(signal.SIGHUP, self._reload_on_hangup)
         monitor = asyncio.create_task(self.supervisor.monitor())
-        watch = asyncio.create_task(self.alerts.run(self.log_watch))
+        watch = asyncio.create_task(self.alerts.run(self.log_growth))
         outbox = asyncio.create_task(self.outbox.run())
         log.info("tfrund %s (pid %d) serving %s", tfrun.__version__, os.getpid(), socket_path)
         try:
@@ -234,7 +235,7 @@ class Daemon:
             server.close()
             for task in (monitor, watch, outbox):
                 task.cancel()
-            self.log_watch.stop()
+            self.log_growth.stop()
             socket_path.unlink(missing_ok=True)
             log.info("tfrund (pid %d) stopped; running jobs keep running", os.getpid())
 

@@ -1,30 +1,27 @@
-"""One handler per request of the protocol. Each gets the daemon, the request, and a way to send replies."""
+"""One handler per request of the protocol. Each gets the daemon, the request, and a way to send replies.
+
+Handlers check a request and turn failures into Error replies; what a request does at length lives in its
+own module: streaming a log in runner/logstream.py, a job's files in runner/jobfiles.py, its metrics in
+runner/jobmetrics.py."""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import functools
 import os
 import shutil
-import stat
-import time
 from collections.abc import Awaitable
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from tfrun import __version__
 from tfrun.constants import (
     DEFAULT_GRACE_S,
-    FILE_CHUNK_BYTES,
-    FILTER_THREADS,
     FOLLOW_POLL_S,
-    LOG_CHUNK_BYTES,
     MAX_METRIC_SAMPLES,
     METRICS_SETTLE_S,
 )
-from tfrun.content import ManifestError, check_manifest, check_relative
+from tfrun.content import ManifestError, check_manifest
 from tfrun.protocol import (
     PROTOCOL_VERSION,
     AlertList,
@@ -41,7 +38,6 @@ from tfrun.protocol import (
     DoctorReport,
     ErrorCode,
     ExplainMetrics,
-    FileChunk,
     FileEntry,
     FileList,
     GetConfig,
@@ -58,9 +54,6 @@ from tfrun.protocol import (
     ListFiles,
     ListGpus,
     ListJobs,
-    LogChunk,
-    LogEnd,
-    LogLines,
     Message,
     MetricsExplained,
     MetricsReply,
@@ -85,29 +78,23 @@ from tfrun.protocol import (
     validate_name,
     write_message,
 )
-from tfrun.runner import housekeeping, jobdir, liveconfig, rules
-from tfrun.runner.alerts import read_metrics, recent_losses
+from tfrun.runner import housekeeping, jobdir, jobfiles, liveconfig, logstream, rules
 from tfrun.runner.blobs import read_manifest, write_manifest
 from tfrun.runner.config import ConfigError
 from tfrun.runner.doctor import job_python, run_checks
 from tfrun.runner.explain import explain
 from tfrun.runner.faults import crash_point
 from tfrun.runner.gpus import read_gpu_memory
-from tfrun.runner.lines import BlockMatcher, LineFilter, PatternError, Selector, Tail, TerminalLines, display
-from tfrun.runner.logindex import LogIndex, Stamper
+from tfrun.runner.job import JobRow, JobSpec
+from tfrun.runner.jobmetrics import read_metrics, recent_losses
+from tfrun.runner.lines import PatternError
 from tfrun.runner.metrics import LogMetrics
 from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.outbox import diagnose, masked, usable
 from tfrun.runner.scheduler import tty_socket
-from tfrun.runner.store import JobRow
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
-
-
-# Threads that compile and match `logs` patterns, apart from the default pool (doctor, metrics, GPUs), so that
-# costly filters queue behind each other instead of in front of everything else.
-_FILTERS = concurrent.futures.ThreadPoolExecutor(FILTER_THREADS, thread_name_prefix="tfrund-filter")
 
 
 class Connection:
@@ -176,19 +163,24 @@ async def _submitted_once(daemon: Daemon, req: Submit, sid: str) -> JobRow:
 
 async def _new_job(daemon: Daemon, req: Submit, sid: Optional[str] = None) -> JobRow:
     script = _check_submit(daemon, req)
-    spec: dict[str, Any] = {
-        "source": req.source,
-        "script": str(script),
-        "args": req.args,
-        "command": _command(daemon, req, script),
-        "env": req.env,
-        "git_commit": req.git_commit,
-        "git_dirty": req.git_dirty,
-        "files": len(req.files),
-        "bytes": sum(e.size for e in req.files if e.kind == "file"),
-        "max_restarts": req.max_restarts,
-    }
-    spec.update(_resources(daemon, req))
+    command = _command(daemon, req, script)
+    gpus, after = _resources(daemon, req)  # checked after the command, as they always were
+    spec = JobSpec(
+        source=req.source,
+        script=str(script),
+        args=tuple(req.args),
+        command=tuple(command),
+        env=req.env,
+        git_commit=req.git_commit,
+        git_dirty=req.git_dirty,
+        files=len(req.files),
+        bytes=sum(e.size for e in req.files if e.kind == "file"),
+        max_restarts=req.max_restarts,
+        gpus=gpus,
+        priority=req.priority,
+        after=after,
+        tty=req.tty,
+    )
     alert_rules = _alert_rules(daemon, req)
     with daemon.store.transaction():
         row = daemon.store.create_job(
@@ -205,8 +197,8 @@ async def _new_job(daemon: Daemon, req: Submit, sid: Optional[str] = None) -> Jo
     return started
 
 
-def _resources(daemon: Daemon, req: Submit) -> dict[str, Any]:
-    """What the job waits for: its GPUs, its priority, the jobs it runs after (by id)."""
+def _resources(daemon: Daemon, req: Submit) -> tuple[int, tuple[int, ...]]:
+    """What the job waits for besides its turn: its GPUs, the jobs it runs after (by id); checked."""
     devices = daemon.scheduler.devices
     gpus = daemon.scheduler.default_gpus() if req.gpus is None else req.gpus
     if gpus > len(devices):
@@ -220,7 +212,7 @@ def _resources(daemon: Daemon, req: Submit) -> dict[str, Any]:
         after.append(dep.id)
     if req.tty and shutil.which("tmux") is None:
         raise _invalid("--tty needs tmux on the box (apt-get install tmux)")
-    return {"gpus": gpus, "priority": req.priority, "after": after, "tty": req.tty}
+    return gpus, tuple(after)
 
 
 def _alert_rules(daemon: Daemon, req: Submit) -> dict[str, Optional[float]]:
@@ -244,7 +236,7 @@ def public(daemon: Daemon, row: JobRow) -> Job:
     job = row.public()
     stored = daemon.store.job_alerts(row.id)
     chosen, urls = (stored[0], stored[1]) if stored else (daemon.config.rules, [])
-    job.alert_rules = rules.specs({k: v for k, v in chosen.items() if k in rules.JOB_RULES})
+    job.alert_rules = rules.texts({k: v for k, v in chosen.items() if k in rules.JOB_RULES})
     job.notify = [masked(url) for url in urls]
     return job
 
@@ -261,7 +253,7 @@ async def restart(daemon: Daemon, req: Restart, conn: Connection) -> None:
     if not row.final:
         raise _invalid(f"job {row.id} is still {row.state}: cancel it first, or wait for it")
     files = _snapshot_files(row)
-    new = rerun(daemon, row, reason="restarted by request")
+    new = rerun(daemon, row)
     daemon.supervisor.preparing(new.id)  # not to be picked up by Daemon.prepare_restarts as well
     try:
         started = await _start(daemon, new, files)
@@ -272,16 +264,13 @@ async def restart(daemon: Daemon, req: Restart, conn: Connection) -> None:
     await conn.send(JobReply(public(daemon, started)))
 
 
-def rerun(daemon: Daemon, row: JobRow, reason: str, restarts_left: Optional[int] = None) -> JobRow:
+def rerun(daemon: Daemon, row: JobRow, restarts_left: Optional[int] = None) -> JobRow:
     """The queued job that runs `row` again (its folder made, nothing in it yet); `row` records it as its
     restart. One transaction, or part of the one that makes `row` final (an automatic restart), so whoever
     waits for `row` learns of the new job at once, and a daemon killed at any point leaves both or neither.
     The snapshot manifest is written when the new job is built (start_rerun), which a new daemon redoes.
     """
-    spec = dict(row.spec)
-    spec["restart_of"] = row.id
-    if restarts_left is not None:
-        spec["max_restarts"] = restarts_left
+    spec = row.spec.rerun(row.id, restarts_left)
     with daemon.store.transaction():
         new = daemon.store.create_job(
             row.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root, Path(row.checkpoint_dir)
@@ -290,15 +279,14 @@ def rerun(daemon: Daemon, row: JobRow, reason: str, restarts_left: Optional[int]
         if settings is not None:
             daemon.store.set_job_alerts(new.id, *settings)
         daemon.store.update(row.id, restarted_as=new.id)
-        daemon.store.add_event(row.id, "restarted", f"as job {new.id}: {reason}")
-        daemon.store.add_event(new.id, "restart", f"of job {row.id}: {reason}")
     return new
 
 
 async def start_rerun(daemon: Daemon, row: JobRow) -> None:
     """Build and start a job made by `rerun` from the snapshot of the job it runs again (for automatic
     restarts, and at daemon start for restarts a dead daemon did not finish, in the background)."""
-    source = daemon.store.get(row.spec["restart_of"]) or row  # kept while this one is unfinished (housekeeping)
+    of = row.spec.restart_of
+    source = (daemon.store.get(of) if of is not None else None) or row  # kept while this is unfinished (housekeeping)
     try:
         await _start(daemon, row, _snapshot_files(source))
     except RequestError as exc:
@@ -318,11 +306,11 @@ async def _start(daemon: Daemon, row: JobRow, files: list[FileEntry]) -> JobRow:
             write_manifest(job_dir / jobdir.FILES, files)
         crash_point("prepare-manifest-written")
         if not (job_dir / jobdir.WORK).exists():  # else built by a daemon that died before recording it
-            build = functools.partial(daemon.spares.build, files, job_dir / jobdir.WORK, row.spec.get("source"))
+            build = functools.partial(daemon.spares.build, files, job_dir / jobdir.WORK, row.spec.source)
             await asyncio.get_running_loop().run_in_executor(None, build)
         Path(row.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     except (ManifestError, OSError) as exc:
-        if row.spec.get("restart_of") is not None:
+        if row.spec.restart_of is not None:
             daemon.supervisor.mark_failed(row, f"could not build its work dir: {exc}")
         else:
             daemon.store.delete(row.id)  # nothing was started: leave no trace of a job that never was
@@ -430,188 +418,16 @@ async def _find_all(daemon: Daemon, refs: list[str]) -> list[Optional[JobRow]]:
 
 
 async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
-    """Send the log from `offset`; when following, until the job is final and all is sent."""
+    """Send the log from `offset`; when following, until the job is final and all is sent (runner/logstream.py)."""
     row = _find(daemon, req.job)
-    line_filter = LineFilter(tuple(req.patterns), req.invert, req.ignore_case, req.fixed)
     try:
-        compiled, block_matcher = await _compile(line_filter)
+        chosen = await logstream.selection(req)
     except PatternError as exc:
         raise _invalid(str(exc)) from None
-    since = time.time() - req.since_ago if req.since_ago is not None else req.since
-    path = Path(row.job_dir) / jobdir.OUTPUT
-    index = LogIndex(Path(row.job_dir) / jobdir.INDEX) if since is not None or req.timestamps else None
-    lines: Optional[_LineReader] = None
-    if req.patterns or req.tail is not None or index is not None:
-        stamper = Stamper(index, path) if req.timestamps and index is not None else None
-        selector = Selector(compiled, req.invert, req.after, req.before)
-        plain_selection = not req.invert and not req.after and not req.before and stamper is None
-        blocks = block_matcher if plain_selection else None
-        lines = _LineReader(conn, selector, req.offset, req.tail, index, since, stamper, blocks)
-    with daemon.log_watch.follow(path) as grew, contextlib.ExitStack() as cleanup:
-        offset = req.offset
-        handle: Optional[Any] = None
-        current, state_read = row, False
-        while True:
-            if handle is None and path.exists():
-                handle = cleanup.enter_context(open(path, "rb"))
-                if offset > os.fstat(handle.fileno()).st_size:
-                    raise RequestError(ErrorCode.BAD_REQUEST, f"offset {offset} is past the end of the log")
-                if since is not None and index is not None and lines is not None:
-                    offset = lines.boundary = _line_start(handle, max(offset, index.offset_since(since)), offset)
-            data = b""
-            if handle is not None:
-                handle.seek(offset)
-                data = handle.read(LOG_CHUNK_BYTES)
-            if data:
-                if lines is None:
-                    await conn.send(LogChunk(offset=offset, data=data))
-                else:
-                    await lines.feed(data, offset)
-                offset += len(data)
-                state_read = False
-                continue
-            if not state_read:
-                # The file ends here for now. Read the job's state, then the file once more: a final job can
-                # write no more, but it may have written between the read above and this state.
-                current, state_read = daemon.store.get(row.id) or row, True
-                continue
-            ended = current.final or not req.follow
-            if lines is not None:
-                await lines.caught_up(final=current.final, end=offset)
-            if ended:
-                end = offset if lines is None else lines.resume_at
-                await conn.send(LogEnd(end, current.state, current.exit_code, restarted_as=current.restarted_as))
-                return
-            await grew.wait(FOLLOW_POLL_S)
-            state_read = False
-
-
-async def _compile(line_filter: LineFilter) -> tuple[Optional[Any], BlockMatcher]:
-    """The filter's patterns compiled, in a worker thread: a thousand of them cost RE2 tens of milliseconds,
-    which must not be every other client's wait."""
-    if not line_filter.patterns:
-        return None, BlockMatcher(line_filter)
-
-    def work() -> tuple[Optional[Any], BlockMatcher]:
-        return line_filter.compile(), BlockMatcher(line_filter)
-
-    return await asyncio.get_running_loop().run_in_executor(_FILTERS, work)
-
-
-def _line_start(handle: BinaryIO, offset: int, floor: int) -> int:
-    """The start of the line that holds byte `offset`: just after the last newline before it (or `floor`)."""
-    pos = offset
-    while pos > floor:
-        step = min(LOG_CHUNK_BYTES, pos - floor)
-        handle.seek(pos - step)
-        found = handle.read(step).rfind(b"\n")
-        if found >= 0:
-            return pos - step + found + 1
-        pos -= step
-    return floor
-
-
-class _LineReader:
-    """The line-wise side of `read_log`: bytes in, passing terminal lines out, resumable at line ends."""
-
-    def __init__(
-        self,
-        conn: Connection,
-        selector: Selector,
-        offset: int,
-        tail: Optional[int],
-        index: Optional[LogIndex] = None,
-        since: Optional[float] = None,
-        stamper: Optional[Stamper] = None,
-        blocks: Optional[BlockMatcher] = None,
-    ) -> None:
-        self.conn = conn
-        self.selector = selector
-        self.terminal = TerminalLines()
-        self.boundary = offset  # just after the last newline read
-        self.resume_at = offset  # the boundary the client has been told about
-        self.tail = Tail(tail) if tail is not None else None
-        self.index = index
-        self.since = since  # lines complete before this are skipped; None once a line was after it
-        self.stamper = stamper
-        self.blocks = blocks  # the fast path for whole blocks of plain lines, where the request allows it
-
-    async def feed(self, data: bytes, offset: int) -> None:
-        """Take the bytes at `offset` of the log. They are matched in a worker thread (RE2 lets go of the
-        GIL): a thousand long patterns can cost a third of a second per chunk, time the other clients of
-        the event loop must not wait through."""
-        found = await asyncio.get_running_loop().run_in_executor(_FILTERS, self._match, data, offset)
-        if found is not None:
-            await self._deliver(*found)
-
-    def _match(self, data: bytes, offset: int) -> Optional[tuple[list[bytes], int]]:
-        """(the lines of `data` that pass, the boundary after them), or None while no line is finished."""
-        if self.blocks is not None and self.since is None:
-            head = self.terminal.unfinished_line_ends(data)  # the rest of a line begun in an earlier read
-            cut = data.rfind(b"\n") + 1
-            matched = self.blocks.lines(data[head:cut]) if cut > head else None
-            if matched is not None:
-                passing = self._select(self.terminal.feed(data[:head]), []) + matched
-                self.terminal.feed(data[cut:])
-                return passing, offset + cut
-        finished = self.terminal.feed(data)
-        if not finished:
-            return None
-        ends = [offset + end for end in _line_ends(data)] if self.stamper or self.since is not None else []
-        return self._select(finished, ends), offset + data.rfind(b"\n") + 1
-
-    async def _deliver(self, passing: list[bytes], boundary: int) -> None:
-        self.boundary = boundary
-        if self.tail is not None:
-            self.tail.add(passing)
-        else:
-            await self._send(passing, boundary)
-
-    async def caught_up(self, final: bool, end: int) -> None:
-        """At the end of what the file holds: release --tail's lines, and a last line without newline."""
-        if self.tail is not None:
-            await self._send(list(self.tail.lines), self.boundary)
-            self.tail = None
-        if final:
-            last = self.terminal.pending()
-            if last is not None:
-                await self._send(self._select([last], [end]), end)
-            self.resume_at = end
-
-    def _select(self, finished: list[bytes], ends: list[int]) -> list[bytes]:
-        """The lines to send, as UTF-8, among terminal lines `finished` (ending at `ends`, when times count)."""
-        if not finished:
-            return []
-        if self.since is not None and self.index is not None:
-            skip = 0
-            for end in ends:
-                when = self.index.time_at(end)
-                if when is not None and when < self.since:
-                    skip += 1
-                else:
-                    self.since = None  # times only grow along the log: every later line is wanted
-                    break
-            finished, ends = finished[skip:], ends[skip:]
-        stamps = [self.stamper.stamp(end) for end in ends] if self.stamper is not None else None
-        texts = self.selector.select([display(line) for line in finished], stamps)
-        return [text.encode("utf-8", "backslashreplace") for text in texts]
-
-    async def _send(self, lines: list[bytes], next_offset: int) -> None:
-        if lines:
-            lines.append(b"")
-            data = b"\n".join(lines)
-            await self.conn.send(LogLines(offset=self.resume_at, next_offset=next_offset, data=data))
-            self.resume_at = next_offset
-
-
-def _line_ends(data: bytes) -> list[int]:
-    """The offset just past each newline in `data`."""
-    ends = []
-    pos = data.find(b"\n")
-    while pos >= 0:
-        ends.append(pos + 1)
-        pos = data.find(b"\n", pos + 1)
-    return ends
+    try:
+        await logstream.stream(req, chosen, row, lambda: daemon.store.get(row.id) or row, daemon.log_growth, conn.send)
+    except logstream.PastTheEnd as exc:
+        raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
 
 
 # -- uploads and pulls -------------------------------------------------------------------------------------
@@ -641,88 +457,29 @@ async def put_blob(daemon: Daemon, req: PutBlob, conn: Connection) -> None:
         await conn.send(Ok())
 
 
-def _job_path(row: JobRow, path: str) -> tuple[Path, PurePosixPath]:
-    """(the file, its name as a pull writes it) for `path` in the job's namespace, confined to its folders.
-
-    "checkpoints/..." is the job's checkpoint folder; anything else is under the job's own folder.
-    """
-    try:
-        parts = check_relative(path.strip("/"))
-    except ManifestError as exc:
-        raise _invalid(str(exc)) from None
-    if parts[0] == "checkpoints":
-        root, inner = Path(row.checkpoint_dir), parts[1:]
-    else:
-        root, inner = Path(row.job_dir), parts
-    target = root.joinpath(*inner)
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(target)
-    if real != real_root and not real.startswith(real_root + os.sep):
-        raise _invalid(f"{path} leads out of job {row.id}'s folders")
-    if not os.path.lexists(target):
-        raise _invalid(f"job {row.id} has no {path}")
-    return target, PurePosixPath(parts[-1])
-
-
 async def list_files(daemon: Daemon, req: ListFiles, conn: Connection) -> None:
     """Every entry under the path, named from the path's last part down (as `tfrun pull` writes them)."""
-    target, name = _job_path(_find(daemon, req.job), req.path)
-    entries: list[FileEntry] = []
-
-    def add(path: Path, label: PurePosixPath) -> None:
-        st = path.lstat()
-        if stat.S_ISLNK(st.st_mode):
-            entries.append(FileEntry(str(label), "symlink", target=os.readlink(path)))
-        elif stat.S_ISDIR(st.st_mode):
-            entries.append(FileEntry(str(label), "dir", mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime))
-            for child in sorted(path.iterdir()):
-                add(child, label / child.name)
-        elif stat.S_ISREG(st.st_mode):
-            entries.append(
-                FileEntry(str(label), "file", mode=stat.S_IMODE(st.st_mode), size=st.st_size, mtime=st.st_mtime)
-            )
-
-    add(target, name)
-    await conn.send(FileList(entries))
+    row = _find(daemon, req.job)
+    try:
+        await conn.send(FileList(jobfiles.entries(*jobfiles.resolve(row, req.path))))
+    except jobfiles.Refused as exc:
+        raise _invalid(str(exc)) from None
 
 
 async def read_file(daemon: Daemon, req: ReadFile, conn: Connection) -> None:
-    target, _ = _job_path(_find(daemon, req.job), req.path)
+    row = _find(daemon, req.job)
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise _invalid(f"cannot read {req.path}: {exc.strerror}") from None
-    problem = _not_readable(os.fstat(fd), req)
-    if problem is not None:
-        os.close(fd)  # before os.fdopen, which raises IsADirectoryError on a folder and leaves the fd open
-        raise _invalid(problem)
-    with os.fdopen(fd, "rb") as f:
-        f.seek(req.offset)
-        offset = req.offset
-        while True:
-            data = f.read(FILE_CHUNK_BYTES)
-            last = len(data) < FILE_CHUNK_BYTES
-            await conn.send(FileChunk(offset=offset, last=last, data=data))
-            offset += len(data)
-            if last:
-                return
-
-
-def _not_readable(st: os.stat_result, req: ReadFile) -> Optional[str]:
-    """Why the file opened for `req` cannot be sent from its offset, or None."""
-    if not stat.S_ISREG(st.st_mode):
-        return f"{req.path} is not a file"
-    if req.offset > st.st_size:
-        return f"offset {req.offset} is past the end of {req.path} ({st.st_size} bytes)"
-    return None
-
-
-# -- alerts and metrics -------------------------------------------------------------------------------------
+        f = jobfiles.open_at(row, req.path, req.offset)
+    except jobfiles.Refused as exc:
+        raise _invalid(str(exc)) from None
+    with f:
+        for chunk in jobfiles.chunks(f, req.offset):
+            await conn.send(chunk)
 
 
 async def list_alerts(daemon: Daemon, req: ListAlerts, conn: Connection) -> None:
     job_id = _find(daemon, req.job).id if req.job is not None else None
-    await conn.send(AlertList(daemon.outbox.alerts(job_id, req.limit)))
+    await conn.send(AlertList(daemon.store.alerts(job_id, req.limit)))
 
 
 async def notify_test(daemon: Daemon, req: NotifyTest, conn: Connection) -> None:
@@ -810,7 +567,7 @@ async def _gpus(daemon: Daemon) -> list[Gpu]:
 
 async def attach(daemon: Daemon, req: Attach, conn: Connection) -> None:
     row = _find(daemon, req.job)
-    if not row.spec.get("tty"):
+    if not row.spec.tty:
         raise _invalid(f"job {row.id} was not submitted with --tty: there is no session to attach to")
     if row.state != JobState.RUNNING:
         raise _invalid(f"job {row.id} is {row.state}: only a running job's session can be attached to")

@@ -44,7 +44,7 @@ from tfrun.paths import Layout
 from tfrun.protocol import DiskReport, FolderUsage, Prune, Removal, RemoveReply
 from tfrun.runner import jobdir
 from tfrun.runner.blobs import BlobStore, Collected, manifest_digests
-from tfrun.runner.store import JobRow
+from tfrun.runner.job import JobRow
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -64,10 +64,10 @@ def needed_by(rows: Iterable[JobRow]) -> dict[int, str]:
     for row in rows:
         if row.final:
             continue
-        source = row.spec.get("restart_of")
+        source = row.spec.restart_of
         if source is not None:
             needs.setdefault(int(source), f"job {row.id} ({row.state}) runs it again")
-        for dep in row.spec.get("after", []):
+        for dep in row.spec.after:
             needs.setdefault(int(dep), f"job {row.id} ({row.state}) runs after it")
     return needs
 

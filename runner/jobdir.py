@@ -1,20 +1,25 @@
-"""The files of one job's folder, shared by the daemon and the shim. Standard library only.
+"""The files of one job's folder, and the records in them that the daemon and the shim pass each other.
+Standard library only, and no typing at run time: the shim imports this.
 
-    spec.json     what to run (written by the daemon before the shim starts; read by the shim)
+    spec.json     the launch record: what the shim runs, where, with what environment (LaunchRecord;
+                  written by the daemon before the shim starts; not the job's spec, runner/job.py)
     files.json    the snapshot's manifest, from which a restart builds the same work/ again
     work/         the snapshot of the user's work dir, the job's cwd
     output.log    stdout and stderr of the job, appended by the job itself (O_APPEND)
     output.idx    (offset, time) records of the log's growth, appended by the shim (runner/logindex.py)
-    shim.json     the shim's and the job's identities, its cgroup's OOM-kill count (written once the job runs)
-    cancel.json   a cancel request with its grace period (written by the daemon, read by the shim)
-    exit.json     how the job ended (written by the shim once nothing of the job is left)
+    shim.json     the shim's and the job's identities, its cgroup's OOM-kill count (ShimRecord; written by
+                  the shim once the job runs)
+    cancel.json   a cancel request with its grace period (CancelRequest; written by the daemon)
+    exit.json     how the job ended (ExitRecord; written by the shim once nothing of the job is left)
                   (where the folder takes no more writes, the shim fills the spare record the daemon
                   reserved for it outside the folder instead: Layout.spare_exit)
     shim.log      the shim's own complaints, if any
     metrics.jsonl per-step metrics the job writes through tfrun.jobs (TFRUN_METRICS_FILE)
     logmetrics.jsonl  metrics the daemon read from the log, for jobs that write no metrics.jsonl
 
-Every JSON file is written to a temporary name and renamed, so a reader sees all of it or nothing.
+Every JSON file is written to a temporary name and renamed, so a reader sees all of it or nothing. The
+records' keys are defined once, by the TypedDicts below (mypy checks each use); what a reader gets is a
+file's JSON object as written, which a reader from the other side checks before it trusts a value.
 """
 
 from __future__ import annotations
@@ -27,11 +32,53 @@ from tfrun.constants import SPARE_EXIT_BYTES
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the shim imports this)
 
 if TYPE_CHECKING:  # the shim imports this: no pathlib or typing at run time, ~15 ms less a job
-    from typing import Any, Optional, Union
+    from typing import Any, Optional, TypedDict, Union
 
     PathLike = Union[str, os.PathLike[str]]
 
-SPEC = "spec.json"
+    class _Launch(TypedDict):
+        command: list[str]
+        cwd: str
+        env: dict[str, str]
+
+    class LaunchRecord(_Launch, total=False):
+        """spec.json. `grace` and `spare_exit` are absent from one written by an older tfrund."""
+
+        grace: float  # the cancel grace period when cancel.json gives none
+        spare_exit: str  # where the exit record goes if the job folder takes no writes (Layout.spare_exit)
+
+    class ShimRecord(TypedDict, total=False):
+        """shim.json. Every value may be None (an identity /proc did not give) or, to a reader, missing."""
+
+        shim_pid: int
+        shim_start: Optional[int]
+        boot_id: Optional[str]
+        job_pid: int
+        job_start: Optional[int]
+        started_at: float
+        oom_file: Optional[str]  # the cgroup's OOM-kill counter file (runner/cgroup.py)
+        oom_kills: Optional[int]  # its count just before the job started
+
+    class ExitRecord(TypedDict, total=False):
+        """exit.json, or the spare exit record. `finished_at`: when the job's leader ended; `ended_at`: when
+        the last of its processes did."""
+
+        exit_code: int
+        signal: Optional[int]
+        started_at: float
+        finished_at: float
+        ended_at: float
+        cancelled: bool
+        error: Optional[str]
+
+    class CancelRequest(TypedDict, total=False):
+        """cancel.json."""
+
+        grace: float
+        requested_at: float
+
+
+LAUNCH = "spec.json"  # the launch record (the file keeps the name older tfrunds gave it)
 FILES = "files.json"
 METRICS = "metrics.jsonl"
 LOG_METRICS = "logmetrics.jsonl"
@@ -44,7 +91,7 @@ EXIT = "exit.json"
 SHIM_LOG = "shim.log"
 
 
-def write_json(path: PathLike, data: dict[str, Any]) -> None:
+def write_json(path: PathLike, data: Union[LaunchRecord, ShimRecord, ExitRecord, CancelRequest]) -> None:
     """Atomically replace `path` with `data`: write a temporary file, fsync it, rename it over. On failure
     (a full disk) the temporary file goes, so it holds no space that the caller's fallback may need."""
     folder, name = os.path.split(os.fspath(path))
@@ -63,9 +110,9 @@ def write_json(path: PathLike, data: dict[str, Any]) -> None:
         raise
 
 
-def read_json(path: PathLike, blank_is_missing: bool = False) -> Optional[dict[str, Any]]:
-    """The object in `path`; None if the file is missing (or, if asked, still blank as `reserve` left it).
-    Raises ValueError if it is not a JSON object."""
+def _read_json(path: PathLike, blank_is_missing: bool = False) -> Any:
+    """The object in `path`, as the record the caller knows it to be; None if the file is missing (or, if
+    asked, still blank as `reserve` left it). Raises ValueError if it is not a JSON object."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -92,7 +139,7 @@ def reserve(path: PathLike) -> None:
         os.close(fd)
 
 
-def fill(path: PathLike, data: dict[str, Any]) -> None:
+def fill(path: PathLike, data: ExitRecord) -> None:
     """Write `data` over the start of a file made by `reserve`; the blanks after it are JSON whitespace."""
     encoded = json.dumps(data).encode()
     fd = os.open(path, os.O_WRONLY)
@@ -101,3 +148,23 @@ def fill(path: PathLike, data: dict[str, Any]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_launch(path: PathLike) -> Optional[LaunchRecord]:
+    record: Optional[LaunchRecord] = _read_json(path)
+    return record
+
+
+def read_shim(path: PathLike) -> Optional[ShimRecord]:
+    record: Optional[ShimRecord] = _read_json(path)
+    return record
+
+
+def read_exit(path: PathLike, blank_is_missing: bool = False) -> Optional[ExitRecord]:
+    record: Optional[ExitRecord] = _read_json(path, blank_is_missing)
+    return record
+
+
+def read_cancel(path: PathLike) -> Optional[CancelRequest]:
+    record: Optional[CancelRequest] = _read_json(path)
+    return record

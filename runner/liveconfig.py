@@ -42,7 +42,7 @@ def effective(daemon: Daemon) -> list[Setting]:
         "gpus": list(scheduler.devices),
         "default_gpus": scheduler.default_gpus(),
         "max_cpu_jobs": config.max_cpu_jobs,
-        "alerts.rules": rules.specs(config.rules),
+        "alerts.rules": rules.texts(config.rules),
         "alerts.cooldown": format_duration(config.cooldown),
         "alerts.expire": format_duration(config.expire),
         "alerts.gpu_memory_for": format_duration(config.gpu_memory_for),

@@ -19,13 +19,13 @@ import time
 import urllib.parse
 from typing import Any, Optional
 
-from tfrun.protocol import Alert, Delivery
+from tfrun.protocol import Delivery
 from tfrun.runner import alerttext
-from tfrun.runner.store import Store
+from tfrun.runner.store import EXPIRED, PENDING, SENT, NewAlert, Store
 
 log = logging.getLogger("tfrund")
 
-PENDING, SENT, EXPIRED, FAILED = "pending", "sent", "expired", "failed"
+FAILED = "failed"  # a test message's state when it was not sent (stored deliveries: runner/store.py)
 FIRST_RETRY_S = 2.0
 MAX_RETRY_S = 300.0
 SEND_TIMEOUT_S = 60.0  # apprise's own timeouts are shorter; this only bounds a plugin that hangs
@@ -212,31 +212,10 @@ class Outbox:
         """Store an alert and one delivery per URL, in one transaction, before anything is sent. None when
         the same job and rule alerted less than the cooldown ago: one incident, one message."""
         at = time.time() if at is None else at
-        db = self.store.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            recent = db.execute(
-                "SELECT 1 FROM alerts WHERE job_id IS ? AND rule=? AND at > ? LIMIT 1",
-                (job_id, rule, at - self.cooldown),
-            ).fetchone()
-            if recent:
-                db.execute("COMMIT")
-                return None
-            cur = db.execute(
-                "INSERT INTO alerts (job_id, rule, at, summary, body) VALUES (?,?,?,?,?)",
-                (job_id, rule, at, summary, body),
-            )
-            alert_id = int(cur.lastrowid or 0)
-            now = time.time()
-            for url in dict.fromkeys(urls):
-                db.execute(
-                    "INSERT INTO deliveries (alert_id, url, target, state, next_at, expires_at) VALUES (?,?,?,?,?,?)",
-                    (alert_id, url, masked(url), PENDING, now, now + self.expire),
-                )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+        targets = {url: masked(url) for url in urls}
+        alert_id = self.store.add_alert(NewAlert(job_id, rule, at, summary, body, targets), self.cooldown, self.expire)
+        if alert_id is None:
+            return None
         log.info("alert %d: %s: %s (%d URL(s))", alert_id, rule, summary, len(urls))
         if self._wake is not None:
             self._wake.set()
@@ -245,19 +224,16 @@ class Outbox:
     async def run(self) -> None:
         """Deliver what is due, forever; at start, everything pending is due (a restart is a good time to retry)."""
         self._wake = asyncio.Event()
-        self.store.db.execute("UPDATE deliveries SET next_at=? WHERE state=?", (time.time(), PENDING))
+        self.store.retry_all_now()
         loop = asyncio.get_running_loop()
         loop.run_in_executor(self._sender, usable, "json://localhost")  # load apprise's plugins now (0.5 s)
         while True:
-            due = self.store.db.execute(
-                "SELECT d.id, d.url, d.attempts, d.expires_at, a.rule, a.summary, a.body FROM deliveries d "
-                "JOIN alerts a ON a.id = d.alert_id WHERE d.state=? AND d.next_at <= ? ORDER BY d.id",
-                (PENDING, time.time()),
-            ).fetchall()
-            for delivery_id, url, attempts, expires_at, rule, summary, body in due:
-                await self._deliver(delivery_id, url, attempts, expires_at, title(rule, summary), body)
-            row = self.store.db.execute("SELECT min(next_at) FROM deliveries WHERE state=?", (PENDING,)).fetchone()
-            wait = MAX_RETRY_S if row[0] is None else max(0.0, row[0] - time.time())
+            for due in self.store.due_deliveries():
+                await self._deliver(
+                    due.id, due.url, due.attempts, due.expires_at, title(due.rule, due.summary), due.body
+                )
+            next_at = self.store.next_delivery_at()
+            wait = MAX_RETRY_S if next_at is None else max(0.0, next_at - time.time())
             self._wake.clear()
             if wait > 0:
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -274,18 +250,13 @@ class Outbox:
         now = time.time()
         attempts += 1
         if error is None:
-            self.store.db.execute(
-                "UPDATE deliveries SET state=?, attempts=?, sent_at=?, error=NULL WHERE id=?",
-                (SENT, attempts, now, delivery_id),
-            )
+            self.store.delivered(delivery_id, attempts, now)
             log.info("delivery %d: sent to %s", delivery_id, masked(url))
             return
         retry_at = now + min(MAX_RETRY_S, FIRST_RETRY_S * 2 ** (attempts - 1))
-        state = EXPIRED if retry_at > expires_at else PENDING
-        self.store.db.execute(
-            "UPDATE deliveries SET state=?, attempts=?, next_at=?, error=? WHERE id=?",
-            (state, attempts, retry_at, error, delivery_id),
-        )
+        expired = retry_at > expires_at
+        self.store.delivery_failed(delivery_id, attempts, error, retry_at, expired)
+        state = EXPIRED if expired else PENDING
         log.warning("delivery %d to %s failed (attempt %d, %s): %s", delivery_id, masked(url), attempts, state, error)
 
     async def test(self, urls: list[str], title: str, body: str) -> list[Delivery]:
@@ -298,25 +269,3 @@ class Outbox:
                 Delivery(target=masked(url), state=SENT if error is None else FAILED, attempts=1, error=error)
             )
         return results
-
-    def alerts(self, job_id: Optional[int], limit: int) -> list[Alert]:
-        """The newest `limit` alerts (of one job, or all), oldest first, with their deliveries."""
-        where, params = ("WHERE job_id=?", (job_id,)) if job_id is not None else ("", ())
-        rows = self.store.db.execute(
-            f"SELECT id, job_id, rule, at, summary, body FROM alerts {where} ORDER BY id DESC LIMIT ?",
-            (*params, limit),
-        ).fetchall()
-        out = []
-        for alert_id, job, rule, at, summary, body in reversed(rows):
-            deliveries = [
-                Delivery(target=t, state=s, attempts=n, sent_at=sent, error=e, next_at=nxt if s == PENDING else None)
-                for t, s, n, sent, e, nxt in self.store.db.execute(
-                    "SELECT target, state, attempts, sent_at, error, next_at FROM deliveries WHERE alert_id=? "
-                    "ORDER BY id",
-                    (alert_id,),
-                )
-            ]
-            out.append(
-                Alert(id=alert_id, job_id=job, rule=rule, at=at, summary=summary, body=body, deliveries=deliveries)
-            )
-        return out

@@ -1,6 +1,7 @@
 """The alert rules, their settings, and how a job's own choices combine with the daemon's.
 
-A rule is written `NAME` or `NAME=VALUE` wherever rules are named (the daemon's config, `submit --alert`):
+A rule's *text* is `NAME` or `NAME=VALUE` wherever rules are named (the daemon's config, `submit --alert`);
+VALUE is its *setting*:
 
     oom              out of memory: a fatal OOM message in the output, or a kill by the kernel's OOM killer
     spike[=FACTOR]   the loss is NaN or infinite, or stays above FACTOR x its recent level (default 2, spikes.py)
@@ -72,9 +73,9 @@ JOB_RULES = tuple(name for name in RULES if name != "gpu-memory")
 ALL = "all"
 
 
-def parse(spec: str) -> tuple[str, Optional[float]]:
+def parse(text: str) -> tuple[str, Optional[float]]:
     """(rule name, its setting or None) from `NAME` or `NAME=VALUE`; RuleError when either is wrong."""
-    name, has_value, text = spec.strip().partition("=")
+    name, has_value, value_text = text.strip().partition("=")
     rule = RULES.get(name.strip())
     if rule is None:
         raise RuleError(f"unknown alert rule {name.strip()!r}; the rules are: {', '.join(RULES)}")
@@ -82,15 +83,15 @@ def parse(spec: str) -> tuple[str, Optional[float]]:
         return rule.name, rule.default
     if rule.parse is None:
         raise RuleError(f"the alert rule {rule.name!r} takes no value")
-    value = rule.parse(text.strip())
+    value = rule.parse(value_text.strip())
     if value is None:
-        raise RuleError(f"{spec.strip()!r}: {rule.name} takes {rule.expects}")
+        raise RuleError(f"{text.strip()!r}: {rule.name} takes {rule.expects}")
     return rule.name, value
 
 
-def parse_all(specs: list[str]) -> dict[str, Optional[float]]:
-    """Rules and their settings from specs such as ["oom", "stall=10m"]; later ones win."""
-    return dict(parse(spec) for spec in specs)
+def parse_all(texts: list[str]) -> dict[str, Optional[float]]:
+    """Rules and their settings from their texts, such as ["oom", "stall=10m"]; later ones win."""
+    return dict(parse(text) for text in texts)
 
 
 def combine(daemon: dict[str, Optional[float]], on: list[str], off: list[str]) -> dict[str, Optional[float]]:
@@ -104,8 +105,8 @@ def combine(daemon: dict[str, Optional[float]], on: list[str], off: list[str]) -
     return rules
 
 
-def specs(rules: dict[str, Optional[float]]) -> list[str]:
-    """Rules as they are written: ["oom", "stall=30m", ...], in the order of RULES."""
+def texts(rules: dict[str, Optional[float]]) -> list[str]:
+    """The rules' texts: ["oom", "stall=30m", ...], in the order of RULES."""
     out = []
     for name, rule in RULES.items():
         if name in rules:

@@ -26,7 +26,7 @@ from tfrun.protocol import JobState
 from tfrun.runner import jobdir
 from tfrun.runner.faults import crash_point
 from tfrun.runner.gpus import device_ids
-from tfrun.runner.store import JobRow
+from tfrun.runner.job import JobRow
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -62,10 +62,10 @@ class Scheduler:
                 1 for row in self.daemon.store.list(include_final=False) if row.gpus == [] and not _waiting(row)
             )
             gpu_blocked = False
-            for row in sorted(self._waiting(), key=lambda r: (-r.spec.get("priority", 0), r.id)):
+            for row in sorted(self._waiting(), key=lambda r: (-r.spec.priority, r.id)):
                 if self._held_by_dependencies(row):
                     continue
-                need = row.spec.get("gpus", 0)
+                need = row.spec.gpus
                 if need:
                     if gpu_blocked or need > len(free):
                         self._wait(
@@ -93,7 +93,7 @@ class Scheduler:
         """Whether `--after` keeps `row` from starting: it waits for jobs still to succeed (the reason is
         recorded), or it is failed now because one of them failed, was cancelled or lost."""
         pending = []
-        for ref in row.spec.get("after", []):
+        for ref in row.spec.after:
             dep = self.daemon.store.get(ref)
             if dep is None or dep.state in (JobState.FAILED, JobState.CANCELLED, JobState.LOST):
                 how = "no longer exists" if dep is None else f"{dep.state}"
@@ -111,12 +111,10 @@ class Scheduler:
 
     async def _launch(self, row: JobRow, devices: list[str]) -> None:
         """Record the devices with the job, then start it with them."""
-        with self.daemon.store.transaction():
-            self.daemon.store.update(row.id, gpus=json.dumps(devices), waiting=None)
-            self.daemon.store.add_event(row.id, "scheduled", f"GPUs {','.join(devices)}" if devices else "no GPU")
+        self.daemon.store.update(row.id, gpus=json.dumps(devices), waiting=None)
         crash_point("start-scheduled")
         row = self.daemon.store.get(row.id) or row
-        command = tty_command(self.daemon, row) if row.spec.get("tty") else None
+        command = tty_command(self.daemon, row) if row.spec.tty else None
         try:
             env = job_env(self.daemon, row, devices, self.devices)
             await self.daemon.supervisor.start(row, env, DEFAULT_GRACE_S, command)
@@ -138,14 +136,14 @@ def tty_command(daemon: Daemon, row: JobRow) -> list[str]:
     in a tmux session."""
     wrapper = Path(__file__).with_name("ttyjob.py")
     log_path = Path(row.job_dir) / jobdir.OUTPUT
-    return [sys.executable, "-S", str(wrapper), str(tty_socket(daemon, row)), str(log_path), "--", *row.spec["command"]]
+    return [sys.executable, "-S", str(wrapper), str(tty_socket(daemon, row)), str(log_path), "--", *row.spec.command]
 
 
 def job_env(daemon: Daemon, row: JobRow, devices: list[str], box_devices: list[str]) -> dict[str, str]:
     """The daemon's environment, the user's --env on top, and tfrun's own variables, which always win."""
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
-    env.update(row.spec["env"])
+    env.update(row.spec.env)
     pythonpath = [str(daemon.layout.job_pythonpath), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in pythonpath if p)
     env["TFRUN_JOB_ID"] = str(row.id)

@@ -27,7 +27,9 @@ from tfrun.runner.process import Identity, descendants
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the shim imports this)
 
 if TYPE_CHECKING:  # no typing or pathlib at run time: the shim starts once per job and should start fast
-    from typing import Any, Optional
+    from typing import Optional
+
+    from tfrun.runner.jobdir import ExitRecord, LaunchRecord, ShimRecord
 
 _PR_SET_CHILD_SUBREAPER = 36
 _HANDLED = (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP)
@@ -46,9 +48,9 @@ def _become_subreaper() -> None:
 
 
 class Shim:
-    def __init__(self, job_dir: str, spec: dict[str, Any]) -> None:
+    def __init__(self, job_dir: str, launch: LaunchRecord) -> None:
         self.job_dir = job_dir
-        self.spec = spec
+        self.launch = launch
         self.job_pid = 0
         self.started_at = 0.0
         self.status: Optional[int] = None  # the job leader's wait status, once reaped
@@ -69,11 +71,11 @@ class Shim:
         try:
             # posix_spawn rather than subprocess (which costs the shim ~15 ms of imports a job): the job gets
             # a session and process group of its own, an empty signal mask, /dev/null in, the log out.
-            os.chdir(self.spec["cwd"])
+            os.chdir(self.launch["cwd"])
             pid = os.posix_spawn(
-                self.spec["command"][0],
-                self.spec["command"],
-                self.spec["env"],
+                self.launch["command"][0],
+                self.launch["command"],
+                self.launch["env"],
                 file_actions=[
                     (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                     (os.POSIX_SPAWN_DUP2, log, 1),
@@ -83,7 +85,7 @@ class Shim:
                 setsigmask=(),
             )
         except OSError as exc:
-            os.write(log, f"tfrun: cannot start {self.spec['command'][0]}: {exc.strerror}\n".encode())
+            os.write(log, f"tfrun: cannot start {self.launch['command'][0]}: {exc.strerror}\n".encode())
             self._write_exit(code=127, sig=None, started=time.time(), error=f"cannot start: {exc.strerror}")
             raise SystemExit(0) from None
         except BaseException:
@@ -95,19 +97,17 @@ class Shim:
         self.job_pid = pid
         self.started_at = time.time()
         me, job = Identity.of(os.getpid()), Identity.of(self.job_pid)
-        jobdir.write_json(
-            os.path.join(self.job_dir, jobdir.SHIM),
-            {
-                "shim_pid": os.getpid(),
-                "shim_start": me.start if me else None,
-                "boot_id": me.boot if me else None,
-                "job_pid": self.job_pid,
-                "job_start": job.start if job else None,
-                "started_at": self.started_at,
-                "oom_file": oom_file,
-                "oom_kills": oom_kills,
-            },
-        )
+        record: ShimRecord = {
+            "shim_pid": os.getpid(),
+            "shim_start": me.start if me else None,
+            "boot_id": me.boot if me else None,
+            "job_pid": self.job_pid,
+            "job_start": job.start if job else None,
+            "started_at": self.started_at,
+            "oom_file": oom_file,
+            "oom_kills": oom_kills,
+        }
+        jobdir.write_json(os.path.join(self.job_dir, jobdir.SHIM), record)
 
     def run(self) -> None:
         """Wait for the job and everything it started; handle cancel; record the exit."""
@@ -160,10 +160,10 @@ class Shim:
 
     def _grace(self) -> float:
         try:
-            request = jobdir.read_json(os.path.join(self.job_dir, jobdir.CANCEL)) or {}
+            request = jobdir.read_cancel(os.path.join(self.job_dir, jobdir.CANCEL)) or {}
         except ValueError:
             request = {}
-        grace = request.get("grace", self.spec.get("grace", _DEFAULT_GRACE_S))
+        grace = request.get("grace", self.launch.get("grace", _DEFAULT_GRACE_S))
         return float(grace) if isinstance(grace, (int, float)) else _DEFAULT_GRACE_S
 
     def _reap(self) -> None:
@@ -199,7 +199,7 @@ class Shim:
         """Record how the job ended in exit.json; if the job folder takes no more writes (remounted read-only,
         a full disk), in the spare record the daemon reserved elsewhere, saying why: the job's true exit code
         must reach the daemon either way."""
-        record = {
+        record: ExitRecord = {
             "exit_code": code,
             "signal": sig,
             "started_at": started,
@@ -211,8 +211,8 @@ class Shim:
         try:
             jobdir.write_json(os.path.join(self.job_dir, jobdir.EXIT), record)
         except OSError as exc:
-            spare = self.spec.get("spare_exit")
-            if not spare:  # a spec written by a tfrund from before spare records
+            spare = self.launch.get("spare_exit")
+            if not spare:  # a launch record from a tfrund before spare records
                 raise
             why = f"job folder not writable: {exc.strerror}"
             record["error"] = f"{why}; {error}" if error else why
@@ -237,9 +237,9 @@ def _decode(status: int) -> tuple[int, Optional[int]]:
 
 def main(argv: list[str]) -> None:
     job_dir = argv[1]
-    spec = jobdir.read_json(os.path.join(job_dir, jobdir.SPEC))
-    if spec is None:
-        raise SystemExit(f"tfrun shim: no {jobdir.SPEC} in {job_dir}")
+    launch = jobdir.read_launch(os.path.join(job_dir, jobdir.LAUNCH))
+    if launch is None:
+        raise SystemExit(f"tfrun shim: no {jobdir.LAUNCH} in {job_dir}")
     # Block the signals we handle before forking, so none is lost between here and sigtimedwait.
     signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
     ready_r, ready_w = os.pipe()
@@ -250,7 +250,7 @@ def main(argv: list[str]) -> None:
         os._exit(0 if ok == b"1" else 1)
     os.close(ready_r)
     _become_subreaper()
-    shim = Shim(job_dir, spec)
+    shim = Shim(job_dir, launch)
     try:
         shim.start()
     except SystemExit:

@@ -1,7 +1,16 @@
-"""The job store: one SQLite database per daemon (WAL, schema versioned with `user_version`).
+"""The store: one SQLite database per daemon (WAL, schema versioned with `user_version`, runner/schema.py),
+and every SQL statement tfrund runs.
 
 The database is the daemon's memory of jobs; the job folders hold the facts the shim writes (shim.json,
-exit.json), so the store can always be brought up to date from them after a crash.
+exit.json), so the store can always be brought up to date from them after a crash. Its tables:
+
+    jobs        a row per job (runner/job.py: JobRow, its spec as JSON)
+    job_alerts  a job's alert rules, its own notification URLs (secret) and metric patterns
+    watches     where the alert watch over a job stands (runner/alerts.py), from its start until its end
+                alerts are stored
+    alerts      the outbox (runner/outbox.py): every alert, stored before anything is sent
+    deliveries  an alert's way to each URL: pending (to be tried, again), sent, or expired (given up)
+    events      no longer written; what older tfrunds wrote there goes with its job
 """
 
 from __future__ import annotations
@@ -11,171 +20,19 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from tfrun.constants import MAX_INT64
-from tfrun.protocol import Job, JobState, is_job_id
-from tfrun.runner import jobdir
+from tfrun.protocol import Alert, Delivery, JobState, is_job_id
+from tfrun.runner.job import JobRow, JobSpec, from_json
+from tfrun.runner.schema import MIGRATIONS
 
-SCHEMA_VERSION = 5
-
-_MIGRATIONS: dict[int, str] = {
-    1: """
-    CREATE TABLE jobs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,  -- AUTOINCREMENT: an id is never reused
-        name TEXT,
-        state TEXT NOT NULL,
-        spec TEXT NOT NULL,            -- JSON: source (the work dir snapshotted), script, args, command, env
-        job_dir TEXT NOT NULL,
-        checkpoint_dir TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        started_at REAL,
-        finished_at REAL,
-        exit_code INTEGER,
-        signal INTEGER,
-        pid INTEGER,
-        shim_pid INTEGER,
-        shim_start INTEGER,
-        boot_id TEXT,
-        reason TEXT
-    );
-    CREATE INDEX jobs_state ON jobs(state);
-    CREATE INDEX jobs_name ON jobs(name, id);
-    CREATE TABLE events (
-        id INTEGER PRIMARY KEY,
-        job_id INTEGER NOT NULL REFERENCES jobs(id),
-        at REAL NOT NULL,
-        kind TEXT NOT NULL,
-        detail TEXT
-    );
-    CREATE INDEX events_job ON events(job_id, id);
-    """,
-    2: """
-    ALTER TABLE jobs ADD COLUMN restarted_as INTEGER;  -- the job that runs this one again
-    """,
-    3: """
-    -- A job's alert settings, apart from its record: its URLs hold secrets that no client may see.
-    CREATE TABLE job_alerts (
-        job_id INTEGER PRIMARY KEY REFERENCES jobs(id),
-        rules TEXT NOT NULL,           -- JSON {rule: setting or null}: what watches this job
-        notify TEXT NOT NULL,          -- JSON [url]: where its alerts go besides the daemon's URLs (secret)
-        patterns TEXT NOT NULL         -- JSON [regex]: its own metric patterns
-    );
-    -- Where the watch over each job's output stands, so that a new daemon resumes it and alerts nothing twice;
-    -- a row from the job's start until its end alerts are stored.
-    CREATE TABLE watches (
-        job_id INTEGER PRIMARY KEY REFERENCES jobs(id),
-        state TEXT NOT NULL            -- JSON: log offset, metric reader and spike detector state, ...
-    );
-    -- The outbox: an alert is stored here before anything is sent.
-    CREATE TABLE alerts (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        job_id INTEGER,                -- NULL for the box's own alerts (gpu-memory)
-        rule TEXT NOT NULL,
-        at REAL NOT NULL,
-        summary TEXT NOT NULL,
-        body TEXT NOT NULL
-    );
-    CREATE INDEX alerts_job_rule ON alerts(job_id, rule, at);
-    CREATE TABLE deliveries (
-        id INTEGER PRIMARY KEY,
-        alert_id INTEGER NOT NULL REFERENCES alerts(id),
-        url TEXT NOT NULL,             -- secret: never leaves the daemon
-        target TEXT NOT NULL,          -- the URL with its secrets masked
-        state TEXT NOT NULL,           -- pending, sent, expired
-        attempts INTEGER NOT NULL DEFAULT 0,
-        next_at REAL NOT NULL,
-        expires_at REAL NOT NULL,
-        sent_at REAL,
-        error TEXT                     -- the last failure, secrets masked
-    );
-    CREATE INDEX deliveries_due ON deliveries(state, next_at);
-    """,
-    4: """
-    ALTER TABLE jobs ADD COLUMN prepared INTEGER NOT NULL DEFAULT 0;  -- its work dir is built: it may start
-    ALTER TABLE jobs ADD COLUMN gpus TEXT;     -- JSON [device id]: the GPUs it was given (NULL: not scheduled)
-    ALTER TABLE jobs ADD COLUMN waiting TEXT;  -- why a queued job has not started yet
-    """,
-    5: """
-    -- The client's id of the submit that made the job (NULL for restarts and older clients): the same submit
-    -- sent again, after a daemon died before answering it, finds this job instead of making a second one.
-    ALTER TABLE jobs ADD COLUMN submission_id TEXT;
-    CREATE UNIQUE INDEX jobs_submission ON jobs(submission_id);
-    """,
-}
+SCHEMA_VERSION = max(MIGRATIONS)  # the schema this tfrund writes
 
 
 class StoreError(Exception):
     """The database cannot be used; the message says which file and what to do."""
-
-
-@dataclass
-class JobRow:
-    """A job as stored, with the supervision fields a client never sees."""
-
-    id: int
-    name: Optional[str]
-    state: str
-    spec: dict[str, Any]
-    job_dir: str
-    checkpoint_dir: str
-    created_at: float
-    started_at: Optional[float] = None
-    finished_at: Optional[float] = None
-    exit_code: Optional[int] = None
-    signal: Optional[int] = None
-    pid: Optional[int] = None
-    shim_pid: Optional[int] = None
-    shim_start: Optional[int] = None
-    boot_id: Optional[str] = None
-    reason: Optional[str] = None
-    restarted_as: Optional[int] = None
-    prepared: int = 0
-    gpus: Optional[list[str]] = None
-    waiting: Optional[str] = None
-
-    @property
-    def final(self) -> bool:
-        return self.state in JobState.FINAL
-
-    def public(self) -> Job:
-        """The record as the protocol shows it to a client."""
-        return Job(
-            id=self.id,
-            name=self.name,
-            state=self.state,
-            script=self.spec["script"],
-            args=self.spec["args"],
-            command=self.spec["command"],
-            workdir=str(Path(self.job_dir) / jobdir.WORK),
-            env=self.spec["env"],
-            job_dir=self.job_dir,
-            log_path=str(Path(self.job_dir) / jobdir.OUTPUT),
-            checkpoint_dir=self.checkpoint_dir,
-            created_at=self.created_at,
-            started_at=self.started_at,
-            finished_at=self.finished_at,
-            exit_code=self.exit_code,
-            signal=self.signal,
-            pid=self.pid,
-            reason=self.reason,
-            source=self.spec.get("source"),
-            git_commit=self.spec.get("git_commit"),
-            git_dirty=self.spec.get("git_dirty"),
-            files=self.spec.get("files", 0),
-            bytes=self.spec.get("bytes", 0),
-            restart_of=self.spec.get("restart_of"),
-            restarted_as=self.restarted_as,
-            restarts_left=self.spec.get("max_restarts", 0),
-            gpus_requested=self.spec.get("gpus", 0),
-            gpus=self.gpus or [],
-            priority=self.spec.get("priority", 0),
-            after=self.spec.get("after", []),
-            waiting=self.waiting if self.state == JobState.QUEUED else None,
-            tty=bool(self.spec.get("tty")),
-        )
 
 
 _COLUMNS = [
@@ -184,6 +41,33 @@ _COLUMNS = [
     "gpus", "waiting",
 ]  # fmt: skip
 _UPDATABLE = set(_COLUMNS) - {"id", "spec", "created_at"}
+
+PENDING, SENT, EXPIRED = "pending", "sent", "expired"  # a delivery's state: to be tried (again), done, given up
+
+
+class NewAlert(NamedTuple):
+    """An alert to store: `targets` maps each URL it goes to (secret) to the URL masked."""
+
+    job_id: Optional[int]  # None for the box's own alerts (gpu-memory)
+    rule: str
+    at: float
+    summary: str
+    body: str
+    targets: dict[str, str]
+
+
+class DueDelivery(NamedTuple):
+    """A delivery to make now, with what its alert says."""
+
+    id: int
+    url: str
+    attempts: int
+    expires_at: float
+    rule: str
+    summary: str
+    body: str
+
+
 _IDS_PER_STATEMENT = 500  # SQLite before 3.32 takes at most 999 parameters in one statement
 
 
@@ -217,7 +101,7 @@ class Store:
                     f"{self.path} is an SQLite database but not tfrun's; move it aside or point TFRUN_HOME elsewhere"
                 )
         for step in range(version + 1, SCHEMA_VERSION + 1):
-            self.db.executescript(f"BEGIN IMMEDIATE;\n{_MIGRATIONS[step]}\nPRAGMA user_version={step};\nCOMMIT;")
+            self.db.executescript(f"BEGIN IMMEDIATE;\n{MIGRATIONS[step]}\nPRAGMA user_version={step};\nCOMMIT;")
 
     def close(self) -> None:
         self.db.close()
@@ -245,7 +129,7 @@ class Store:
     def create_job(
         self,
         name: Optional[str],
-        spec: dict[str, Any],
+        spec: JobSpec,
         jobs_dir: Path,
         checkpoint_root: Path,
         checkpoint_dir: Optional[Path] = None,
@@ -262,7 +146,7 @@ class Store:
                 cur = self.db.execute(
                     "INSERT INTO jobs (name, state, spec, job_dir, checkpoint_dir, created_at, submission_id) "
                     "VALUES (?,?,?,?,?,?,?)",
-                    (name, JobState.QUEUED, json.dumps(spec), "", "", time.time(), submission_id),
+                    (name, JobState.QUEUED, spec.to_json(), "", "", time.time(), submission_id),
                 )
                 job_id = int(cur.lastrowid or 0)
                 job_dir = jobs_dir / str(job_id)
@@ -277,7 +161,6 @@ class Store:
                     "UPDATE jobs SET job_dir=?, checkpoint_dir=? WHERE id=?",
                     (str(job_dir), str(checkpoints), job_id),
                 )
-                self.add_event(job_id, "submitted")
             row = self.get(job_id)
             assert row is not None
             return row
@@ -353,15 +236,104 @@ class Store:
         """The job has ended and its end alerts are stored: nothing more to watch."""
         self.db.execute("DELETE FROM watches WHERE job_id=?", (job_id,))
 
-    def add_event(self, job_id: int, kind: str, detail: Optional[str] = None) -> None:
+    def end_alerts_due(self, job_id: int) -> None:
+        """In the transaction that ends the job: its watch stays until it has stored the job's end alerts
+        (it starts afresh where the watch of a job that never ran is missing)."""
+        self.db.execute("INSERT OR IGNORE INTO watches (job_id, state) VALUES (?, '{}')", (job_id,))
+
+    def watched_jobs(self) -> set[int]:
+        """Jobs whose watch has a row: running ones, and ended ones whose end alerts are not stored yet."""
+        return {job_id for (job_id,) in self.db.execute("SELECT job_id FROM watches")}
+
+    # -- the outbox: alerts, and their deliveries to each URL ----------------------------------------------
+
+    def add_alert(self, alert: NewAlert, cooldown: float, expire: float) -> Optional[int]:
+        """Store an alert and one pending delivery per URL, in one transaction; None (nothing stored) when
+        the same job and rule alerted less than `cooldown` ago. Deliveries give up `expire` from now."""
+        with self.transaction():
+            recent = self.db.execute(
+                "SELECT 1 FROM alerts WHERE job_id IS ? AND rule=? AND at > ? LIMIT 1",
+                (alert.job_id, alert.rule, alert.at - cooldown),
+            ).fetchone()
+            if recent:
+                return None
+            cur = self.db.execute(
+                "INSERT INTO alerts (job_id, rule, at, summary, body) VALUES (?,?,?,?,?)",
+                (alert.job_id, alert.rule, alert.at, alert.summary, alert.body),
+            )
+            alert_id = int(cur.lastrowid or 0)
+            now = time.time()
+            for url, target in alert.targets.items():
+                self.db.execute(
+                    "INSERT INTO deliveries (alert_id, url, target, state, next_at, expires_at) VALUES (?,?,?,?,?,?)",
+                    (alert_id, url, target, PENDING, now, now + expire),
+                )
+        return alert_id
+
+    def retry_all_now(self) -> None:
+        """Make every pending delivery due now."""
+        self.db.execute("UPDATE deliveries SET next_at=? WHERE state=?", (time.time(), PENDING))
+
+    def due_deliveries(self) -> list[DueDelivery]:
+        """The pending deliveries whose time has come, oldest first."""
+        rows = self.db.execute(
+            "SELECT d.id, d.url, d.attempts, d.expires_at, a.rule, a.summary, a.body FROM deliveries d "
+            "JOIN alerts a ON a.id = d.alert_id WHERE d.state=? AND d.next_at <= ? ORDER BY d.id",
+            (PENDING, time.time()),
+        )
+        return [DueDelivery(*row) for row in rows]
+
+    def next_delivery_at(self) -> Optional[float]:
+        """When the next pending delivery is due; None when none is pending."""
+        at: Optional[float] = self.db.execute(
+            "SELECT min(next_at) FROM deliveries WHERE state=?", (PENDING,)
+        ).fetchone()[0]
+        return at
+
+    def delivered(self, delivery_id: int, attempts: int, at: float) -> None:
         self.db.execute(
-            "INSERT INTO events (job_id, at, kind, detail) VALUES (?,?,?,?)",
-            (job_id, time.time(), kind, detail),
+            "UPDATE deliveries SET state=?, attempts=?, sent_at=?, error=NULL WHERE id=?",
+            (SENT, attempts, at, delivery_id),
         )
 
-    def events(self, job_id: int) -> list[tuple[float, str, Optional[str]]]:
-        rows = self.db.execute("SELECT at, kind, detail FROM events WHERE job_id=? ORDER BY id", (job_id,))
-        return [(r["at"], r["kind"], r["detail"]) for r in rows]
+    def delivery_failed(self, delivery_id: int, attempts: int, error: str, retry_at: float, expired: bool) -> None:
+        """Record a failed attempt: the delivery is tried again at `retry_at`, or never again if `expired`."""
+        self.db.execute(
+            "UPDATE deliveries SET state=?, attempts=?, next_at=?, error=? WHERE id=?",
+            (EXPIRED if expired else PENDING, attempts, retry_at, error, delivery_id),
+        )
+
+    def alerts(self, job_id: Optional[int], limit: int) -> list[Alert]:
+        """The newest `limit` alerts (of one job, or all), oldest first, with their deliveries."""
+        where, params = ("WHERE job_id=?", (job_id,)) if job_id is not None else ("", ())
+        rows = self.db.execute(
+            f"SELECT id, job_id, rule, at, summary, body FROM alerts {where} ORDER BY id DESC LIMIT ?",
+            (*params, limit),
+        ).fetchall()
+        return [
+            Alert(
+                id=alert_id,
+                job_id=job,
+                rule=rule,
+                at=at,
+                summary=summary,
+                body=body,
+                deliveries=self._deliveries(alert_id),
+            )
+            for alert_id, job, rule, at, summary, body in reversed(rows)
+        ]
+
+    def _deliveries(self, alert_id: int) -> list[Delivery]:
+        rows = self.db.execute(
+            "SELECT target, state, attempts, sent_at, error, next_at FROM deliveries WHERE alert_id=? ORDER BY id",
+            (alert_id,),
+        )
+        return [
+            Delivery(target=t, state=s, attempts=n, sent_at=sent, error=e, next_at=nxt if s == PENDING else None)
+            for t, s, n, sent, e, nxt in rows
+        ]
+
+    # -- jobs ---------------------------------------------------------------------------------------------
 
     def get(self, job_id: int) -> Optional[JobRow]:
         row = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id=?", (job_id,)).fetchone()
@@ -402,6 +374,6 @@ class Store:
 
 def _row(row: sqlite3.Row) -> JobRow:
     values = dict(zip(_COLUMNS, row))
-    values["spec"] = json.loads(values["spec"])
+    values["spec"] = from_json(values["spec"])
     values["gpus"] = None if values["gpus"] is None else json.loads(values["gpus"])
     return JobRow(**values)

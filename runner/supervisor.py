@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import tfrun
 from tfrun.constants import EXIT_LOST, MONITOR_INTERVAL_S
@@ -23,8 +23,12 @@ from tfrun.paths import Layout
 from tfrun.protocol import JobState
 from tfrun.runner import jobdir
 from tfrun.runner.faults import crash_point
+from tfrun.runner.job import JobRow
 from tfrun.runner.process import Identity, boot_id
-from tfrun.runner.store import JobRow, Store
+from tfrun.runner.store import Store
+
+if TYPE_CHECKING:
+    from tfrun.runner.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
 
 log = logging.getLogger("tfrund")
 _TFRUN_PARENT = str(Path(tfrun.__file__).resolve().parent.parent)  # where `import tfrun` finds this tfrun
@@ -44,24 +48,22 @@ class Supervisor:
     # -- starting -----------------------------------------------------------------------------------------
 
     async def start(self, row: JobRow, env: dict[str, str], grace: float, command: Optional[list[str]] = None) -> None:
-        """Write the job's spec and start its shim; return once the job runs (or failed to start). The shim
-        runs `command` if given (a wrapper around the job's own), else the job's command."""
+        """Write the job's launch record and start its shim; return once the job runs (or failed to start).
+        The shim runs `command` if given (a wrapper around the job's own), else the job's command."""
         spare = self.layout.spare_exit(row.id)
         jobdir.reserve(spare)
-        jobdir.write_json(
-            Path(row.job_dir) / jobdir.SPEC,
-            {
-                "command": command or row.spec["command"],
-                "cwd": str(Path(row.job_dir) / jobdir.WORK),
-                "env": env,
-                "grace": grace,
-                "spare_exit": str(spare),
-            },
-        )
+        launch: LaunchRecord = {
+            "command": command or list(row.spec.command),
+            "cwd": str(Path(row.job_dir) / jobdir.WORK),
+            "env": env,
+            "grace": grace,
+            "spare_exit": str(spare),
+        }
+        jobdir.write_json(Path(row.job_dir) / jobdir.LAUNCH, launch)
         await self.launch(row)
 
     async def launch(self, row: JobRow) -> None:
-        """Start the shim of a job whose spec is written."""
+        """Start the shim of a job whose launch record is written."""
         self._starting.add(row.id)
         try:
             await self._spawn_shim(Path(row.job_dir))
@@ -78,12 +80,12 @@ class Supervisor:
         for row in self.store.list(include_final=False):
             if row.state != JobState.QUEUED or row.id in self._starting:  # a restart this daemon is preparing
                 continue
-            if (Path(row.job_dir) / jobdir.SPEC).exists():
+            if (Path(row.job_dir) / jobdir.LAUNCH).exists():
                 log.info("job %d: starting it (accepted before the last daemon stopped)", row.id)
                 await self.launch(row)
             elif not row.prepared:
                 self.mark_failed(row, "the daemon stopped while preparing it")
-            elif row.gpus is not None:  # scheduled, but the daemon died before it wrote the spec
+            elif row.gpus is not None:  # scheduled, but the daemon died before it wrote the launch record
                 self.store.update(row.id, gpus=None)  # so the scheduler takes it again
             # else: it waits for the scheduler, as it did
 
@@ -137,7 +139,7 @@ class Supervisor:
         if row is None or row.final or self._recorded_end(row):
             return
         try:
-            shim = jobdir.read_json(Path(row.job_dir) / jobdir.SHIM)
+            shim = jobdir.read_shim(Path(row.job_dir) / jobdir.SHIM)
         except ValueError as exc:
             self._lose(row, f"its shim record is unreadable: {exc}")
             return
@@ -154,7 +156,6 @@ class Supervisor:
         if identity.alive():
             if adopting:
                 log.info("job %d: re-adopted (shim pid %d)", row.id, identity.pid)
-                self.store.add_event(row.id, "adopted", f"shim pid {identity.pid}")
             return
         # The shim is gone. It writes exit.json (or its spare) before it exits, so look once more before
         # calling it lost.
@@ -174,7 +175,7 @@ class Supervisor:
     def _end_from(self, row: JobRow, path: Path, what: str, blank_is_missing: bool = False) -> bool:
         """Finish the job from the exit record at `path` if there is one; True if the job is now final."""
         try:
-            exit_info = jobdir.read_json(path, blank_is_missing=blank_is_missing)
+            exit_info = jobdir.read_exit(path, blank_is_missing=blank_is_missing)
         except ValueError as exc:
             self._lose(row, f"its {what} is unreadable: {exc}")
             return True
@@ -183,20 +184,18 @@ class Supervisor:
         self._finish(row, exit_info)
         return True
 
-    def _record_start(self, row: JobRow, shim: dict[str, Any]) -> None:
-        with self.store.transaction():
-            self.store.update(
-                row.id,
-                state=JobState.RUNNING,
-                pid=shim.get("job_pid"),
-                shim_pid=shim.get("shim_pid"),
-                shim_start=shim.get("shim_start"),
-                boot_id=shim.get("boot_id"),
-                started_at=shim.get("started_at"),
-            )
-            self.store.add_event(row.id, "started", f"pid {shim.get('job_pid')}")
+    def _record_start(self, row: JobRow, shim: ShimRecord) -> None:
+        self.store.update(
+            row.id,
+            state=JobState.RUNNING,
+            pid=shim.get("job_pid"),
+            shim_pid=shim.get("shim_pid"),
+            shim_start=shim.get("shim_start"),
+            boot_id=shim.get("boot_id"),
+            started_at=shim.get("started_at"),
+        )
 
-    def _finish(self, row: JobRow, exit_info: dict[str, Any]) -> None:
+    def _finish(self, row: JobRow, exit_info: ExitRecord) -> None:
         code = exit_info.get("exit_code")
         code = code if isinstance(code, int) else 255
         sig = exit_info.get("signal") if isinstance(exit_info.get("signal"), int) else None
@@ -208,8 +207,6 @@ class Supervisor:
             state = JobState.FAILED
         self._end(
             row,
-            "finished",
-            f"{state}, exit code {code}",
             state=state,
             exit_code=code,
             signal=sig,
@@ -220,17 +217,16 @@ class Supervisor:
         log.info("job %d: %s (exit code %d)", row.id, state, code)
 
     def _lose(self, row: JobRow, reason: str) -> None:
-        self._end(row, "lost", reason, state=JobState.LOST, exit_code=EXIT_LOST, finished_at=time.time(), reason=reason)
+        self._end(row, state=JobState.LOST, exit_code=EXIT_LOST, finished_at=time.time(), reason=reason)
         log.warning("job %d: lost: %s", row.id, reason)
 
-    def _end(self, row: JobRow, event: str, detail: str, **values: Any) -> None:
-        """Make a job final. Its state, exit code and reason, the event, and what the daemon records for its
+    def _end(self, row: JobRow, **values: Any) -> None:
+        """Make a job final. Its state, exit code and reason, and what the daemon records for its
         end (the end-alert watch, a restart with its link) are one transaction: a daemon killed before the
         commit leaves the job unfinished, to be ended again from its exit record; one killed after it
         leaves all of it, and the next daemon does the folder work of a restart that is still queued."""
         with self.store.transaction():
             self.store.update(row.id, **values)
-            self.store.add_event(row.id, event, detail)
             self.on_final(row.id)
             crash_point("end-before-commit")
         crash_point("end-after-commit")
@@ -238,7 +234,7 @@ class Supervisor:
         self.after_final(row.id)
         self._notify_final(row.id)
 
-    def _stop_orphan(self, shim: dict[str, Any]) -> None:
+    def _stop_orphan(self, shim: ShimRecord) -> None:
         """A job whose shim was killed runs unsupervised: nobody could record its end, so stop it."""
         pid, start = shim.get("job_pid"), shim.get("job_start")
         if isinstance(pid, int) and isinstance(start, int) and Identity(pid, start, boot_id()).alive():
@@ -247,7 +243,7 @@ class Supervisor:
 
     def mark_failed(self, row: JobRow, reason: str) -> None:
         """A job that never got as far as a shim."""
-        self._end(row, "failed", reason, state=JobState.FAILED, finished_at=time.time(), reason=reason)
+        self._end(row, state=JobState.FAILED, finished_at=time.time(), reason=reason)
 
     async def monitor(self) -> None:
         """Forever: look at every unfinished job. Cheap: a stat or two and a read of /proc per job."""
@@ -284,19 +280,19 @@ class Supervisor:
         if row.final:
             return row
         job_dir = Path(row.job_dir)
-        self.store.add_event(row.id, "cancel", f"grace {grace:g}s")
-        jobdir.write_json(job_dir / jobdir.CANCEL, {"grace": grace, "requested_at": time.time()})
-        shim = jobdir.read_json(job_dir / jobdir.SHIM)
+        request: CancelRequest = {"grace": grace, "requested_at": time.time()}
+        jobdir.write_json(job_dir / jobdir.CANCEL, request)
+        shim = jobdir.read_shim(job_dir / jobdir.SHIM)
         identity = _shim_identity(shim) if shim else None
         if identity is None:
             reason = "cancelled before it started"
-            self._end(row, "cancelled", reason, state=JobState.CANCELLED, finished_at=time.time(), reason=reason)
+            self._end(row, state=JobState.CANCELLED, finished_at=time.time(), reason=reason)
         elif identity.alive():
             os.kill(identity.pid, signal.SIGTERM)
         return await self.wait_final(row.id)
 
 
-def _shim_identity(shim: dict[str, Any]) -> Optional[Identity]:
+def _shim_identity(shim: ShimRecord) -> Optional[Identity]:
     pid, start, boot = shim.get("shim_pid"), shim.get("shim_start"), shim.get("boot_id")
     if isinstance(pid, int) and isinstance(start, int) and isinstance(boot, str):
         return Identity(pid, start, boot)

@@ -1,9 +1,10 @@
 """Waking log followers as soon as a job's log grows: file events (watchdog, inotify on Linux), with
-polling as the fallback where events are missing (no inotify, a network filesystem, watches used up).
+polling as the fallback where events are missing (no inotify, a network filesystem, inotify watches used up).
 
-One watch per job folder however many followers it has; a follower waits on an asyncio event that the
-watchdog thread sets through the loop, so a busy log costs one wake-up per batch of writes (the kernel
-merges repeated events while nobody reads them), not one per line.
+A *follower* is whoever waits for a log to grow: a client's `logs -f` (runner/logstream.py), or the alert
+watch (runner/alerts.py). One inotify watch per job folder however many followers it has; a follower waits
+on an asyncio event that the watchdog thread sets through the loop, so a busy log costs one wake-up per
+batch of writes (the kernel merges repeated events while nobody reads them), not one per line.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ class Subscription:
         self.event.clear()
 
 
-class LogWatch:
+class LogGrowth:
+    """The daemon's one view of its jobs' logs growing; followers subscribe with `follow`."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.waiters: dict[str, set[asyncio.Event]] = {}
-        self.watches: dict[str, Any] = {}
+        self.observed: dict[str, Any] = {}  # folder: watchdog's handle on its inotify watch
         self.observer: Optional[Any] = None
         try:
             from watchdog.observers import Observer
@@ -61,7 +64,7 @@ class LogWatch:
 
     @contextlib.contextmanager
     def follow(self, path: Path, subscription: Optional[Subscription] = None) -> Iterator[Subscription]:
-        """Watch `path` for as long as the block runs: one follower's subscription to its growth (or a
+        """Follow `path` for as long as the block runs: one follower's subscription to its growth (or a
         subscription given, which then wakes when any of the files it follows grows)."""
         key = os.fspath(path)
         folder = os.path.dirname(key)
@@ -79,26 +82,26 @@ class LogWatch:
                 self._unwatch(folder)
 
     def _watch(self, folder: str) -> None:
-        if self.observer is None or folder in self.watches:
+        if self.observer is None or folder in self.observed:
             return
         from watchdog.events import FileSystemEventHandler
 
-        watch = self
+        growth = self
 
         class Handler(FileSystemEventHandler):
             def on_any_event(self, event: Any) -> None:  # called on watchdog's thread
-                watch.loop.call_soon_threadsafe(watch._wake, os.fsdecode(event.src_path))
+                growth.loop.call_soon_threadsafe(growth._wake, os.fsdecode(event.src_path))
 
         try:
-            self.watches[folder] = self.observer.schedule(Handler(), folder, recursive=False)
+            self.observed[folder] = self.observer.schedule(Handler(), folder, recursive=False)
         except Exception as exc:  # e.g. inotify watches used up: this folder is polled
             log.warning("cannot watch %s (%s); its followers poll", folder, exc)
 
     def _unwatch(self, folder: str) -> None:
-        watch = self.watches.pop(folder, None)
-        if watch is not None and self.observer is not None:
+        handle = self.observed.pop(folder, None)
+        if handle is not None and self.observer is not None:
             with contextlib.suppress(Exception):  # already gone with its folder
-                self.observer.unschedule(watch)
+                self.observer.unschedule(handle)
 
     def _wake(self, path: str) -> None:
         for event in self.waiters.get(path, ()):

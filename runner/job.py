@@ -1,0 +1,149 @@
+"""A job as the daemon holds it: its spec (JobSpec), fixed when the job is made, and its row (JobRow), the
+record the store keeps (runner/store.py) with what happened to it since.
+
+"Spec" means this and only this: the submit options as the daemon keeps them, in the `spec` column of the
+job's row (JSON). The file the shim starts from (spec.json) is the job's *launch record* (runner/jobdir.py),
+and an alert rule as written ("stall=10m") is the rule's *text* (runner/rules.py).
+
+The stored JSON keeps the keys and order it always had, so a database written by an older tfrund reads
+back (an absent key takes its default, an unknown one is ignored), and one written by this one reads back
+in an older tfrund.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from tfrun.protocol import Job, JobState
+from tfrun.runner import jobdir
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a job runs and with what; a restart runs the same spec (`restart_of` says of which job)."""
+
+    script: str  # as given: the path of the script in the snapshot
+    args: tuple[str, ...]
+    command: tuple[str, ...]  # what the shim runs: the job Python, the script, its arguments
+    env: dict[str, str]  # the user's --env
+    source: Optional[str] = None  # the work dir snapshotted, on the client's machine
+    git_commit: Optional[str] = None
+    git_dirty: Optional[bool] = None
+    files: int = 0  # in the snapshot
+    bytes: int = 0  # of the snapshot's files
+    max_restarts: int = 0  # automatic restarts left
+    gpus: int = 0  # asked for
+    priority: int = 0  # among waiting jobs, higher starts first
+    after: tuple[int, ...] = ()  # ids of the jobs that must succeed before it starts
+    tty: bool = False  # runs in a tmux session (`tfrun attach`)
+    restart_of: Optional[int] = None  # the job it runs again
+
+    def to_json(self) -> str:
+        """The spec as stored: the keys in the order tfrund always wrote them, `restart_of` only where set."""
+        data: dict[str, Any] = {
+            "source": self.source,
+            "script": self.script,
+            "args": list(self.args),
+            "command": list(self.command),
+            "env": self.env,
+            "git_commit": self.git_commit,
+            "git_dirty": self.git_dirty,
+            "files": self.files,
+            "bytes": self.bytes,
+            "max_restarts": self.max_restarts,
+            "gpus": self.gpus,
+            "priority": self.priority,
+            "after": list(self.after),
+            "tty": self.tty,
+        }
+        if self.restart_of is not None:
+            data["restart_of"] = self.restart_of
+        return json.dumps(data)
+
+    def rerun(self, of: int, max_restarts: Optional[int] = None) -> JobSpec:
+        """The spec of the job that runs job `of` (this spec's) again, with `max_restarts` left if given."""
+        left = self.max_restarts if max_restarts is None else max_restarts
+        return replace(self, restart_of=of, max_restarts=left)
+
+
+_LISTS = ("args", "command", "after")  # JSON arrays, kept as tuples
+
+
+def from_json(text: str) -> JobSpec:
+    """A spec as stored by any tfrund: an absent key takes its default (the field's), an unknown one is ignored."""
+    data = json.loads(text)
+    values = {f.name: data[f.name] for f in fields(JobSpec) if f.name in data}
+    for name in _LISTS:
+        if name in values:
+            values[name] = tuple(values[name])
+    return JobSpec(**values)
+
+
+@dataclass
+class JobRow:
+    """A job as stored, with the supervision fields a client never sees."""
+
+    id: int
+    name: Optional[str]
+    state: str
+    spec: JobSpec
+    job_dir: str
+    checkpoint_dir: str
+    created_at: float
+    started_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    pid: Optional[int] = None
+    shim_pid: Optional[int] = None
+    shim_start: Optional[int] = None
+    boot_id: Optional[str] = None
+    reason: Optional[str] = None
+    restarted_as: Optional[int] = None
+    prepared: int = 0
+    gpus: Optional[list[str]] = None
+    waiting: Optional[str] = None
+
+    @property
+    def final(self) -> bool:
+        return self.state in JobState.FINAL
+
+    def public(self) -> Job:
+        """The record as the protocol shows it to a client."""
+        return Job(
+            id=self.id,
+            name=self.name,
+            state=self.state,
+            script=self.spec.script,
+            args=list(self.spec.args),
+            command=list(self.spec.command),
+            workdir=str(Path(self.job_dir) / jobdir.WORK),
+            env=self.spec.env,
+            job_dir=self.job_dir,
+            log_path=str(Path(self.job_dir) / jobdir.OUTPUT),
+            checkpoint_dir=self.checkpoint_dir,
+            created_at=self.created_at,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            exit_code=self.exit_code,
+            signal=self.signal,
+            pid=self.pid,
+            reason=self.reason,
+            source=self.spec.source,
+            git_commit=self.spec.git_commit,
+            git_dirty=self.spec.git_dirty,
+            files=self.spec.files,
+            bytes=self.spec.bytes,
+            restart_of=self.spec.restart_of,
+            restarted_as=self.restarted_as,
+            restarts_left=self.spec.max_restarts,
+            gpus_requested=self.spec.gpus,
+            gpus=self.gpus or [],
+            priority=self.spec.priority,
+            after=list(self.spec.after),
+            waiting=self.waiting if self.state == JobState.QUEUED else None,
+            tty=self.spec.tty,
+        )

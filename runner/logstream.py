@@ -1,0 +1,234 @@
+"""Streaming a job's log to a client (the ReadLog request): its bytes as they are (LogChunk), or its terminal
+lines (LogLines) chosen by patterns, --tail, --since, and stamped with their times (-t); when following, on
+as the log grows until the job is final (LogEnd says where it stopped, so a client resumes there).
+
+A *chunk* is a run of the log's bytes; a *line* is a terminal line (runner/lines.py), as the job's output
+shows on a terminal once carriage returns and erasures are applied. Times come from the shim's log index
+(runner/logindex.py). Offsets are byte offsets in output.log; a line-wise stream resumes at a line's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, NamedTuple, Optional
+
+from tfrun.constants import FILTER_THREADS, FOLLOW_POLL_S, LOG_CHUNK_BYTES
+from tfrun.protocol import LogChunk, LogEnd, LogLines, Message, ReadLog
+from tfrun.runner import jobdir
+from tfrun.runner.job import JobRow
+from tfrun.runner.lines import BlockMatcher, LineFilter, Selector, Tail, TerminalLines, display
+from tfrun.runner.loggrowth import LogGrowth
+from tfrun.runner.logindex import LogIndex, Stamper
+
+Send = Callable[[Message], Awaitable[None]]
+
+# Threads that compile and match `logs` patterns, apart from the default pool (doctor, metrics, GPUs), so that
+# costly filters queue behind each other instead of in front of everything else.
+_FILTERS = concurrent.futures.ThreadPoolExecutor(FILTER_THREADS, thread_name_prefix="tfrund-filter")
+
+
+class PastTheEnd(Exception):
+    """The request starts at an offset past the end of the log."""
+
+
+class Selection(NamedTuple):
+    """A request's line patterns, compiled."""
+
+    compiled: Optional[Any]  # None: no patterns
+    blocks: BlockMatcher
+
+
+async def selection(req: ReadLog) -> Selection:
+    """The request's patterns compiled, in a worker thread: a thousand of them cost RE2 tens of milliseconds,
+    which must not be every other client's wait. Raises lines.PatternError."""
+    line_filter = LineFilter(tuple(req.patterns), req.invert, req.ignore_case, req.fixed)
+    if not line_filter.patterns:
+        return Selection(None, BlockMatcher(line_filter))
+
+    def work() -> Selection:
+        return Selection(line_filter.compile(), BlockMatcher(line_filter))
+
+    return await asyncio.get_running_loop().run_in_executor(_FILTERS, work)
+
+
+async def stream(
+    req: ReadLog, chosen: Selection, row: JobRow, latest: Callable[[], JobRow], log_growth: LogGrowth, send: Send
+) -> None:
+    """Send the log of job `row` from the request's offset; when following, until the job is final and all
+    is sent. `latest` reads the job's row again, to learn whether it is final."""
+    since = time.time() - req.since_ago if req.since_ago is not None else req.since
+    path = Path(row.job_dir) / jobdir.OUTPUT
+    index = LogIndex(Path(row.job_dir) / jobdir.INDEX) if since is not None or req.timestamps else None
+    lines = _line_reader(req, chosen, send, path, index, since)
+    with log_growth.follow(path) as grew, contextlib.ExitStack() as cleanup:
+        offset = req.offset
+        handle: Optional[Any] = None
+        current, state_read = row, False
+        while True:
+            if handle is None and path.exists():
+                handle = cleanup.enter_context(open(path, "rb"))
+                if offset > os.fstat(handle.fileno()).st_size:
+                    raise PastTheEnd(f"offset {offset} is past the end of the log")
+                if since is not None and index is not None and lines is not None:
+                    offset = lines.boundary = _line_start(handle, max(offset, index.offset_since(since)), offset)
+            data = b""
+            if handle is not None:
+                handle.seek(offset)
+                data = handle.read(LOG_CHUNK_BYTES)
+            if data:
+                if lines is None:
+                    await send(LogChunk(offset=offset, data=data))
+                else:
+                    await lines.feed(data, offset)
+                offset += len(data)
+                state_read = False
+                continue
+            if not state_read:
+                # The file ends here for now. Read the job's state, then the file once more: a final job can
+                # write no more, but it may have written between the read above and this state.
+                current, state_read = latest(), True
+                continue
+            ended = current.final or not req.follow
+            if lines is not None:
+                await lines.caught_up(final=current.final, end=offset)
+            if ended:
+                end = offset if lines is None else lines.resume_at
+                await send(LogEnd(end, current.state, current.exit_code, restarted_as=current.restarted_as))
+                return
+            await grew.wait(FOLLOW_POLL_S)
+            state_read = False
+
+
+def _line_reader(
+    req: ReadLog, chosen: Selection, send: Send, path: Path, index: Optional[LogIndex], since: Optional[float]
+) -> Optional[_LineReader]:
+    """The line-wise reading the request asks for (patterns, --tail, times), or None: its bytes as they are."""
+    if not req.patterns and req.tail is None and index is None:
+        return None
+    stamper = Stamper(index, path) if req.timestamps and index is not None else None
+    selector = Selector(chosen.compiled, req.invert, req.after, req.before)
+    plain_selection = not req.invert and not req.after and not req.before and stamper is None
+    blocks = chosen.blocks if plain_selection else None
+    return _LineReader(send, selector, req.offset, req.tail, index, since, stamper, blocks)
+
+
+def _line_start(handle: BinaryIO, offset: int, floor: int) -> int:
+    """The start of the line that holds byte `offset`: just after the last newline before it (or `floor`)."""
+    pos = offset
+    while pos > floor:
+        step = min(LOG_CHUNK_BYTES, pos - floor)
+        handle.seek(pos - step)
+        found = handle.read(step).rfind(b"\n")
+        if found >= 0:
+            return pos - step + found + 1
+        pos -= step
+    return floor
+
+
+class _LineReader:
+    """The line-wise side of `stream`: bytes in, passing terminal lines out, resumable at line ends."""
+
+    def __init__(
+        self,
+        send: Send,
+        selector: Selector,
+        offset: int,
+        tail: Optional[int],
+        index: Optional[LogIndex] = None,
+        since: Optional[float] = None,
+        stamper: Optional[Stamper] = None,
+        blocks: Optional[BlockMatcher] = None,
+    ) -> None:
+        self.send = send
+        self.selector = selector
+        self.terminal = TerminalLines()
+        self.boundary = offset  # just after the last newline read
+        self.resume_at = offset  # the boundary the client has been told about
+        self.tail = Tail(tail) if tail is not None else None
+        self.index = index
+        self.since = since  # lines complete before this are skipped; None once a line was after it
+        self.stamper = stamper
+        self.blocks = blocks  # the fast path for whole blocks of plain lines, where the request allows it
+
+    async def feed(self, data: bytes, offset: int) -> None:
+        """Take the bytes at `offset` of the log. They are matched in a worker thread (RE2 lets go of the
+        GIL): a thousand long patterns can cost a third of a second per chunk, time the other clients of
+        the event loop must not wait through."""
+        found = await asyncio.get_running_loop().run_in_executor(_FILTERS, self._match, data, offset)
+        if found is not None:
+            await self._deliver(*found)
+
+    def _match(self, data: bytes, offset: int) -> Optional[tuple[list[bytes], int]]:
+        """(the lines of `data` that pass, the boundary after them), or None while no line is finished."""
+        if self.blocks is not None and self.since is None:
+            head = self.terminal.unfinished_line_ends(data)  # the rest of a line begun in an earlier read
+            cut = data.rfind(b"\n") + 1
+            matched = self.blocks.lines(data[head:cut]) if cut > head else None
+            if matched is not None:
+                passing = self._select(self.terminal.feed(data[:head]), []) + matched
+                self.terminal.feed(data[cut:])
+                return passing, offset + cut
+        finished = self.terminal.feed(data)
+        if not finished:
+            return None
+        ends = [offset + end for end in _line_ends(data)] if self.stamper or self.since is not None else []
+        return self._select(finished, ends), offset + data.rfind(b"\n") + 1
+
+    async def _deliver(self, passing: list[bytes], boundary: int) -> None:
+        self.boundary = boundary
+        if self.tail is not None:
+            self.tail.add(passing)
+        else:
+            await self._send(passing, boundary)
+
+    async def caught_up(self, final: bool, end: int) -> None:
+        """At the end of what the file holds: release --tail's lines, and a last line without newline."""
+        if self.tail is not None:
+            await self._send(list(self.tail.lines), self.boundary)
+            self.tail = None
+        if final:
+            last = self.terminal.pending()
+            if last is not None:
+                await self._send(self._select([last], [end]), end)
+            self.resume_at = end
+
+    def _select(self, finished: list[bytes], ends: list[int]) -> list[bytes]:
+        """The lines to send, as UTF-8, among terminal lines `finished` (ending at `ends`, when times count)."""
+        if not finished:
+            return []
+        if self.since is not None and self.index is not None:
+            skip = 0
+            for end in ends:
+                when = self.index.time_at(end)
+                if when is not None and when < self.since:
+                    skip += 1
+                else:
+                    self.since = None  # times only grow along the log: every later line is wanted
+                    break
+            finished, ends = finished[skip:], ends[skip:]
+        stamps = [self.stamper.stamp(end) for end in ends] if self.stamper is not None else None
+        texts = self.selector.select([display(line) for line in finished], stamps)
+        return [text.encode("utf-8", "backslashreplace") for text in texts]
+
+    async def _send(self, lines: list[bytes], next_offset: int) -> None:
+        if lines:
+            lines.append(b"")
+            data = b"\n".join(lines)
+            await self.send(LogLines(offset=self.resume_at, next_offset=next_offset, data=data))
+            self.resume_at = next_offset
+
+
+def _line_ends(data: bytes) -> list[int]:
+    """The offset just past each newline in `data`."""
+    ends = []
+    pos = data.find(b"\n")
+    while pos >= 0:
+        ends.append(pos + 1)
+        pos = data.find(b"\n", pos + 1)
+    return ends
