@@ -16,26 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import TFRUN, Sshd, Tfrun, remote_client
-
-
-def timed(command: list[str], env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - started
-
-
-def stats(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+from timing import stats, timed
 
 
 def main() -> None:
@@ -50,11 +37,14 @@ def main() -> None:
     (project / "job.py").write_text("print('done')\n")
     job = str(local.submit(str(project / "job.py")))  # starts the daemon; `status` then has a job to show
     local.ok("wait", job)
-    rows: list[tuple[str, list[float], str, list[float]]] = []
-    floor = [timed([sys.executable, "-c", "pass"], local.env) for _ in range(args.runs)]
-    for what, argv in (("tfrun --help", ["--help"]), ("tfrun ps (local)", ["ps"]), ("tfrun status J", ["status", job])):
-        samples = [timed([*TFRUN, *argv], local.env) for _ in range(args.runs)]
-        rows.append((what, samples, "python3 -c pass", floor))
+    verbs = {"tfrun --help": ["--help"], "tfrun ps (local)": ["ps"], "tfrun status J": ["status", job]}
+    floor: list[float] = []
+    samples: dict[str, list[float]] = {what: [] for what in verbs}
+    for _ in range(args.runs):  # each round times the floor too: a machine whose load changes skews both alike
+        floor.append(timed([sys.executable, "-c", "pass"], local.env))
+        for what, argv in verbs.items():
+            samples[what].append(timed([*TFRUN, *argv], local.env))
+    rows = [(what, samples[what], "python3 -c pass", floor) for what in verbs]
     local.cleanup()
     if not args.no_ssh:
         sshd = Sshd(work / "sshd")

@@ -20,7 +20,6 @@ import argparse
 import os
 import random
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,17 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import TFRUN, Sshd, Tfrun, remote_client
-
-
-def timed(command: list[str], env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - started
-
-
-def stats(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+from timing import stats, timed
 
 
 def make_work_dir(root: Path, files: int) -> None:

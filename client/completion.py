@@ -70,9 +70,6 @@ async def _list(target: Target, every: bool) -> JobList:
     else:
         channel = await target.connect()
     try:
-        reply = await channel.request(ListJobs(all=every))
+        return await channel.ask(ListJobs(all=every))
     finally:
         channel.close()
-    if not isinstance(reply, JobList):
-        raise TypeError(reply.TYPE)
-    return reply

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
-import tomli_w
-
 from tfrun import tomltext
 from tfrun.client.errors import TfrunError
 from tfrun.constants import DEFAULT_CONFIRM_UPLOAD_BYTES, DEFAULT_RECONNECT_TIMEOUT_S, EXIT_DAEMON, EXIT_USAGE
@@ -134,6 +132,8 @@ class ClientConfig:
             data["confirm_upload_bytes"] = self.confirm_upload_bytes
         data["hosts"] = {name: host.as_toml() for name, host in sorted(self.hosts.items())}
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        import tomli_w  # here, not above: every verb reads this file, few write it
+
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(tomli_w.dumps(data))
         os.replace(tmp, self.path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from dataclasses import dataclass
 from typing import Optional
@@ -24,6 +23,12 @@ class Target:
     @property
     def local(self) -> bool:
         return self.host is None
+
+    def place(self, full: bool = False) -> str:
+        """Where the jobs are, in words: `box`, with `full` `box (alice@gpu-box)`, or `this machine`."""
+        if self.host is None:
+            return "this machine"
+        return f"{self.host.name} ({self.host.destination})" if full and self.host.name else self.host.label
 
     async def connect(self) -> Channel:
         if self.host is None:
@@ -76,6 +81,8 @@ async def start_local_daemon() -> None:
 
     `tfrund start` serialises racing starters on a lock, so twenty clients starting at once get one daemon.
     """
+    import asyncio  # here, not above: `tfrun ps` on a running daemon needs no asyncio (cli.ask)
+
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # rich is imported where a table is drawn: `tfrun submit` and
     from rich.console import Console
     from rich.text import Text
 
-STATE_STYLE = {
+STATE_STYLE: dict[str, str] = {
     JobState.QUEUED: "yellow",
     JobState.RUNNING: "cyan",
     JobState.SUCCEEDED: "green",
@@ -26,9 +26,6 @@ STATE_STYLE = {
     JobState.CANCELLED: "magenta",
     JobState.LOST: "red",
 }
-
-
-COLOR_CHOICES = ("auto", "always", "never")
 
 
 def wants_color(choice: str, terminal: bool, environ: Mapping[str, str]) -> bool:

@@ -30,7 +30,6 @@ from tfrun.protocol import (
     DaemonInfo,
     DaemonStatus,
     Doctor,
-    DoctorReport,
     ErrorCode,
     ProtocolError,
     RemoteError,
@@ -357,8 +356,7 @@ async def check(host: Host, accept_new: bool, report: Report) -> bool:
             report(False, f"daemon: {exc}")
             return False
         report(True, f"daemon: running, tfrund {channel.daemon.version}, protocol {channel.daemon.protocol}")
-        info = await channel.request(DaemonStatus())
-        assert isinstance(info, DaemonInfo)
+        info = await channel.ask(DaemonStatus())
         if await can_forward(conn, info.socket):
             report(True, f"transport: socket forwarding to {info.socket}")
         else:
@@ -373,9 +371,7 @@ async def _doctor(channel: Channel, host: Host, report: Report) -> bool:
     """The doctor's checks (TensorFlow, CUDA build, GPUs, driver, checkpoint root), run by the daemon with the
     interpreter jobs will get: the host's `python`, else tfrund's job_python. A box whose jobs cannot import
     TensorFlow is not ready, however well ssh works; True if nothing failed."""
-    reply = await channel.request(Doctor(python=host.python))
-    if not isinstance(reply, DoctorReport):
-        raise ProtocolError(f"expected 'doctor_report' in reply to 'doctor', got {reply.TYPE!r}")
+    reply = await channel.ask(Doctor(python=host.python))
     for line in reply.checks:
         report(line.status, f"{line.name}: {line.detail}" + (f"; {line.advice}" if line.advice else ""))
     return all(line.status != "fail" for line in reply.checks)

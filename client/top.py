@@ -81,7 +81,7 @@ async def show(channel: Channel, console: Console, interval: float, once: bool) 
 
     request = Top()
     if once:
-        console.print(frame(await _ask(channel, request), console.width))
+        console.print(frame(await channel.ask(request), console.width))
         return
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -89,16 +89,9 @@ async def show(channel: Channel, console: Console, interval: float, once: bool) 
         loop.add_signal_handler(sig, stop.set)
     with _keys(loop, stop), Live(console=console, screen=True, auto_refresh=False) as live:
         while not stop.is_set():
-            live.update(frame(await _ask(channel, request), console.width), refresh=True)
+            live.update(frame(await channel.ask(request), console.width), refresh=True)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
-
-
-async def _ask(channel: Channel, request: Top) -> TopReply:
-    reply = await channel.request(request)
-    if not isinstance(reply, TopReply):
-        raise TypeError(f"expected 'top_reply', got {reply.TYPE!r}")
-    return reply
 
 
 @contextlib.contextmanager

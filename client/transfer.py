@@ -16,18 +16,13 @@ from tfrun.constants import EXIT_USAGE, FILE_CHUNK_BYTES
 from tfrun.content import ManifestError, check_manifest
 from tfrun.protocol import (
     Channel,
-    FileChunk,
     FileEntry,
-    FileList,
     HaveBlobs,
     ListFiles,
-    MissingBlobs,
-    Ok,
     ProtocolError,
     PutBlob,
     PutBlobs,
     ReadFile,
-    write_message,
 )
 
 if TYPE_CHECKING:
@@ -76,10 +71,7 @@ async def upload(
     """Send the contents the daemon lacks; return (files sent, bytes sent). `confirm(files, bytes)` is told
     what will be sent before anything is, and may stop it by raising."""
     digests = sorted(snapshot.sources)
-    reply = await channel.request(HaveBlobs(digests))
-    if not isinstance(reply, MissingBlobs):
-        raise ProtocolError(f"expected missing_blobs, got {reply.TYPE}")
-    missing = reply.digests
+    missing = (await channel.ask(HaveBlobs(digests))).digests
     sizes = {e.digest: e.size for e in snapshot.entries if e.digest}
     if confirm is not None:
         confirm(len(missing), sum(sizes.get(d, 0) for d in missing))
@@ -95,7 +87,7 @@ async def upload(
         for batch in _packs(small, sizes):
             contents = [_read(snapshot, digest) for digest in batch]
             data = b"".join(contents)
-            await write_message(channel.writer, PutBlobs(batch, [len(c) for c in contents], data))
+            await channel.send(PutBlobs(batch, [len(c) for c in contents], data))
             frames += 1
             sent += len(data)
             progress.advance(len(data))
@@ -105,7 +97,7 @@ async def upload(
                 while True:
                     data = f.read(FILE_CHUNK_BYTES)
                     last = len(data) < FILE_CHUNK_BYTES
-                    await write_message(channel.writer, PutBlob(digest, offset, last, data))
+                    await channel.send(PutBlob(digest, offset, last, data))
                     offset += len(data)
                     sent += len(data)
                     progress.advance(len(data))
@@ -117,8 +109,7 @@ async def upload(
     async def acknowledged() -> None:
         expected = len(large) + sum(1 for _ in _packs(small, sizes))
         for _ in range(expected):
-            if not isinstance(await channel.receive(), Ok):
-                raise ProtocolError("expected ok for uploaded files")
+            await channel.reply_to(PutBlobs)  # an `Ok`, as for a `PutBlob`
 
     try:
         sent, _ = await asyncio.gather(send(), acknowledged())
@@ -158,9 +149,7 @@ async def pull(channel: Channel, job: str, paths: list[str], dest: Path) -> tupl
     entries: list[FileEntry] = []
     remote: dict[str, str] = {}  # local relative path -> the path to ask the daemon for
     for path in paths:
-        reply = await channel.request(ListFiles(job=job, path=path))
-        if not isinstance(reply, FileList):
-            raise ProtocolError(f"expected file_list, got {reply.TYPE}")
+        reply = await channel.ask(ListFiles(job=job, path=path))
         base = os.path.dirname(path.strip("/"))
         for entry in reply.files:
             remote[entry.path] = f"{base}/{entry.path}" if base else entry.path
@@ -209,10 +198,11 @@ async def _fetch(channel: Channel, job: str, path: str, entry: FileEntry, target
     size = 0
     try:
         with os.fdopen(fd, "wb") as out:
-            await write_message(channel.writer, ReadFile(job=job, path=path))
+            request = ReadFile(job=job, path=path)
+            await channel.send(request)
             while True:
-                chunk = await channel.receive()
-                if not isinstance(chunk, FileChunk) or chunk.offset != size:
+                chunk = await channel.reply_to(request)
+                if chunk.offset != size:
                     raise ProtocolError("file chunks out of order")
                 out.write(chunk.data)
                 size += len(chunk.data)

@@ -38,9 +38,11 @@ from tfrun.runner import liveconfig
 from tfrun.runner.alerts import Alerts
 from tfrun.runner.blobs import BlobStore, Spares
 from tfrun.runner.config import Config, ConfigError
+from tfrun.runner.executor import LocalExecutor
 from tfrun.runner.gpus import device_ids
-from tfrun.runner.handlers import HANDLERS, WATCHING, Connection, RequestError, rerun, start_rerun
+from tfrun.runner.handlers import HANDLERS, WATCHING, Connection, RequestError
 from tfrun.runner.job import JobRow
+from tfrun.runner.lifecycle import Lifecycle
 from tfrun.runner.loggrowth import LogGrowth
 from tfrun.runner.outbox import Outbox
 from tfrun.runner.scheduler import Scheduler
@@ -125,14 +127,15 @@ class Daemon:
         self.layout = layout
         self.config = config
         self.store = store
-        self.supervisor = Supervisor(layout, store)
+        self.lifecycle = Lifecycle(store, layout.jobs_dir, lambda: self.config.checkpoint_root)
+        self.executor = LocalExecutor(layout, device_ids(config.gpus))
+        self.supervisor = Supervisor(store, self.lifecycle, self.executor)
         self.blobs = BlobStore(layout.blobs_dir)
         self.spares = Spares(layout.spares_dir, self.blobs)
         self._background: set[asyncio.Future[Any]] = set()
         self.outbox = Outbox(store, config.cooldown, config.expire)
         self.alerts = Alerts(config, store, self.outbox)
         self.scheduler = Scheduler(self)
-        self.supervisor.on_final = self._ended
         self.supervisor.after_final = self._after_end
         self._connections = 0
         self.submissions: dict[str, asyncio.Future[JobRow]] = {}  # submits being made, by submission id
@@ -153,39 +156,21 @@ class Daemon:
         self._background.add(future)
         future.add_done_callback(done)
 
-    def _ended(self, job_id: int) -> None:
-        """In the transaction that makes a job final: its end alerts are due (the watch stores them once it
-        has read the rest of the log), and the restart policy decides whether it runs again. Database
-        writes only, so that the end and what it calls for are committed together."""
-        self.store.end_alerts_due(job_id)
-        self._restart_if_wanted(job_id)
-
     def _after_end(self, job_id: int) -> None:
         """Once a job's end is committed: its restart, if it called for one, is built and started, and its
         GPUs are free, so jobs that wait for them or run after it may start."""
-        self.prepare_restarts()
+        self.build_restarts()
         self.in_background(self.scheduler.run_pass())
 
-    def _restart_if_wanted(self, job_id: int) -> None:
-        """The restart policy, applied the moment a job becomes final: a job that failed or was lost and
-        has restarts left runs again (same snapshot, same checkpoint folder) as a new job."""
-        row = self.store.get(job_id)
-        left = row.spec.max_restarts if row else 0
-        if row is None or row.state not in (JobState.FAILED, JobState.LOST) or left <= 0 or row.restarted_as:
-            return
-        reason = f"{row.state} with exit code {row.exit_code}; {left - 1} automatic restart(s) left"
-        new = rerun(self, row, restarts_left=left - 1)
-        log.info("job %d: %s; running it again as job %d", row.id, reason, new.id)
-
-    def prepare_restarts(self) -> None:
+    def build_restarts(self) -> None:
         """Build and start, in the background, every restart that is recorded but not built: the one a job's
         end just called for, or at daemon start one whose daemon died before it was built or started.
-        start_rerun redoes only what is missing, so this is safe to repeat."""
+        Scheduler.build_restart redoes only what is missing, so this is safe to repeat."""
         for row in self.store.list(include_final=False):
             restart = row.spec.restart_of is not None and row.state == JobState.QUEUED and not row.prepared
             if restart and not self.supervisor.is_starting(row.id):
-                self.supervisor.preparing(row.id)
-                self.in_background(start_rerun(self, row))
+                self.supervisor.mark_starting(row.id)
+                self.in_background(self.scheduler.build_restart(row))
 
     def stop(self) -> None:
         if self._stopping is not None:
@@ -198,7 +183,7 @@ class Daemon:
         self.config = config
         self.alerts.reconfigure(config)
         self.outbox.cooldown, self.outbox.expire = config.cooldown, config.expire
-        self.scheduler.devices = device_ids(config.gpus)
+        self.executor.devices = device_ids(config.gpus)
         self.in_background(self.scheduler.run_pass())
 
     def _reload_on_hangup(self) -> None:
@@ -214,7 +199,7 @@ class Daemon:
         self._stopping = asyncio.Event()
         self.log_growth = LogGrowth(asyncio.get_running_loop())
         self.supervisor.reconcile()
-        self.prepare_restarts()
+        self.build_restarts()
         await self.supervisor.resume_queued()
         await self.scheduler.run_pass()
         socket_path = self.layout.socket

@@ -79,7 +79,6 @@ from tfrun.protocol import (
     write_message,
 )
 from tfrun.runner import housekeeping, jobdir, jobfiles, liveconfig, logstream, rules
-from tfrun.runner.blobs import read_manifest, write_manifest
 from tfrun.runner.config import ConfigError
 from tfrun.runner.doctor import job_python, run_checks
 from tfrun.runner.explain import explain
@@ -91,7 +90,7 @@ from tfrun.runner.lines import PatternError
 from tfrun.runner.metrics import LogMetrics
 from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.outbox import diagnose, masked, usable
-from tfrun.runner.scheduler import tty_socket
+from tfrun.runner.scheduler import SnapshotError, snapshot_files, tty_socket
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -183,12 +182,10 @@ async def _new_job(daemon: Daemon, req: Submit, sid: Optional[str] = None) -> Jo
     )
     alert_rules = _alert_rules(daemon, req)
     with daemon.store.transaction():
-        row = daemon.store.create_job(
-            req.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root, submission_id=sid
-        )
+        row = daemon.lifecycle.create(req.name, spec, submission_id=sid)
         daemon.store.set_job_alerts(row.id, alert_rules, req.notify, req.metric_patterns)
     try:
-        started = await _start(daemon, row, req.files)
+        started = await daemon.scheduler.build(row, req.files)
     except ManifestError as exc:
         raise _invalid(f"cannot build the work dir: {exc}") from None
     crash_point("submit-accepted")
@@ -253,81 +250,23 @@ async def restart(daemon: Daemon, req: Restart, conn: Connection) -> None:
     if not row.final:
         raise _invalid(f"job {row.id} is still {row.state}: cancel it first, or wait for it")
     files = _snapshot_files(row)
-    new = rerun(daemon, row)
-    daemon.supervisor.preparing(new.id)  # not to be picked up by Daemon.prepare_restarts as well
+    new = daemon.lifecycle.rerun(row)
+    daemon.supervisor.mark_starting(new.id)  # not to be picked up by Daemon.build_restarts as well
     try:
-        started = await _start(daemon, new, files)
+        started = await daemon.scheduler.build(new, files)
     except ManifestError as exc:
         raise _invalid(f"cannot build job {row.id}'s work dir again: {exc}") from None
     finally:
-        daemon.supervisor.launched(new.id)
+        daemon.supervisor.done_starting(new.id)
     await conn.send(JobReply(public(daemon, started)))
-
-
-def rerun(daemon: Daemon, row: JobRow, restarts_left: Optional[int] = None) -> JobRow:
-    """The queued job that runs `row` again (its folder made, nothing in it yet); `row` records it as its
-    restart. One transaction, or part of the one that makes `row` final (an automatic restart), so whoever
-    waits for `row` learns of the new job at once, and a daemon killed at any point leaves both or neither.
-    The snapshot manifest is written when the new job is built (start_rerun), which a new daemon redoes.
-    """
-    spec = row.spec.rerun(row.id, restarts_left)
-    with daemon.store.transaction():
-        new = daemon.store.create_job(
-            row.name, spec, daemon.layout.jobs_dir, daemon.config.checkpoint_root, Path(row.checkpoint_dir)
-        )
-        settings = daemon.store.job_alerts(row.id)
-        if settings is not None:
-            daemon.store.set_job_alerts(new.id, *settings)
-        daemon.store.update(row.id, restarted_as=new.id)
-    return new
-
-
-async def start_rerun(daemon: Daemon, row: JobRow) -> None:
-    """Build and start a job made by `rerun` from the snapshot of the job it runs again (for automatic
-    restarts, and at daemon start for restarts a dead daemon did not finish, in the background)."""
-    of = row.spec.restart_of
-    source = (daemon.store.get(of) if of is not None else None) or row  # kept while this is unfinished (housekeeping)
-    try:
-        await _start(daemon, row, _snapshot_files(source))
-    except RequestError as exc:
-        daemon.supervisor.mark_failed(row, f"could not start: {exc.message}")
-    except ManifestError:
-        pass  # recorded as the job's failure by _start
-    finally:
-        daemon.supervisor.launched(row.id)
-
-
-async def _start(daemon: Daemon, row: JobRow, files: list[FileEntry]) -> JobRow:
-    """Build the job's work dir from `files` (its snapshot) and keep the manifest; then the scheduler starts
-    it, now or once its GPUs, its turn and the jobs it runs after allow."""
-    job_dir = Path(row.job_dir)
-    try:
-        if not (job_dir / jobdir.FILES).exists():
-            write_manifest(job_dir / jobdir.FILES, files)
-        crash_point("prepare-manifest-written")
-        if not (job_dir / jobdir.WORK).exists():  # else built by a daemon that died before recording it
-            build = functools.partial(daemon.spares.build, files, job_dir / jobdir.WORK, row.spec.source)
-            await asyncio.get_running_loop().run_in_executor(None, build)
-        Path(row.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    except (ManifestError, OSError) as exc:
-        if row.spec.restart_of is not None:
-            daemon.supervisor.mark_failed(row, f"could not build its work dir: {exc}")
-        else:
-            daemon.store.delete(row.id)  # nothing was started: leave no trace of a job that never was
-            shutil.rmtree(job_dir, ignore_errors=True)
-        raise ManifestError(str(exc)) from None
-    daemon.store.update(row.id, prepared=1)
-    crash_point("prepare-built")
-    await daemon.scheduler.run_pass()
-    return daemon.store.get(row.id) or row
 
 
 def _snapshot_files(row: JobRow) -> list[FileEntry]:
     """The manifest a job's work dir was built from."""
     try:
-        return read_manifest(Path(row.job_dir) / jobdir.FILES)
-    except (OSError, ValueError, TypeError) as exc:
-        raise _invalid(f"job {row.id} kept no readable snapshot manifest ({exc}); submit it again") from None
+        return snapshot_files(row)
+    except SnapshotError as exc:
+        raise _invalid(str(exc)) from None
 
 
 def _check_submit(daemon: Daemon, req: Submit) -> PurePosixPath:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from tfrun.protocol import Job, JobState
+from tfrun.protocol import Job, JobState, State
 from tfrun.runner import jobdir
 
 
@@ -88,7 +88,7 @@ class JobRow:
 
     id: int
     name: Optional[str]
-    state: str
+    state: State
     spec: JobSpec
     job_dir: str
     checkpoint_dir: str

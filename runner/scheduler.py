@@ -1,4 +1,5 @@
-"""Which queued job starts when: GPUs of its own for each job, first in first out by priority, `--after`.
+"""Which queued job starts when: GPUs of its own for each job, first in first out by priority, `--after`;
+and, before that, building a job's work dir from its snapshot (`build`), which makes it one to schedule.
 
 A job asks for N GPUs (`submit --gpus N`; default: the config's `default_gpus`, else 1 where the box has
 GPUs and 0 where it has none). The scheduler gives it N devices that no other unfinished job holds, through
@@ -14,18 +15,22 @@ A pass runs whenever a job is submitted or ends and when the daemon starts; pass
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
+import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tfrun.constants import DEFAULT_GRACE_S
-from tfrun.protocol import JobState
+from tfrun.content import ManifestError
+from tfrun.protocol import FileEntry, JobState
 from tfrun.runner import jobdir
+from tfrun.runner.blobs import read_manifest, write_manifest
 from tfrun.runner.faults import crash_point
-from tfrun.runner.gpus import device_ids
 from tfrun.runner.job import JobRow
 
 if TYPE_CHECKING:
@@ -34,11 +39,60 @@ if TYPE_CHECKING:
 log = logging.getLogger("tfrund")
 
 
+class SnapshotError(Exception):
+    """A job's snapshot manifest cannot be read, so its work dir cannot be built again."""
+
+
 class Scheduler:
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
-        self.devices = device_ids(daemon.config.gpus)
         self._lock = asyncio.Lock()
+
+    @property
+    def devices(self) -> list[str]:
+        """The devices the executor may give jobs."""
+        return self.daemon.executor.resources()
+
+    async def build(self, row: JobRow, files: list[FileEntry]) -> JobRow:
+        """Build the job's work dir from `files` (its snapshot) and keep the manifest; then a pass starts it,
+        now or once its GPUs, its turn and the jobs it runs after allow. The job as a pass left it.
+
+        A submit's job that cannot be built leaves no trace (ManifestError); a restart's is failed."""
+        job_dir = Path(row.job_dir)
+        try:
+            if not (job_dir / jobdir.FILES).exists():
+                write_manifest(job_dir / jobdir.FILES, files)
+            crash_point("prepare-manifest-written")
+            if not (job_dir / jobdir.WORK).exists():  # else built by a daemon that died before recording it
+                build = functools.partial(self.daemon.spares.build, files, job_dir / jobdir.WORK, row.spec.source)
+                await asyncio.get_running_loop().run_in_executor(None, build)
+            Path(row.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        except (ManifestError, OSError) as exc:
+            if row.spec.restart_of is not None:
+                self.daemon.supervisor.mark_failed(row, f"could not build its work dir: {exc}")
+            else:
+                self.daemon.store.delete(row.id)  # nothing was started: leave no trace of a job that never was
+                shutil.rmtree(job_dir, ignore_errors=True)
+            raise ManifestError(str(exc)) from None
+        self.daemon.store.update(row.id, prepared=1)
+        crash_point("prepare-built")
+        await self.run_pass()
+        return self.daemon.store.get(row.id) or row
+
+    async def build_restart(self, row: JobRow) -> None:
+        """Build and schedule a job made by `Lifecycle.rerun` from the snapshot of the job it runs again (for
+        automatic restarts, and at daemon start for restarts a dead daemon did not finish, in the background);
+        a failure is the job's. The caller marked it as starting (Supervisor.mark_starting); this unmarks it."""
+        of = row.spec.restart_of
+        source = (self.daemon.store.get(of) if of is not None else None) or row  # kept meanwhile (housekeeping)
+        try:
+            await self.build(row, snapshot_files(source))
+        except SnapshotError as exc:
+            self.daemon.supervisor.mark_failed(row, f"could not start: {exc}")
+        except ManifestError:
+            pass  # recorded as the job's failure by build
+        finally:
+            self.daemon.supervisor.done_starting(row.id)
 
     def default_gpus(self) -> int:
         configured = self.daemon.config.default_gpus
@@ -62,8 +116,9 @@ class Scheduler:
                 1 for row in self.daemon.store.list(include_final=False) if row.gpus == [] and not _waiting(row)
             )
             gpu_blocked = False
-            for row in sorted(self._waiting(), key=lambda r: (-r.spec.priority, r.id)):
-                if self._held_by_dependencies(row):
+            for listed in sorted(self._waiting(), key=lambda r: (-r.spec.priority, r.id)):
+                row = self.daemon.store.get(listed.id)  # as it is now: starting others awaits, and it may be cancelled
+                if row is None or not _waiting(row) or self._held_by_dependencies(row):
                     continue
                 need = row.spec.gpus
                 if need:
@@ -83,7 +138,7 @@ class Scheduler:
                         continue
                     cpu_running += 1
                     devices = []
-                await self._launch(row, devices)
+                await self._start_on(row, devices)
 
     def _waiting(self) -> list[JobRow]:
         """Queued jobs whose work dir is built and that nobody is starting yet."""
@@ -109,17 +164,25 @@ class Scheduler:
         if row.waiting != why:
             self.daemon.store.update(row.id, waiting=why)
 
-    async def _launch(self, row: JobRow, devices: list[str]) -> None:
-        """Record the devices with the job, then start it with them."""
+    async def _start_on(self, row: JobRow, devices: list[str]) -> None:
+        """Record the devices with the job, then hand it to the executor with them."""
         self.daemon.store.update(row.id, gpus=json.dumps(devices), waiting=None)
         crash_point("start-scheduled")
-        row = self.daemon.store.get(row.id) or row
+        row = replace(row, gpus=devices, waiting=None)
         command = tty_command(self.daemon, row) if row.spec.tty else None
         try:
             env = job_env(self.daemon, row, devices, self.devices)
-            await self.daemon.supervisor.start(row, env, DEFAULT_GRACE_S, command)
+            await self.daemon.supervisor.start_job(row, env, DEFAULT_GRACE_S, command)
         except OSError as exc:  # e.g. a full disk: the job is recorded as failed, not left queued forever
             self.daemon.supervisor.mark_failed(row, f"could not start: {exc.strerror or exc}")
+
+
+def snapshot_files(row: JobRow) -> list[FileEntry]:
+    """The manifest a job's work dir was built from."""
+    try:
+        return read_manifest(Path(row.job_dir) / jobdir.FILES)
+    except (OSError, ValueError, TypeError) as exc:
+        raise SnapshotError(f"job {row.id} kept no readable snapshot manifest ({exc}); submit it again") from None
 
 
 def _waiting(row: JobRow) -> bool:

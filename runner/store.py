@@ -40,7 +40,7 @@ _COLUMNS = [
     "exit_code", "signal", "pid", "shim_pid", "shim_start", "boot_id", "reason", "restarted_as", "prepared",
     "gpus", "waiting",
 ]  # fmt: skip
-_UPDATABLE = set(_COLUMNS) - {"id", "spec", "created_at"}
+_UPDATABLE = set(_COLUMNS) - {"id", "state", "spec", "created_at"}  # a state moves only by `move`
 
 PENDING, SENT, EXPIRED = "pending", "sent", "expired"  # a delivery's state: to be tried (again), done, given up
 
@@ -142,11 +142,12 @@ class Store:
         submission id without its job.
         """
         while True:
+            created_at = time.time()
             with self.transaction():
                 cur = self.db.execute(
                     "INSERT INTO jobs (name, state, spec, job_dir, checkpoint_dir, created_at, submission_id) "
                     "VALUES (?,?,?,?,?,?,?)",
-                    (name, JobState.QUEUED, spec.to_json(), "", "", time.time(), submission_id),
+                    (name, JobState.QUEUED, spec.to_json(), "", "", created_at, submission_id),
                 )
                 job_id = int(cur.lastrowid or 0)
                 job_dir = jobs_dir / str(job_id)
@@ -161,9 +162,7 @@ class Store:
                     "UPDATE jobs SET job_dir=?, checkpoint_dir=? WHERE id=?",
                     (str(job_dir), str(checkpoints), job_id),
                 )
-            row = self.get(job_id)
-            assert row is not None
-            return row
+            return JobRow(job_id, name, JobState.QUEUED, spec, str(job_dir), str(checkpoints), created_at)
 
     def find_submission(self, submission_id: str) -> Optional[JobRow]:
         """The job that the submit with this client-made id created, if any."""
@@ -172,7 +171,20 @@ class Store:
         ).fetchone()
         return _row(row) if row else None
 
+    def move(self, job_id: int, old: str, new: str, **values: Any) -> bool:
+        """Set a job's state to `new` (and `values`) if it is `old`; False, with nothing written, if it is not.
+        runner/lifecycle.py alone calls this: it checks the move first."""
+        unknown = set(values) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"not updatable: {sorted(unknown)}")
+        assignments = "".join(f", {k}=?" for k in values)
+        cur = self.db.execute(
+            f"UPDATE jobs SET state=?{assignments} WHERE id=? AND state=?", (new, *values.values(), job_id, old)
+        )
+        return cur.rowcount == 1
+
     def update(self, job_id: int, **values: Any) -> None:
+        """Write fields of a job other than its state."""
         unknown = set(values) - _UPDATABLE
         if unknown:
             raise ValueError(f"not updatable: {sorted(unknown)}")

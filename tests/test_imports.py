@@ -49,3 +49,41 @@ def test_local_verbs_never_import_ssh_or_the_daemon(tf: Tfrun, project: Path, ar
 def test_help_draws_no_table(tf: Tfrun) -> None:
     """`tfrun --help` is click's text: rich, which tables and colour need, is not loaded for it."""
     assert "rich" not in imported(tf, "--help")
+
+
+# What `tfrun --help` never loads: the verbs are listed from client/verbs/'s VERBS, so neither the protocol, nor
+# the event loop, nor rich, nor any verb's module is imported to print it.
+NEVER_IN_HELP = {"asyncio", "tfrun.protocol", "rich", "tfrun.client.api", "tfrun.client.connection"}
+
+
+def test_help_imports_no_verb(tf: Tfrun) -> None:
+    found = imported(tf, "--help")
+    assert "tfrun.client.cli" in found
+    assert not found & NEVER_IN_HELP, sorted(found & NEVER_IN_HELP)
+    assert not {name for name in found if name.startswith("tfrun.client.verbs.")}
+
+
+@pytest.mark.parametrize("argv", [["ps"], ["ps", "-a", "--json"], ["status"]])
+def test_a_local_request_to_a_running_daemon_needs_no_event_loop(tf: Tfrun, project: Path, argv: list[str]) -> None:
+    """ps and status ask a daemon that is up over a plain socket (client/syncchannel.py): no asyncio, no API."""
+    write_script(project, "job.py", "print('done')\n")
+    job = str(tf.submit(str(project / "job.py")))
+    tf.ok("wait", job)
+    found = imported(tf, *argv, *([job] if argv == ["status"] else []))
+    assert "tfrun.client.syncchannel" in found
+    assert not found & {"asyncio", "tfrun.client.api", "tfrun.client.follow"}, sorted(found)
+
+
+def test_the_verb_table_says_what_each_verb_says() -> None:
+    """`tfrun --help` lists each verb with the first sentence that VERBS holds for it, at any width as the
+    verb's own help would be cut: the table and the verbs' docstrings never drift apart."""
+    import click
+
+    from tfrun.client.cli import main
+    from tfrun.client.verbs import VERBS
+
+    assert sorted(main.commands) == sorted(VERBS)
+    for name, (_, _, summary) in VERBS.items():
+        command = main.commands[name]
+        for limit in (30, 45, 80, 200, 10_000):
+            assert click.Command(name, help=summary).get_short_help_str(limit) == command.get_short_help_str(limit)

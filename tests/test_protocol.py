@@ -102,6 +102,13 @@ def test_malformed_frames_are_refused_with_a_reason(line: bytes, complaint: str)
         decode_header(line)
 
 
+def test_a_job_state_is_one_of_the_states() -> None:
+    header = json.loads(encode(JobReply(sample_job())).split(b"\n")[0])
+    header["job"]["state"] = "paused"
+    with pytest.raises(ProtocolError, match=r"job\.state: expected one of queued, running, succeeded, failed"):
+        decode_header(json.dumps(header).encode())
+
+
 def test_oversized_values_are_refused() -> None:
     too_many = json.dumps({"type": "cancel", "jobs": ["1"] * (1 << 20 | 1)})
     with pytest.raises(ProtocolError, match="more than"):

@@ -9,3 +9,26 @@ newer, with only the standard library), and importing it imports this file first
 """
 
 __version__ = "0.1.0"
+
+# The Python API (client/api.py), imported on first use only: a training process imports this package too.
+_API = {
+    "Client": "tfrun.client.api",
+    "AsyncClient": "tfrun.client.api",
+    "JobHandle": "tfrun.client.api",
+    "NoSuchJob": "tfrun.client.api",
+    "LogQuery": "tfrun.client.follow",
+    "TfrunError": "tfrun.client.errors",
+    "RemoteError": "tfrun.protocol",
+    "ProtocolError": "tfrun.protocol",
+}
+
+
+def __getattr__(name: str) -> type:
+    """`tfrun.Client` and the API's other names (all classes), imported when first asked for (PEP 562)."""
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tfrun' has no attribute {name!r}")
+    import importlib
+
+    found: type = getattr(importlib.import_module(module), name)
+    return found

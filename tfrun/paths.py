@@ -5,7 +5,6 @@ The client uses this to find the local daemon's socket; the daemon uses it for e
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,8 @@ class Layout:
         natural = self.run_dir / "tfrund.sock"
         if len(os.fsencode(natural)) <= _MAX_SOCKET_PATH:
             return natural
+        import hashlib  # here, not above: its OpenSSL costs every local `tfrun ps` some 4 ms, for a rare path
+
         digest = hashlib.sha256(os.fsencode(self.home)).hexdigest()[:16]
         return Path("/tmp") / f"tfrun-{os.getuid()}" / f"{digest}.sock"
 

@@ -11,7 +11,8 @@ submit uploads first: `HaveBlobs` names the contents of the work dir by SHA-256,
 with the ones it lacks, the client sends those, small ones packed together in `PutBlobs` and large ones
 in `PutBlob` chunks (each frame of `PutBlobs` and each last chunk answered by `Ok`, so the client may
 send many before reading), then `Submit` lists the files. Either side may close
-after a response.
+after a response. Each request class names what answers it (`class Wait(Request[JobReply])`), and
+`Channel.ask` checks every reply against that in one place.
 
 Strings are JSON with non-ASCII escaped, so a file name that is not UTF-8 (held as Python's
 surrogate escapes) crosses intact and becomes the same bytes on the other side.
@@ -25,13 +26,12 @@ and RE2 compiles) never reaches a handler. An int with no declared range is a si
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Optional, Protocol, TypeVar, Union
+from typing import Annotated, Any, ClassVar, Final, Generic, Literal, Optional, Protocol, TypeVar, Union
 
 from tfrun import __version__
 from tfrun.constants import (
@@ -61,18 +61,21 @@ from tfrun.constants import (
 PROTOCOL_VERSION = 2
 
 
+State = Literal["queued", "running", "succeeded", "failed", "cancelled", "lost"]  # a job's, as the wire spells it
+
+
 class JobState:
-    """The states a job moves through. The last four are final: the job's processes are all gone."""
+    """The states a job moves through (`State`). The last four are final: the job's processes are all gone."""
 
-    QUEUED = "queued"  # recorded, its shim not yet running
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"  # exited 0
-    FAILED = "failed"  # exited non-zero, was killed by a signal, or could not start
-    CANCELLED = "cancelled"  # ended after `tfrun cancel`
-    LOST = "lost"  # its shim vanished without recording an exit status (e.g. the machine rebooted)
+    QUEUED: Final[State] = "queued"  # recorded, its shim not yet running
+    RUNNING: Final[State] = "running"
+    SUCCEEDED: Final[State] = "succeeded"  # exited 0
+    FAILED: Final[State] = "failed"  # exited non-zero, was killed by a signal, or could not start
+    CANCELLED: Final[State] = "cancelled"  # ended after `tfrun cancel`
+    LOST: Final[State] = "lost"  # its shim vanished without recording an exit status (e.g. the machine rebooted)
 
-    ALL = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST)
-    FINAL = (SUCCEEDED, FAILED, CANCELLED, LOST)
+    ALL: tuple[str, ...] = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST)
+    FINAL: tuple[str, ...] = (SUCCEEDED, FAILED, CANCELLED, LOST)
 
 
 class ErrorCode:
@@ -101,8 +104,28 @@ class Message:
     TYPE: ClassVar[str] = ""
 
 
+R = TypeVar("R", bound=Message, covariant=True)
+
+
+class Request(Message, Generic[R]):
+    """A message from client to daemon that names what it is answered with: `class Wait(Request[JobReply])`.
+    `REPLIES` holds the reply classes (several for a streamed answer, as `ReadLog`'s), read from that base
+    class once, so that `Channel.ask` checks every reply in one place (besides an `Error`, which any request
+    may get)."""
+
+    REPLIES: ClassVar[tuple[type[Message], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            if typing.get_origin(base) is Request:
+                (reply,) = typing.get_args(base)
+                cls.REPLIES = typing.get_args(reply) if typing.get_origin(reply) is Union else (reply,)
+
+
 _REGISTRY: dict[str, type[Message]] = {}
 M = TypeVar("M", bound=type[Message])
+T = TypeVar("T", bound=Message)
 
 
 def _message(tag: str) -> typing.Callable[[M], M]:
@@ -177,7 +200,7 @@ class Job:
     """Everything a client may see of a job. Secrets never go here: `env` holds what the user passed."""
 
     id: int
-    state: str
+    state: State
     script: str
     args: list[str]
     command: list[str]  # the argv the shim runs
@@ -337,315 +360,6 @@ class Hello(Message):
     protocol: int
     version: Text
     role: Text
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Requests (client to daemon)
-
-
-@_message("have_blobs")
-@dataclass
-class HaveBlobs(Message):
-    """Which of these contents (SHA-256, hex) does the daemon lack? Answered by `MissingBlobs`."""
-
-    digests: list[Text]
-
-
-@_message("put_blob")
-@dataclass
-class PutBlob(Message):
-    """Bytes of one content, from `offset`; the chunk with `last` is answered by `Ok` once stored."""
-
-    digest: Text
-    offset: Offset
-    last: bool
-    data: bytes
-
-
-@_message("put_blobs")
-@dataclass
-class PutBlobs(Message):
-    """Several whole small contents in one frame, their bytes one after another; answered by `Ok`."""
-
-    digests: list[Text]
-    sizes: list[Annotated[int, Range(0, MAX_PAYLOAD_BYTES)]]
-    data: bytes
-
-
-@_message("submit")
-@dataclass
-class Submit(Message):
-    """Run `script` from a snapshot made of `files`, whose contents the daemon holds (see `HaveBlobs`).
-
-    `script` is a path among `files`. A `.py` script runs under `python` (the daemon's default job
-    interpreter when None); anything else is executed directly.
-    """
-
-    files: list[FileEntry]
-    script: str
-    args: list[str] = field(default_factory=list)
-    name: Optional[Text] = None
-    env: dict[str, str] = field(default_factory=dict)
-    python: Optional[str] = None
-    source: Optional[str] = None
-    git_commit: Optional[Text] = None
-    git_dirty: Optional[bool] = None
-    # run it again (same snapshot, same checkpoints) after a failure, up to N times
-    max_restarts: Annotated[int, Range(0, MAX_RESTARTS)] = 0
-    alerts: list[Text] = field(default_factory=list)  # rules to turn on or tune for this job: "stall=10m", "done"
-    no_alerts: list[Text] = field(default_factory=list)  # rules to turn off for this job ("all": every one)
-    notify: list[Text] = field(default_factory=list)  # apprise URLs for this job's alerts; secret: never echoed
-    metric_patterns: Patterns = field(default_factory=list)  # regexes with named groups for its log's metrics
-    gpus: Optional[Offset] = None  # GPUs of its own (None: the daemon's default: 1 where there are GPUs, else 0)
-    priority: Annotated[int, Range(-MAX_PRIORITY, MAX_PRIORITY)] = 0  # among waiting jobs, higher starts first
-    after: list[JobRef] = field(default_factory=list)  # jobs (ids or names) that must succeed before it starts
-    tty: bool = False  # run it in a tmux session on the box that `tfrun attach` opens
-    # The client's own id for this submit (a uuid4): the same id again gets the job the first one made, so a
-    # client whose daemon died before answering can send it again without running the job twice.
-    submission_id: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None
-
-
-@_message("doctor")
-@dataclass
-class Doctor(Message):
-    """Check the box's health for training (runner/doctor.py); answered by `DoctorReport`.
-    `python`: the job interpreter to check (default: the one jobs get)."""
-
-    python: Optional[str] = None
-
-
-@dataclass
-class Check:
-    """One line of `tfrun doctor`: `status` is "ok", "warn" (works, but see `advice`) or "fail"."""
-
-    name: str
-    status: str
-    detail: str
-    advice: Optional[str] = None
-
-
-@_message("doctor_report")
-@dataclass
-class DoctorReport(Message):
-    checks: list[Check]
-
-
-@_message("restart")
-@dataclass
-class Restart(Message):
-    """Run an ended job again as a new job: its snapshot, command and checkpoint folder. Answered by
-    `JobReply` with the new job."""
-
-    job: JobRef
-
-
-@_message("list")
-@dataclass
-class ListJobs(Message):
-    """Jobs that are not final, or every job with `all`."""
-
-    all: bool = False
-
-
-@_message("get")
-@dataclass
-class GetJob(Message):
-    """One job by id or name (a name means the newest job of that name)."""
-
-    job: JobRef
-
-
-@_message("cancel")
-@dataclass
-class Cancel(Message):
-    """SIGTERM each job's process group, SIGKILL after `grace` seconds; answered once all have ended."""
-
-    jobs: Annotated[list[JobRef], Limit(items=MAX_CANCEL_JOBS)]
-    grace: Optional[Annotated[float, Range(0, MAX_GRACE_S)]] = None
-
-
-@_message("wait")
-@dataclass
-class Wait(Message):
-    """Answered with the job's record once it is final."""
-
-    job: JobRef
-
-
-@_message("read_log")
-@dataclass
-class ReadLog(Message):
-    """The job's output from byte `offset`; with `follow`, keep sending until the job ends.
-
-    With no filter the bytes come as they are, in `LogChunk`s. With `patterns`, `tail`, a `since` or
-    `timestamps` the daemon reads the log as terminal lines (see runner/lines.py) and sends only the lines
-    that pass, in `LogLines`; `offset` must then be a line boundary, as every `LogLines.next_offset` is.
-    Times are the box's: seconds since the epoch, from the log's (offset, time) index.
-    """
-
-    job: JobRef
-    offset: Offset = 0
-    follow: bool = False
-    patterns: Patterns = field(default_factory=list)  # extended regular expressions, ORed
-    invert: bool = False
-    ignore_case: bool = False
-    fixed: bool = False  # patterns are plain strings
-    tail: Optional[Annotated[int, Range(0, MAX_TAIL)]] = None  # only the last N lines (that pass) of what is there now
-    after: Context = 0  # lines of context after each match, as grep -A
-    before: Context = 0  # and before, as grep -B
-    since: Optional[float] = None  # only lines complete at or after this time
-    # only lines complete in the last this many seconds (the box's clock)
-    since_ago: Optional[Annotated[float, Range(0, math.inf)]] = None
-    timestamps: bool = False  # each line starts with the time it was complete, as RFC 3339 in UTC
-
-
-@_message("list_files")
-@dataclass
-class ListFiles(Message):
-    """Entries under `path` of a job's folder (e.g. "work/out", "output.log") or, when `path` starts with
-    "checkpoints", of its checkpoint folder. Answered by `FileList`."""
-
-    job: JobRef
-    path: str = "checkpoints"
-
-
-@_message("read_file")
-@dataclass
-class ReadFile(Message):
-    """A file's bytes from `offset`, in the same namespace as `ListFiles`; answered by `FileChunk`s."""
-
-    job: JobRef
-    path: str
-    offset: Offset = 0
-
-
-@_message("list_alerts")
-@dataclass
-class ListAlerts(Message):
-    """Alerts of one job (or of all, newest last), with how their delivery went; answered by `AlertList`."""
-
-    job: Optional[JobRef] = None
-    limit: Annotated[int, Range(1, MAX_ALERTS)] = 100
-
-
-@_message("notify_test")
-@dataclass
-class NotifyTest(Message):
-    """Send one test message to `url`, or to each URL the daemon is configured with; answered by
-    `NotifyReport` once every attempt is over. Nothing is stored or retried."""
-
-    url: Optional[Text] = None
-
-
-@_message("get_metrics")
-@dataclass
-class GetMetrics(Message):
-    """A job's metrics, the last `last` samples (all when None); answered by `MetricsReply`."""
-
-    job: JobRef
-    last: Optional[Annotated[int, Range(1, MAX_INT64)]] = None
-
-
-@_message("explain_metrics")
-@dataclass
-class ExplainMetrics(Message):
-    """How the daemon reads the job's output for metrics, one line of each shape; answered by
-    `MetricsExplained`."""
-
-    job: JobRef
-    lines: Annotated[int, Range(1, 1000)] = 30
-
-
-@_message("list_gpus")
-@dataclass
-class ListGpus(Message):
-    """The box's GPUs, their memory and load, and the job each is given to; answered by `GpuList`."""
-
-
-@_message("top")
-@dataclass
-class Top(Message):
-    """What `tfrun top` shows, in one round trip: unfinished jobs and the `recent` last ended ones, the
-    GPUs, and each shown job's last training losses. Answered by `TopReply`."""
-
-    recent: Annotated[int, Range(0, MAX_TOP_RECENT)] = 5
-    losses: Annotated[int, Range(0, MAX_TOP_LOSSES)] = 30
-
-
-@_message("attach")
-@dataclass
-class Attach(Message):
-    """How to open a running `--tty` job's session: answered by `AttachReply`."""
-
-    job: JobRef
-
-
-@_message("daemon_status")
-@dataclass
-class DaemonStatus(Message):
-    """Ask for `DaemonInfo`."""
-
-
-@_message("shutdown")
-@dataclass
-class Shutdown(Message):
-    """Stop the daemon. Jobs keep running; the next daemon re-adopts them."""
-
-
-@_message("remove")
-@dataclass
-class Remove(Message):
-    """Remove ended jobs: their folders and records, their checkpoint folders with `checkpoints` (where no
-    kept job shares them), then the uploaded contents no kept job needs (runner/housekeeping.py). With
-    `dry_run`, only say what would go. Answered by `RemoveReply`."""
-
-    jobs: Annotated[list[JobRef], Limit(items=MAX_REMOVE_JOBS)]
-    checkpoints: bool = False
-    dry_run: bool = False
-
-
-@_message("prune")
-@dataclass
-class Prune(Message):
-    """Remove the ended jobs that ended more than `older_than` seconds ago, less the `keep_last` that ended
-    last (both given: picked by both; neither: no job), as `Remove` does; answered by `RemoveReply`."""
-
-    older_than: Optional[Annotated[float, Range(0, math.inf)]] = None
-    keep_last: Optional[Offset] = None
-    checkpoints: bool = False
-    dry_run: bool = False
-
-
-@_message("disk_usage")
-@dataclass
-class DiskUsage(Message):
-    """What tfrun's folders take on the box; answered by `DiskReport`."""
-
-
-@_message("get_config")
-@dataclass
-class GetConfig(Message):
-    """The daemon's config as it uses it now, secrets masked; answered by `ConfigReply`."""
-
-
-@_message("reload_config")
-@dataclass
-class ReloadConfig(Message):
-    """Read config.toml again and use it from now on, as SIGHUP does; answered by `ConfigReply` with what
-    changed. A file the daemon cannot use is refused with an `Error`, and the running config stays."""
-
-
-@_message("set_config")
-@dataclass
-class SetConfig(Message):
-    """Set `key` ("notify", "alerts.cooldown") in config.toml to `values` (one word, or a list's items), or
-    remove it with `unset`: the would-be file is loaded first, then only the key's lines are rewritten (every
-    comment stays), then it is reloaded. Answered by `ConfigReply` with what changed. `values` may hold
-    notify URLs: secret, never echoed."""
-
-    key: Annotated[str, UTF8, Limit(chars=MAX_NAME)]
-    values: Annotated[list[Text], Limit(items=MAX_CONFIG_VALUES, chars=MAX_STRING)] = field(default_factory=list)
-    unset: bool = False
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -835,6 +549,315 @@ class ConfigReply(Message):
     changes: list[str] = field(default_factory=list)  # after a reload: each key that changed, and from when
 
 
+@dataclass
+class Check:
+    """One line of `tfrun doctor`: `status` is "ok", "warn" (works, but see `advice`) or "fail"."""
+
+    name: str
+    status: str
+    detail: str
+    advice: Optional[str] = None
+
+
+@_message("doctor_report")
+@dataclass
+class DoctorReport(Message):
+    checks: list[Check]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Requests (client to daemon)
+
+
+@_message("have_blobs")
+@dataclass
+class HaveBlobs(Request[MissingBlobs]):
+    """Which of these contents (SHA-256, hex) does the daemon lack? Answered by `MissingBlobs`."""
+
+    digests: list[Text]
+
+
+@_message("put_blob")
+@dataclass
+class PutBlob(Request[Ok]):
+    """Bytes of one content, from `offset`; the chunk with `last` is answered by `Ok` once stored."""
+
+    digest: Text
+    offset: Offset
+    last: bool
+    data: bytes
+
+
+@_message("put_blobs")
+@dataclass
+class PutBlobs(Request[Ok]):
+    """Several whole small contents in one frame, their bytes one after another; answered by `Ok`."""
+
+    digests: list[Text]
+    sizes: list[Annotated[int, Range(0, MAX_PAYLOAD_BYTES)]]
+    data: bytes
+
+
+@_message("submit")
+@dataclass
+class Submit(Request[JobReply]):
+    """Run `script` from a snapshot made of `files`, whose contents the daemon holds (see `HaveBlobs`).
+
+    `script` is a path among `files`. A `.py` script runs under `python` (the daemon's default job
+    interpreter when None); anything else is executed directly.
+    """
+
+    files: list[FileEntry]
+    script: str
+    args: list[str] = field(default_factory=list)
+    name: Optional[Text] = None
+    env: dict[str, str] = field(default_factory=dict)
+    python: Optional[str] = None
+    source: Optional[str] = None
+    git_commit: Optional[Text] = None
+    git_dirty: Optional[bool] = None
+    # run it again (same snapshot, same checkpoints) after a failure, up to N times
+    max_restarts: Annotated[int, Range(0, MAX_RESTARTS)] = 0
+    alerts: list[Text] = field(default_factory=list)  # rules to turn on or tune for this job: "stall=10m", "done"
+    no_alerts: list[Text] = field(default_factory=list)  # rules to turn off for this job ("all": every one)
+    notify: list[Text] = field(default_factory=list)  # apprise URLs for this job's alerts; secret: never echoed
+    metric_patterns: Patterns = field(default_factory=list)  # regexes with named groups for its log's metrics
+    gpus: Optional[Offset] = None  # GPUs of its own (None: the daemon's default: 1 where there are GPUs, else 0)
+    priority: Annotated[int, Range(-MAX_PRIORITY, MAX_PRIORITY)] = 0  # among waiting jobs, higher starts first
+    after: list[JobRef] = field(default_factory=list)  # jobs (ids or names) that must succeed before it starts
+    tty: bool = False  # run it in a tmux session on the box that `tfrun attach` opens
+    # The client's own id for this submit (a uuid4): the same id again gets the job the first one made, so a
+    # client whose daemon died before answering can send it again without running the job twice.
+    submission_id: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None
+
+
+@_message("doctor")
+@dataclass
+class Doctor(Request[DoctorReport]):
+    """Check the box's health for training (runner/doctor.py); answered by `DoctorReport`.
+    `python`: the job interpreter to check (default: the one jobs get)."""
+
+    python: Optional[str] = None
+
+
+@_message("restart")
+@dataclass
+class Restart(Request[JobReply]):
+    """Run an ended job again as a new job: its snapshot, command and checkpoint folder. Answered by
+    `JobReply` with the new job."""
+
+    job: JobRef
+
+
+@_message("list")
+@dataclass
+class ListJobs(Request[JobList]):
+    """Jobs that are not final, or every job with `all`."""
+
+    all: bool = False
+
+
+@_message("get")
+@dataclass
+class GetJob(Request[JobReply]):
+    """One job by id or name (a name means the newest job of that name)."""
+
+    job: JobRef
+
+
+@_message("cancel")
+@dataclass
+class Cancel(Request[CancelReply]):
+    """SIGTERM each job's process group, SIGKILL after `grace` seconds; answered once all have ended."""
+
+    jobs: Annotated[list[JobRef], Limit(items=MAX_CANCEL_JOBS)]
+    grace: Optional[Annotated[float, Range(0, MAX_GRACE_S)]] = None
+
+
+@_message("wait")
+@dataclass
+class Wait(Request[JobReply]):
+    """Answered with the job's record once it is final."""
+
+    job: JobRef
+
+
+@_message("read_log")
+@dataclass
+class ReadLog(Request[Union[LogChunk, LogLines, LogEnd]]):
+    """The job's output from byte `offset`; with `follow`, keep sending until the job ends.
+
+    With no filter the bytes come as they are, in `LogChunk`s. With `patterns`, `tail`, a `since` or
+    `timestamps` the daemon reads the log as terminal lines (see runner/lines.py) and sends only the lines
+    that pass, in `LogLines`; `offset` must then be a line boundary, as every `LogLines.next_offset` is.
+    Times are the box's: seconds since the epoch, from the log's (offset, time) index.
+    """
+
+    job: JobRef
+    offset: Offset = 0
+    follow: bool = False
+    patterns: Patterns = field(default_factory=list)  # extended regular expressions, ORed
+    invert: bool = False
+    ignore_case: bool = False
+    fixed: bool = False  # patterns are plain strings
+    tail: Optional[Annotated[int, Range(0, MAX_TAIL)]] = None  # only the last N lines (that pass) of what is there now
+    after: Context = 0  # lines of context after each match, as grep -A
+    before: Context = 0  # and before, as grep -B
+    since: Optional[float] = None  # only lines complete at or after this time
+    # only lines complete in the last this many seconds (the box's clock)
+    since_ago: Optional[Annotated[float, Range(0, math.inf)]] = None
+    timestamps: bool = False  # each line starts with the time it was complete, as RFC 3339 in UTC
+
+
+@_message("list_files")
+@dataclass
+class ListFiles(Request[FileList]):
+    """Entries under `path` of a job's folder (e.g. "work/out", "output.log") or, when `path` starts with
+    "checkpoints", of its checkpoint folder. Answered by `FileList`."""
+
+    job: JobRef
+    path: str = "checkpoints"
+
+
+@_message("read_file")
+@dataclass
+class ReadFile(Request[FileChunk]):
+    """A file's bytes from `offset`, in the same namespace as `ListFiles`; answered by `FileChunk`s."""
+
+    job: JobRef
+    path: str
+    offset: Offset = 0
+
+
+@_message("list_alerts")
+@dataclass
+class ListAlerts(Request[AlertList]):
+    """Alerts of one job (or of all, newest last), with how their delivery went; answered by `AlertList`."""
+
+    job: Optional[JobRef] = None
+    limit: Annotated[int, Range(1, MAX_ALERTS)] = 100
+
+
+@_message("notify_test")
+@dataclass
+class NotifyTest(Request[NotifyReport]):
+    """Send one test message to `url`, or to each URL the daemon is configured with; answered by
+    `NotifyReport` once every attempt is over. Nothing is stored or retried."""
+
+    url: Optional[Text] = None
+
+
+@_message("get_metrics")
+@dataclass
+class GetMetrics(Request[MetricsReply]):
+    """A job's metrics, the last `last` samples (all when None); answered by `MetricsReply`."""
+
+    job: JobRef
+    last: Optional[Annotated[int, Range(1, MAX_INT64)]] = None
+
+
+@_message("explain_metrics")
+@dataclass
+class ExplainMetrics(Request[MetricsExplained]):
+    """How the daemon reads the job's output for metrics, one line of each shape; answered by
+    `MetricsExplained`."""
+
+    job: JobRef
+    lines: Annotated[int, Range(1, 1000)] = 30
+
+
+@_message("list_gpus")
+@dataclass
+class ListGpus(Request[GpuList]):
+    """The box's GPUs, their memory and load, and the job each is given to; answered by `GpuList`."""
+
+
+@_message("top")
+@dataclass
+class Top(Request[TopReply]):
+    """What `tfrun top` shows, in one round trip: unfinished jobs and the `recent` last ended ones, the
+    GPUs, and each shown job's last training losses. Answered by `TopReply`."""
+
+    recent: Annotated[int, Range(0, MAX_TOP_RECENT)] = 5
+    losses: Annotated[int, Range(0, MAX_TOP_LOSSES)] = 30
+
+
+@_message("attach")
+@dataclass
+class Attach(Request[AttachReply]):
+    """How to open a running `--tty` job's session: answered by `AttachReply`."""
+
+    job: JobRef
+
+
+@_message("daemon_status")
+@dataclass
+class DaemonStatus(Request[DaemonInfo]):
+    """Ask for `DaemonInfo`."""
+
+
+@_message("shutdown")
+@dataclass
+class Shutdown(Request[Ok]):
+    """Stop the daemon. Jobs keep running; the next daemon re-adopts them."""
+
+
+@_message("remove")
+@dataclass
+class Remove(Request[RemoveReply]):
+    """Remove ended jobs: their folders and records, their checkpoint folders with `checkpoints` (where no
+    kept job shares them), then the uploaded contents no kept job needs (runner/housekeeping.py). With
+    `dry_run`, only say what would go. Answered by `RemoveReply`."""
+
+    jobs: Annotated[list[JobRef], Limit(items=MAX_REMOVE_JOBS)]
+    checkpoints: bool = False
+    dry_run: bool = False
+
+
+@_message("prune")
+@dataclass
+class Prune(Request[RemoveReply]):
+    """Remove the ended jobs that ended more than `older_than` seconds ago, less the `keep_last` that ended
+    last (both given: picked by both; neither: no job), as `Remove` does; answered by `RemoveReply`."""
+
+    older_than: Optional[Annotated[float, Range(0, math.inf)]] = None
+    keep_last: Optional[Offset] = None
+    checkpoints: bool = False
+    dry_run: bool = False
+
+
+@_message("disk_usage")
+@dataclass
+class DiskUsage(Request[DiskReport]):
+    """What tfrun's folders take on the box; answered by `DiskReport`."""
+
+
+@_message("get_config")
+@dataclass
+class GetConfig(Request[ConfigReply]):
+    """The daemon's config as it uses it now, secrets masked; answered by `ConfigReply`."""
+
+
+@_message("reload_config")
+@dataclass
+class ReloadConfig(Request[ConfigReply]):
+    """Read config.toml again and use it from now on, as SIGHUP does; answered by `ConfigReply` with what
+    changed. A file the daemon cannot use is refused with an `Error`, and the running config stays."""
+
+
+@_message("set_config")
+@dataclass
+class SetConfig(Request[ConfigReply]):
+    """Set `key` ("notify", "alerts.cooldown") in config.toml to `values` (one word, or a list's items), or
+    remove it with `unset`: the would-be file is loaded first, then only the key's lines are rewritten (every
+    comment stays), then it is reloaded. Answered by `ConfigReply` with what changed. `values` may hold
+    notify URLs: secret, never echoed."""
+
+    key: Annotated[str, UTF8, Limit(chars=MAX_NAME)]
+    values: Annotated[list[Text], Limit(items=MAX_CONFIG_VALUES, chars=MAX_STRING)] = field(default_factory=list)
+    unset: bool = False
+
+
 def client_hello() -> Hello:
     return Hello(protocol=PROTOCOL_VERSION, version=__version__, role="client")
 
@@ -890,6 +913,10 @@ def _make_checker(tp: Any) -> Checker:
     if origin is Union:
         inner = _checker(next(o for o in typing.get_args(tp) if o is not type(None)))
         return lambda value: None if value is None else inner(value)
+    if origin is Literal:  # a job's state: one of a few words
+        allowed = typing.get_args(tp)
+        shown = ", ".join(map(str, allowed))
+        return lambda value: value if value in allowed else _fail(f"expected one of {shown}")
     if origin is list:
         return _list_checker(_checker(typing.get_args(tp)[0]), limit)
     if origin is dict:
@@ -1133,6 +1160,8 @@ class Writer(Protocol):
 
 async def read_message(reader: Reader) -> Optional[Message]:
     """The next message, or None when the peer closed cleanly between frames."""
+    import asyncio  # here, not above: a client that asks over a plain socket (client/syncchannel.py) never loads it
+
     try:
         line = await reader.readuntil(b"\n")
     except asyncio.IncompleteReadError as exc:
@@ -1173,6 +1202,23 @@ class RemoteError(Exception):
         self.message = message
 
 
+def checked_hello(mine: Hello, reply: Message) -> Hello:
+    """The daemon's hello, if `reply` is one of this protocol's: else ProtocolError, or RemoteError with code
+    VERSION_MISMATCH saying which side to upgrade. For Channel and the CLI's plain-socket channel alike."""
+    if not isinstance(reply, Hello):
+        raise ProtocolError("the other end did not answer like a tfrund")
+    if reply.protocol != PROTOCOL_VERSION:
+        raise RemoteError(ErrorCode.VERSION_MISMATCH, mismatch_message(mine, reply))
+    return reply
+
+
+def check_reply(request: Union[Request[Any], type[Request[Any]]], reply: type[Message]) -> None:
+    """ProtocolError unless a message of class `reply` is one of the answers `request` names."""
+    if not issubclass(reply, request.REPLIES):
+        expected = " or ".join(repr(cls.TYPE) for cls in request.REPLIES)
+        raise ProtocolError(f"expected {expected} in reply to {request.TYPE!r}, got {reply.TYPE!r}")
+
+
 class Channel:
     """A connection to a daemon after the handshake: requests out, replies in."""
 
@@ -1202,15 +1248,13 @@ class Channel:
             raise ConnectionClosed("the other end closed the connection before answering the hello")
         if isinstance(reply, Error):
             raise RemoteError(reply.code, reply.message)
-        if not isinstance(reply, Hello):
-            raise ProtocolError("the other end did not answer like a tfrund")
-        if reply.protocol != PROTOCOL_VERSION:
-            raise RemoteError(ErrorCode.VERSION_MISMATCH, mismatch_message(mine, reply))
-        return cls(reader, writer, reply)
+        return cls(reader, writer, checked_hello(mine, reply))
 
     @classmethod
     async def connect_unix(cls, path: str) -> Channel:
         """A channel to whatever speaks the protocol on the Unix socket at `path` (a daemon, a keeper)."""
+        import asyncio
+
         reader, writer = await asyncio.open_unix_connection(path, limit=MAX_HEADER_BYTES + 1)
         try:
             return await cls.open(reader, writer)
@@ -1218,8 +1262,25 @@ class Channel:
             writer.close()
             raise
 
+    async def ask(self, request: Request[T]) -> T:
+        """Send one request and return its one reply, checked as `reply_to` checks it."""
+        await self.send(request)
+        return await self.reply_to(request)
+
+    async def send(self, request: Request[Any]) -> None:
+        """Send a request without waiting for its answer: one streamed back (`ReadLog`, `ReadFile`), or
+        one of several sent before their answers are read (`PutBlobs`)."""
+        await write_message(self.writer, request)
+
+    async def reply_to(self, request: Union[Request[T], type[Request[T]]]) -> T:
+        """The next message, which must be one of the replies `request` (or its class) names: an `Error`
+        raises RemoteError, any other message ProtocolError (not an assert: `python -O` drops those)."""
+        reply = await self.receive()
+        check_reply(request, type(reply))
+        return typing.cast(T, reply)
+
     async def request(self, msg: Message) -> Message:
-        """Send one request and return its one reply."""
+        """Send one message and return the next one, unchecked (tests that speak the protocol by hand)."""
         await write_message(self.writer, msg)
         return await self.receive()
 

@@ -44,6 +44,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=64, help="per replica")
     parser.add_argument("--examples", type=int, default=20000, help="how many training images to use")
     parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+    parser.add_argument("--lr", type=float, default=0.001, help="Adam's learning rate")
     parser.add_argument("--synthetic", action="store_true", help="skip the download")
     args = parser.parse_args(argv)
 
@@ -52,7 +53,7 @@ def main(argv=None):
     with strategy.scope():
         model = build(args.model)
         model.compile(
-            optimizer=tf.keras.optimizers.Adam(),
+            optimizer=tf.keras.optimizers.Adam(args.lr),
             loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )

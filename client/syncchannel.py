@@ -1,0 +1,86 @@
+"""One request and its reply over a plain blocking Unix socket: how a verb asks the daemon on this machine
+when it runs already (cli.ask), without asyncio, whose import alone costs `tfrun ps` some 35 ms.
+
+It speaks tfrun/protocol.py's frames and handshake, with its message classes and checks, as `Channel` does:
+a hello of another protocol, or an `Error` for a reply, raises RemoteError; a reply of a type the request
+does not name, ProtocolError. Only replies without raw bytes: nothing streamed (logs, files, uploads),
+nothing that starts a daemon or crosses SSH. Those are client/api.py's.
+"""
+
+from __future__ import annotations
+
+import socket
+import typing
+from typing import Any, TypeVar
+
+from tfrun.constants import MAX_HEADER_BYTES
+from tfrun.protocol import (
+    ConnectionClosed,
+    Error,
+    Message,
+    ProtocolError,
+    RemoteError,
+    Request,
+    check_reply,
+    checked_hello,
+    client_hello,
+    decode_header,
+    encode,
+)
+
+M = TypeVar("M", bound=Message)
+
+
+class SyncChannel:
+    """A connection to a daemon after the handshake, for requests answered by one reply each."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.frames = sock.makefile("rb")
+
+    @classmethod
+    def connect(cls, path: str) -> SyncChannel:
+        """A channel to the daemon listening at `path`; FileNotFoundError or ConnectionRefusedError if none is."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            channel = cls(sock)
+            channel.hello()
+        except BaseException:
+            sock.close()
+            raise
+        return channel
+
+    def close(self) -> None:
+        self.frames.close()
+        self.sock.close()
+
+    def hello(self) -> None:
+        """Exchange hellos, as `Channel.open` does."""
+        mine = client_hello()
+        self.sock.sendall(encode(mine))
+        cls, fields = self._next("the other end closed the connection before answering the hello")
+        checked_hello(mine, cls(**fields))
+
+    def ask(self, request: Request[M]) -> M:
+        """Send one request and return its one reply, checked against the replies it names."""
+        self.sock.sendall(encode(request))
+        cls, fields = self._next("tfrund closed the connection without answering")
+        check_reply(request, cls)
+        return typing.cast(M, cls(**fields))
+
+    def _next(self, closed: str) -> tuple[type[Message], dict[str, Any]]:
+        """The next frame's message class and checked fields; an `Error` raises RemoteError. `closed` says
+        what a hang-up before the frame means."""
+        line = self.frames.readline(MAX_HEADER_BYTES + 1)
+        if not line:
+            raise ConnectionClosed(closed)
+        if len(line) > MAX_HEADER_BYTES:
+            raise ProtocolError(f"frame header longer than {MAX_HEADER_BYTES} bytes")
+        if not line.endswith(b"\n"):
+            raise ConnectionClosed("connection closed in the middle of a frame")
+        cls, fields, _ = decode_header(line)
+        if cls is Error:
+            error = Error(**fields)
+            raise RemoteError(error.code, error.message)
+        return cls, fields

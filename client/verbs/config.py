@@ -1,0 +1,83 @@
+"""`tfrun config`: the box's daemon config, shown, set, unset and reloaded (rendered by client/daemonconfig.py)."""
+
+from __future__ import annotations
+
+import click
+
+from tfrun.client import cli, daemonconfig
+from tfrun.protocol import ConfigReply, GetConfig, ReloadConfig, Request, SetConfig
+
+
+@click.group("config", invoke_without_command=True)
+@cli.host_options
+@click.option("--json", "as_json", is_flag=True, help="Print path, values and sources as JSON.")
+@click.pass_context
+def config_verb(ctx: click.Context, as_json: bool) -> None:
+    """The box's daemon config (config.toml in tfrund's TFRUN_HOME): show it, change it, reload it.
+
+    Without a command: every setting as tfrund uses it now, as TOML, with where it came from when that is
+    not the file (the default, or a TFRUN_* variable in tfrund's environment); notify URLs with their
+    secrets masked.
+
+    Every change applies without a restart, and says from when: notify, gpus, max_cpu_jobs and the alert
+    cooldown at once (notify for the alerts of jobs already running too); job_python, checkpoint_root,
+    default_gpus and the alert rules for jobs submitted from then on. Only what tfrund reads from its
+    environment at start (TFRUN_HOME: its state and socket; the TFRUN_* overrides) needs `tfrund stop`.
+
+    \b
+    Examples:
+      tfrun config                                what tfrund uses now (--json for scripts)
+      tfrun config set notify 'mailtos://me:app-password@smtp.example.com?to=me@example.com'
+      tfrun config set alerts.rules oom failed stall=1h
+      tfrun config set max_cpu_jobs 2
+      tfrun config unset max_cpu_jobs             back to its default
+      tfrun config reload                         after editing config.toml by hand (or: kill -HUP tfrund)
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    reply = cli.ask(GetConfig())
+    if as_json:
+        click.echo(daemonconfig.as_json(reply))
+    else:
+        daemonconfig.show(reply)
+
+
+@config_verb.command("set")
+@cli.host_options
+@click.argument("key")
+@click.argument("values", nargs=-1, required=True, metavar="VALUE...")
+@click.option("--json", "as_json", is_flag=True, help="Print path, changes, values and sources as JSON.")
+def config_set(key: str, values: tuple[str, ...], as_json: bool) -> None:
+    """Set KEY in the box's config.toml to VALUE, then reload it. Only KEY's lines change, comments stay,
+    and the whole would-be file is checked first: a value tfrund would refuse changes nothing.
+
+    KEY is a key of the file, TABLE.KEY inside a table (alerts.cooldown); `tfrun config` lists them. A
+    list (notify, gpus, alerts.rules, alerts.metric_patterns) takes each VALUE as an item, replacing the
+    list."""
+    _config_change(SetConfig(key=key, values=list(values)), as_json, f"set {key} in")
+
+
+@config_verb.command("unset")
+@cli.host_options
+@click.argument("key")
+@click.option("--json", "as_json", is_flag=True, help="Print path, changes, values and sources as JSON.")
+def config_unset(key: str, as_json: bool) -> None:
+    """Remove KEY from the box's config.toml, back to its default, then reload it."""
+    _config_change(SetConfig(key=key, unset=True), as_json, f"unset {key} in")
+
+
+@config_verb.command("reload")
+@cli.host_options
+@click.option("--json", "as_json", is_flag=True, help="Print path, changes, values and sources as JSON.")
+def config_reload(as_json: bool) -> None:
+    """Read the box's config.toml again and use it now (as SIGHUP to tfrund does); say what changed and from
+    when. A file tfrund cannot use is refused with its line, and the running config stays."""
+    _config_change(ReloadConfig(), as_json, "reloaded")
+
+
+def _config_change(request: Request[ConfigReply], as_json: bool, what: str) -> None:
+    reply = cli.ask(request)
+    if as_json:
+        click.echo(daemonconfig.as_json(reply))
+    else:
+        daemonconfig.changed(reply, what)

@@ -1,0 +1,321 @@
+"""`tfrun submit`, `ps`, `status`, `wait`, `cancel` and `restart`: jobs started, looked at and stopped."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import click
+
+from tfrun.client import cli, config, render
+from tfrun.constants import (
+    DEFAULT_GRACE_S,
+    EXIT_FAILURE,
+    EXIT_NO_SUCH_JOB,
+    EXIT_OK,
+    MAX_CANCEL_JOBS,
+    MAX_PRIORITY,
+    MAX_RESTARTS,
+    UPLOAD_WARN_BYTES,
+)
+from tfrun.protocol import GetJob, JobState, ListJobs, validate_name
+
+if TYPE_CHECKING:
+    from tfrun.client.snapshot import Snapshot
+
+
+def _snapshot_notes(snap: Snapshot) -> None:
+    """Tell the user about what is not sent, and about a snapshot big enough to be a mistake."""
+    if snap.skipped:
+        names = [name if name.isprintable() else repr(name) for name in snap.skipped[:3]]  # one line, always
+        shown = ", ".join(names) + (", ..." if len(snap.skipped) > 3 else "")
+        click.echo(f"tfrun: not sent (special files or unusable names): {shown}", err=True)
+    if snap.total_bytes > UPLOAD_WARN_BYTES:
+        largest = ", ".join(f"{e.path} ({render.size(e.size)})" for e in snap.largest(3))
+        click.echo(
+            f"tfrun: warning: the work dir snapshot holds {render.size(snap.total_bytes)} in "
+            f"{len(snap.paths)} files; largest: {largest}. Keep data out of it with .tfrunignore.",
+            err=True,
+        )
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--name", help="A name to refer to the job by (the newest job of a name wins).")
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path),
+    help="Folder to snapshot and run in (default: the script's folder). SCRIPT must be inside it.",
+)
+@click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set a variable for the job; repeatable.")
+@click.option(
+    "--python",
+    metavar="PATH",
+    help="Interpreter for a .py script (default: the host's python setting, else the daemon's job_python, "
+    "else python3 on the daemon's PATH).",
+)
+@click.option("-f", "--follow", is_flag=True, help="Follow the job's output and exit with its exit code.")
+@click.option("--max-restarts", type=click.IntRange(0, MAX_RESTARTS), default=0, metavar="N", help="If the job "
+              "fails or is lost (not cancelled), run it again as a new job with the same snapshot and checkpoint "
+              "folder, up to N times; with tfrun.jobs it resumes from its last checkpoint.")  # fmt: skip
+@click.option("--gpus", type=click.IntRange(min=0), metavar="N", help="GPUs of its own (CUDA_VISIBLE_DEVICES); "
+              "it waits until N are free. Default: the daemon's default_gpus, else 1 if the box has GPUs.")  # fmt: skip
+@click.option("--priority", type=click.IntRange(-MAX_PRIORITY, MAX_PRIORITY), default=0, metavar="P",
+              help="Among waiting jobs, higher P starts first (default 0); equal ones start in the order they "
+              "were submitted.")  # fmt: skip
+@click.option("--after", "after", multiple=True, metavar="JOB[,JOB...]", help="Start only once these jobs have "
+              "succeeded; if one fails, is cancelled or lost, this job fails without starting.")  # fmt: skip
+@click.option("--tty", is_flag=True, help="Run it in a tmux session on the box that `tfrun attach JOB` opens (for "
+              "breakpoint() or input()); its output still goes to its log.")  # fmt: skip
+@click.option("--alert", "alerts", multiple=True, metavar="RULE[=VALUE][,...]", help="Turn on or tune alert rules "
+              "for this job: oom, spike[=FACTOR], stall[=TIME], failed, done, lost (e.g. --alert stall=10m); all "
+              "are on unless the daemon's config says otherwise.")  # fmt: skip
+@click.option("--no-alert", "no_alerts", multiple=True, metavar="RULE[,...]", help="Turn alert rules off for this "
+              "job (`all` for every one), e.g. --no-alert done.")  # fmt: skip
+@click.option("--notify", multiple=True, metavar="URL", help="Also send this job's alerts to URL (any apprise URL: "
+              "mailto://, slack://, json://, ...); repeatable. Kept on the box, never shown unmasked.")  # fmt: skip
+@click.option("--metric", "metric_patterns", multiple=True, metavar="REGEX", help="Read more metrics from the "
+              "output: each named group is one, `step`/`epoch` are counters, e.g. 'it (?P<step>\\d+) "
+              "f1=(?P<f1>[0-9.]+)'.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON instead of its id.")
+@click.option("-y", "--yes", is_flag=True, help="Send a large upload without asking: on a terminal, submit asks "
+              "before sending more than confirm_upload_bytes (client config, default 1GB) the box lacks.")  # fmt: skip
+@cli.host_options
+@click.argument("script", shell_complete=cli.complete_files)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def submit(
+    name: Optional[str],
+    workdir: Optional[Path],
+    env_pairs: tuple[str, ...],
+    python: Optional[str],
+    follow: bool,
+    max_restarts: int,
+    gpus: Optional[int],
+    priority: int,
+    after: tuple[str, ...],
+    tty: bool,
+    alerts: tuple[str, ...],
+    no_alerts: tuple[str, ...],
+    notify: tuple[str, ...],
+    metric_patterns: tuple[str, ...],
+    as_json: bool,
+    yes: bool,
+    script: str,
+    args: tuple[str, ...],
+) -> None:
+    """Run SCRIPT [ARGS]... as a detached job, from a snapshot of its work dir.
+
+    A submit runs its job once: if tfrund goes away before answering, tfrun sends it again (to the
+    daemon that comes back, for up to TFRUN_RECONNECT_TIMEOUT), and a daemon that took it already
+    answers with that job. So it prints one job id, or says that nothing was submitted.
+
+    The work dir's files are sent to the daemon (only contents it does not hold yet) and the job runs
+    in a copy of its own, so editing your files afterwards never changes a queued or running job.
+    .gitignore and .tfrunignore are honoured, .git is skipped; the git commit and whether the tree was
+    dirty are recorded with the job. A .py script runs with the job interpreter; anything else is
+    executed directly (it must be executable). Everything after SCRIPT goes to the script untouched,
+    even options: put tfrun's own options before SCRIPT. One of them after SCRIPT (`train.py --host box`)
+    gets a warning; `SCRIPT -- ARGS...` passes ARGS on without one (that first -- is tfrun's, dropped).
+
+    The job's environment has PYTHONUNBUFFERED=1, TFRUN_JOB_ID, TFRUN_JOB_DIR, TFRUN_CHECKPOINT_DIR
+    (a folder of its own for checkpoints), TFRUN_METRICS_FILE and TF_FORCE_GPU_ALLOW_GROWTH=true (unless
+    set already) on top of the daemon's environment and your --env.
+
+    Alerts (out of memory, loss spikes, stalls, failure, success, loss of the job) go to the daemon's
+    notify URLs and to each --notify URL; `tfrun alerts` lists them. Metrics come from tfrun.jobs when the
+    script uses it, else from its Keras, Lightning or plain `loss` prints: `tfrun metrics`.
+    """
+    from tfrun.client.housekeeping import UploadQuestion
+    from tfrun.client.verbs.logs import follow_job
+
+    if name is not None and validate_name(name):
+        raise click.BadParameter(str(validate_name(name)), param_hint="--name")
+    env = cli.parse_env(env_pairs)
+    args = _script_args(script, args)
+    target = cli.target()
+    where = target.host.label if target.host else "the local tfrund"
+    client = cli.client()
+
+    async def conversation() -> int:
+        done = await client.submit(
+            script,
+            args,
+            workdir=workdir,
+            name=name,
+            env=env,
+            python=python,
+            max_restarts=max_restarts,
+            alerts=_split(alerts),
+            no_alerts=_split(no_alerts),
+            notify=list(notify),
+            metric_patterns=list(metric_patterns),
+            gpus=gpus,
+            priority=priority,
+            after=_split(after),
+            tty=tty,
+            on_snapshot=_snapshot_notes,
+            confirm=UploadQuestion(config.confirm_upload_bytes(config.load()), yes, where),
+        )
+        job = done.job
+        click.echo(
+            f"tfrun: uploaded {done.files_sent} of {done.files} files ({render.size(done.bytes_sent)})", err=True
+        )
+        if as_json:
+            click.echo(render.to_json(job))
+        elif follow:
+            click.echo(f"job {job.id} submitted" + (f", {job.waiting}" if job.waiting else ""), err=True)
+        else:
+            click.echo(job.id)
+        if not follow:
+            return EXIT_OK
+        return await follow_job(client, str(job.id))
+
+    sys.exit(cli.run(conversation()))
+
+
+def _script_args(script: str, args: tuple[str, ...]) -> tuple[str, ...]:
+    """The script's arguments. A `--` right after SCRIPT is tfrun's and dropped: what follows goes on as it is,
+    unremarked. Otherwise an option of submit's own among them (`--host box`) still goes to the script, which
+    may well take a --name of its own, but with a warning: it is the likeliest slip of all."""
+    if args[:1] == ("--",):
+        return args[1:]
+    ctx = click.get_current_context()
+    own = {name for param in ctx.command.get_params(ctx) if isinstance(param, click.Option)
+           for name in (*param.opts, *param.secondary_opts)}  # fmt: skip
+    found: list[str] = []
+    for arg in args:
+        if arg == "--":  # the script's own end of options: what follows is plainly meant for it
+            break
+        name = arg.split("=", 1)[0] if arg.startswith("--") else arg
+        if name in own and name not in found:
+            found.append(name)
+    if found:
+        verb = "goes" if len(found) == 1 else "go"
+        click.echo(f"tfrun: warning: {', '.join(found)} after SCRIPT {verb} to {script}, not to tfrun; put tfrun's "
+                   "options before SCRIPT, or write -- before the script's own to pass them on without this "
+                   "warning", err=True)  # fmt: skip
+    return args
+
+
+def _split(values: tuple[str, ...]) -> list[str]:
+    """Options that may repeat and take comma-separated lists: --alert oom,stall=5m --alert done."""
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+# -- looking at jobs ----------------------------------------------------------------------------------------
+
+
+@click.command()
+@cli.host_options
+@click.option("-a", "--all", "show_all", is_flag=True, help="Include jobs that have ended.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the job ids, one a line (for xargs or $(...)).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job records.")
+def ps(show_all: bool, quiet: bool, as_json: bool) -> None:
+    """List jobs that have not ended (with -a, every job).
+
+    The first line names the box (`jobs on box (alice@gpu-box)`, or `this machine`), then one row per job,
+    never wrapped: in a pipe each row is whole, so `tfrun ps -a | grep NAME` finds the job; on a terminal a
+    row too wide for it is cut with an ellipsis."""
+    if quiet and as_json:
+        raise click.UsageError("-q and --json do not go together")
+    jobs = cli.ask(ListJobs(all=show_all)).jobs
+    if as_json:
+        click.echo(render.to_json(jobs))
+    elif quiet:
+        click.echo("".join(f"{job.id}\n" for job in jobs), nl=False)
+    else:
+        render.job_table(jobs, cli.console(), cli.place(full=True))
+
+
+@click.command()
+@cli.host_options
+@click.argument("job", required=False, shell_complete=cli.complete_jobs)
+@click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON.")
+def status(job: Optional[str], as_json: bool) -> None:
+    """Show one job: state, exit code, times, folders. JOB is an id or a name; without it, the newest job."""
+    record = cli.ask(GetJob(job=job)).job if job is not None else cli.run(cli.client().newest())
+    if as_json:
+        click.echo(render.to_json(record))
+    else:
+        render.job_detail(record, cli.console())
+
+
+@click.command()
+@cli.host_options
+@click.argument("job", shell_complete=cli.complete_jobs)
+@click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON.")
+def wait(job: str, as_json: bool) -> None:
+    """Wait until JOB ends, then exit with its exit code (128+N for signal N, 255 if lost).
+
+    A job restarted after a failure (submit --max-restarts) ends when its last restart does. Through
+    daemon restarts and dropped SSH links it reconnects and waits on, however often; it gives up (exit
+    125) only once no tfrund answered for TFRUN_RECONNECT_TIMEOUT (default 5m; or reconnect_timeout in
+    the client's config.toml).
+    """
+    record = cli.run(cli.client().wait(job))
+    if as_json:
+        click.echo(render.to_json(record))
+    else:
+        code = "-" if record.exit_code is None else record.exit_code
+        click.echo(f"job {record.id} {record.state} (exit code {code})", err=True)
+    sys.exit(cli.job_exit_code(record.state, record.exit_code))
+
+
+@click.command()
+@cli.host_options
+@click.argument("jobs", nargs=-1, metavar="[JOB]...", shell_complete=cli.complete_jobs)
+@click.option("--all", "every", is_flag=True, help="Cancel every job that has not ended (queued or running).")
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 86400),
+    default=DEFAULT_GRACE_S,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON result per job.")
+def cancel(jobs: tuple[str, ...], every: bool, grace: float, as_json: bool) -> None:
+    """Stop jobs: SIGTERM to each job's process group, SIGKILL to whatever is left after --grace.
+
+    Returns once every job named has ended, with nothing of it left running. With --all, every job that
+    has not ended, each with its own line; a job that ends by itself meanwhile is no failure.
+    """
+
+    if every == bool(jobs):
+        raise click.UsageError("JOB... or --all, not both" if every else "name the JOB... to cancel, or --all")
+    if len(jobs) > MAX_CANCEL_JOBS:
+        raise click.UsageError(f"at most {MAX_CANCEL_JOBS} jobs at once")
+    client = cli.client()
+    wanted = list(jobs) or [str(job.id) for job in cli.run(client.jobs())]
+    if not wanted:
+        click.echo(f"tfrun: no unfinished jobs on {cli.place()}", err=True)
+    results = cli.run(client.cancel(wanted, grace))
+    if as_json:
+        click.echo(render.to_json(results))
+    for result in results:
+        if not as_json:
+            click.echo(result.message + (f" on {cli.place()}" if result.id is None else ""), err=not result.ok)
+    if any(r.id is None for r in results):
+        sys.exit(EXIT_NO_SUCH_JOB)
+    ended = every and all(r.ok or r.state in JobState.FINAL for r in results)  # --all: it ended by itself
+    sys.exit(EXIT_OK if ended or all(r.ok for r in results) else EXIT_FAILURE)
+
+
+@click.command()
+@cli.host_options
+@click.argument("job", shell_complete=cli.complete_jobs)
+@click.option("-f", "--follow", is_flag=True, help="Follow the new job's output and exit with its exit code.")
+@click.option("--json", "as_json", is_flag=True, help="Print the new job's record as JSON instead of its id.")
+def restart(job: str, follow: bool, as_json: bool) -> None:
+    """Run an ended JOB again, as a new job: the same snapshot (not your files as they are now), command,
+    environment, and the same checkpoint folder, so a job using tfrun.jobs resumes where it stopped."""
+    from tfrun.client.verbs.logs import follow_job
+
+    client = cli.client()
+    record = cli.run(client.restart(job))
+    if as_json:
+        click.echo(render.to_json(record))
+    elif follow:
+        click.echo(f"job {record.id} runs job {record.restart_of} again", err=True)
+    else:
+        click.echo(record.id)
+    sys.exit(cli.run(follow_job(client, str(record.id))) if follow else EXIT_OK)

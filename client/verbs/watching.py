@@ -1,0 +1,177 @@
+"""`tfrun top`, `alerts`, `notify-test`, `metrics`, `gpus` and `doctor`: watching jobs and the box."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from tfrun.client import cli, render
+from tfrun.constants import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, MAX_ALERTS
+from tfrun.protocol import Doctor, ExplainMetrics, GetMetrics, ListAlerts, ListGpus, NotifyTest
+
+
+@click.command()
+@cli.host_options
+@click.option("--python", metavar="PATH", help="Check this job interpreter on the box (default: the one jobs get).")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON list.")
+def doctor(python: Optional[str], as_json: bool) -> None:
+    """Check the box for training, as its daemon sees it: the job interpreter and its TensorFlow (built
+    with CUDA, GPUs seen, memory growth), the NVIDIA driver and CUDA version from nvidia-smi, and the
+    checkpoint root (writable, free space). Each line passes or says what to do; exits 1 if any fails.
+    A box without GPUs gets warnings, not failures."""
+    host = cli.target().host
+    checks = cli.ask(
+        Doctor(python=python or (host.python if host else None)),
+    ).checks
+    if as_json:
+        click.echo(render.to_json(checks))
+    else:
+        render.check_lines(checks, cli.console())
+    sys.exit(EXIT_FAILURE if any(check.status == "fail" for check in checks) else EXIT_OK)
+
+
+@click.command()
+@cli.host_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of GPUs.")
+def gpus(as_json: bool) -> None:
+    """The box's GPUs: memory in use, utilisation, and the job each is given to (`submit --gpus N` gives a
+    job N GPUs of its own). The devices are those NVML sees, or those the daemon's config or TFRUN_GPUS
+    names."""
+
+    found = cli.ask(ListGpus()).gpus
+    if as_json:
+        click.echo(render.to_json(found))
+    else:
+        render.gpu_table(found, cli.console())
+
+
+@click.command()
+@cli.host_options
+@click.option("-d", "--interval", type=click.FloatRange(0.2, 3600), default=1.0, show_default=True, metavar="SECONDS",
+              help="Time between two frames.")  # fmt: skip
+@click.option("--once", is_flag=True, help="Print one frame and exit (for scripts, or a terminal that is not one).")
+def top(interval: float, once: bool) -> None:
+    """A live view of the box: its unfinished and last ended jobs with their state, GPUs, runtime, last
+    loss and its trend, and its GPUs with their memory, load and job. Redrawn in place every second;
+    `q` or Ctrl-C quits. Works the same over SSH."""
+    from tfrun.client.top import show
+
+    cli.run(cli.client().session(lambda channel: show(channel, cli.console(), interval, once)))
+
+
+# -- alerts and metrics -------------------------------------------------------------------------------------
+
+
+@click.command()
+@cli.host_options
+@click.argument("job", required=False, shell_complete=cli.complete_jobs)
+@click.option("-n", "--last", type=click.IntRange(1, MAX_ALERTS), default=20, show_default=True, metavar="N",
+              help="Show the newest N alerts.")  # fmt: skip
+@click.option("--verbose", is_flag=True, help="Show each alert's whole message, as it was sent.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of alerts with their deliveries.")
+def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
+    """What fired, when, and whether it was delivered: the alerts of JOB, or of every job and the box.
+
+    Each alert is stored on the box before it is sent, then delivered to the daemon's notify URLs (its
+    config.toml) and the job's --notify URLs, retried with backoff for a day while a server is down.
+    URLs are shown with their secrets masked."""
+
+    found = cli.ask(ListAlerts(job=job, limit=last)).alerts
+    if as_json:
+        click.echo(render.to_json(found))
+    else:
+        render.alert_lines(found, verbose, cli.console())
+
+
+@click.command("notify-test")
+@cli.host_options
+@click.argument("url", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON result per URL.")
+def notify_test(url: Optional[str], as_json: bool) -> None:
+    """Send a test message from the box to URL (any apprise URL), or to each notify URL of the daemon's
+    config; say for each whether it was sent or why not. Exits 1 if any failed. Nothing is retried.
+
+    A URL apprise cannot use is refused with what is wrong with it (exit 2), e.g. `mailto://HOST?to=ADDR`:
+    "needs a sender: add from=ADDRESS"; a slack:// short of a token; an unknown service. Secrets in URLs
+    are never shown."""
+
+    results = cli.ask(NotifyTest(url=url)).results
+    if as_json:
+        click.echo(render.to_json(results))
+    else:
+        for result in results:
+            if result.state == "sent":
+                click.echo(f"sent to {result.target}")
+            else:
+                click.echo(f"tfrun: not sent to {result.target}: {result.error}", err=True)
+    sys.exit(EXIT_OK if all(result.state == "sent" for result in results) else EXIT_FAILURE)
+
+
+@click.command()
+@cli.host_options
+@click.argument("job", shell_complete=cli.complete_jobs)
+@click.option("-n", "--last", type=click.IntRange(min=1), metavar="N", help="Only the newest N samples "
+              "(default: 20 in the table, all with --json).")  # fmt: skip
+@click.option("--plot", is_flag=True, help="Draw the loss (and val_loss) over steps in the terminal.")
+@click.option("--png", type=click.Path(dir_okay=False, writable=True, path_type=Path), metavar="FILE",
+              help="Save the loss (and val_loss) over steps as a PNG (needs matplotlib: tfrun[png]).")  # fmt: skip
+@click.option("-m", "--metric", "names", multiple=True, metavar="NAME", help="Plot NAME instead of loss and "
+              "val_loss; repeatable.")  # fmt: skip
+@click.option("--explain", is_flag=True, help="Show how the daemon reads JOB's output: one line of each shape "
+              "(N of them with -n, default 30), what was read from it, at which step, and why; for a loss it "
+              "misses, write a --metric pattern at submit.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the samples (or --explain's lines) as JSON.")
+def metrics(
+    job: str,
+    last: Optional[int],
+    plot: bool,
+    png: Optional[Path],
+    names: tuple[str, ...],
+    explain: bool,
+    as_json: bool,
+) -> None:
+    """JOB's metrics by step: exact per-step values when the script uses tfrun.jobs (its callback or
+    Progress), else what the daemon read from its output: Keras and tqdm/Lightning progress bars, prints
+    such as `step 100 loss=1.23`, `iter 5: loss 2.1`, dicts and JSON lines, and --metric patterns. Keras
+    prints a running mean of each epoch; the values here are the means over the steps between two of its
+    prints, worked back from them. A line's step is the one it prints; --explain shows which, line by line."""
+
+    if explain:
+        if plot or png is not None or names:
+            cli.fail("--explain shows lines, not curves: leave out --plot, --png and --metric", EXIT_USAGE)
+        answer = cli.ask(ExplainMetrics(job=job, lines=min(last or 30, 1000)))
+        if as_json:
+            click.echo(render.to_json(answer.readings))
+        else:
+            render.explained(answer.readings, answer.truncated, cli.console())
+        return
+    whole = as_json or plot or png is not None
+    reply = cli.ask(GetMetrics(job=job, last=last if (last or whole) else 20))
+    if as_json:
+        click.echo(render.to_json(reply.samples))
+    elif not (plot or png):
+        render.metric_table(reply.source, reply.samples, cli.console())
+    if not (plot or png):
+        return
+    from tfrun.client import plot as plotting
+
+    wanted = names or plotting.default_names(reply.samples)
+    curves = plotting.series(reply.samples, wanted)
+    if not curves:
+        cli.fail(f"job {job} has no {' or '.join(wanted)} to plot yet", EXIT_FAILURE)
+    if plot:
+        console = cli.console()
+        width = max(20, min(console.width, 120) - 12)
+        for line in plotting.chart(curves, width=width):
+            console.print(line, soft_wrap=True)
+    if png is not None:
+        try:
+            plotting.save_png(png, curves, f"job {job}")
+        except ImportError:
+            cli.fail("--png needs matplotlib: pip install 'tfrun[png]'", EXIT_USAGE)
+        except OSError as exc:
+            cli.fail(f"cannot write {png}: {exc.strerror}", EXIT_USAGE)
+        click.echo(f"wrote {png}", err=True)

@@ -1,0 +1,301 @@
+"""Where jobs run: the Executor interface under the lifecycle, and LocalExecutor, a shim per job on this machine.
+
+An executor spawns jobs and tells what it sees of them; it never writes a job's state. What it sees comes
+back as changes (Started, Ended), which the supervisor (runner/supervisor.py) makes moves of through the
+lifecycle (runner/lifecycle.py). The interface is shaped for a batch system as much as for this machine
+(issue 19, Slurm):
+
+- `launch` hands a job over and returns once it is handed over (locally: its shim has started it or failed
+  to; Slurm: `sbatch --parsable` answered with an id, stored before anything else is done with it);
+- `poll` looks at many jobs at once (Slurm: one `squeue` for all of them, backing off as it is slow, then
+  `sacct` for those it no longer lists), and reports only what it is sure of: an empty or failed answer
+  is never proof that a job ended, so it is no change at all;
+- `cancel` asks for a stop with a grace period (`scancel --signal=TERM`, then KILL) and waits for nothing:
+  the end comes through `poll`, unless the job never started, which ends at once;
+- `reconcile` is the first look after a daemon start, which may find jobs ended or gone while no daemon ran;
+- `resume` starts again a queued job whose launch a dead daemon recorded but may not have made;
+- `resources` is what the scheduler may give jobs (the devices; a Slurm partition's would be its own).
+
+LocalExecutor learns everything from the job's folder (shim.json, exit.json) and from /proc: the daemon
+is never a job's parent, which is what lets a job outlive the daemon and a new daemon pick up where the
+last one stopped. A pid alone is never trusted: a shim is known by its pid, start time and boot id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol, Union
+
+import tfrun
+from tfrun.constants import EXIT_LOST
+from tfrun.paths import Layout
+from tfrun.protocol import JobState, State
+from tfrun.runner import jobdir
+from tfrun.runner.job import JobRow
+from tfrun.runner.process import Identity, boot_id
+
+if TYPE_CHECKING:
+    from tfrun.runner.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
+
+log = logging.getLogger("tfrund")
+_TFRUN_PARENT = str(Path(tfrun.__file__).resolve().parent.parent)  # where `import tfrun` finds this tfrun
+
+
+class Started(NamedTuple):
+    """A queued job runs: how the executor knows it (locally, its shim's and its process's identities)."""
+
+    pid: Optional[int]
+    shim_pid: Optional[int]
+    shim_start: Optional[int]
+    boot_id: Optional[str]
+    started_at: Optional[float]
+
+    def values(self) -> dict[str, Any]:
+        """The job's fields this sets."""
+        return self._asdict()
+
+
+class Ended(NamedTuple):
+    """A job ended (or is gone, `lost`); the fields left None are not written."""
+
+    state: State
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    started_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    reason: Optional[str] = None
+
+    def values(self) -> dict[str, Any]:
+        """The job's fields this sets, besides its state."""
+        return {k: v for k, v in self._asdict().items() if k != "state" and v is not None}
+
+
+Change = Union[Started, Ended]
+
+
+class Executor(Protocol):
+    """Runs jobs; tells what happened to them as changes, in the order they happened, per job."""
+
+    async def launch(self, row: JobRow, env: dict[str, str], grace: float, command: Optional[list[str]]) -> None:
+        """Hand the job over (it runs `command` if given, a wrapper around its own, else its command)."""
+
+    async def resume(self, row: JobRow) -> bool:
+        """At daemon start: hand over again a queued job whose launch was recorded; False if none was."""
+
+    def poll(self, rows: Sequence[JobRow]) -> list[tuple[int, Change]]:
+        """What changed for these unfinished jobs since they were last recorded, with their ids."""
+
+    def reconcile(self, rows: Sequence[JobRow]) -> list[tuple[int, Change]]:
+        """At daemon start: `poll`, for jobs that may have changed while no daemon watched them."""
+
+    def cancel(self, row: JobRow, grace: float) -> Optional[Ended]:
+        """Ask the job to stop, killed after `grace`; its end if it never started (it ends now), else None."""
+
+    def failed_to_start(self, row: JobRow) -> str:
+        """Why a job that `launch` handed over is still queued once it returned."""
+
+    def forget(self, job_id: int) -> None:
+        """The job's end is recorded: drop what was kept to learn of it."""
+
+    def resources(self) -> list[str]:
+        """The devices that jobs may be given."""
+
+
+class LocalExecutor:
+    """Jobs on this machine, each under its own shim (runner/shim.py)."""
+
+    def __init__(self, layout: Layout, devices: list[str]) -> None:
+        self.layout = layout
+        self.devices = devices  # the config's (a reload sets them)
+
+    # -- handing jobs over --------------------------------------------------------------------------------
+
+    async def launch(self, row: JobRow, env: dict[str, str], grace: float, command: Optional[list[str]]) -> None:
+        """Write the job's launch record and start its shim; return once the job runs (or failed to start)."""
+        spare = self.layout.spare_exit(row.id)
+        jobdir.reserve(spare)
+        launch: LaunchRecord = {
+            "command": command or list(row.spec.command),
+            "cwd": str(Path(row.job_dir) / jobdir.WORK),
+            "env": env,
+            "grace": grace,
+            "spare_exit": str(spare),
+        }
+        jobdir.write_json(Path(row.job_dir) / jobdir.LAUNCH, launch)
+        await self._spawn_shim(Path(row.job_dir))
+
+    async def resume(self, row: JobRow) -> bool:
+        """Start the shim of a queued job whose launch record is written; False if it is not."""
+        if not (Path(row.job_dir) / jobdir.LAUNCH).exists():
+            return False
+        log.info("job %d: starting it (accepted before the last daemon stopped)", row.id)
+        await self._spawn_shim(Path(row.job_dir))
+        return True
+
+    async def _spawn_shim(self, job_dir: Path) -> None:
+        with open(job_dir / jobdir.SHIM_LOG, "ab") as shim_log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-S",  # no site: the shim needs only tfrun (on PYTHONPATH) and starts ~30 ms sooner
+                "-m",
+                "tfrun.runner.shim",
+                str(job_dir),
+                env={**os.environ, "PYTHONPATH": _TFRUN_PARENT},
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=shim_log,
+                cwd=str(job_dir),
+                start_new_session=True,
+            )
+        # The shim's first process exits as soon as its forked self has started the job.
+        await proc.wait()
+
+    def failed_to_start(self, row: JobRow) -> str:
+        """Why a job handed over is still queued: its shim died before the job started."""
+        return f"its shim failed to start; see {Path(row.job_dir) / jobdir.SHIM_LOG}"
+
+    # -- learning how jobs are doing ----------------------------------------------------------------------
+
+    def poll(self, rows: Sequence[JobRow]) -> list[tuple[int, Change]]:
+        """Cheap: a stat or two and a read of /proc per job. One odd job folder does not stop the others."""
+        return self._look(rows, adopting=False)
+
+    def reconcile(self, rows: Sequence[JobRow]) -> list[tuple[int, Change]]:
+        """A job of an earlier boot is lost; the others are looked at, and a live shim is adopted again."""
+        current_boot = boot_id()
+        rebooted = [r for r in rows if r.boot_id and r.boot_id != current_boot]
+        lost = [(r.id, _lost("the machine rebooted while it ran")) for r in rebooted]
+        return [*lost, *self._look([r for r in rows if r not in rebooted], adopting=True)]
+
+    def _look(self, rows: Sequence[JobRow], adopting: bool) -> list[tuple[int, Change]]:
+        changes: list[tuple[int, Change]] = []
+        for row in rows:
+            try:
+                changes.extend((row.id, change) for change in self._check(row, adopting))
+            except Exception:
+                log.exception("job %d: check failed", row.id)
+        return changes
+
+    def _check(self, row: JobRow, adopting: bool) -> list[Change]:
+        """What one unfinished job's folder and processes say happened to it."""
+        ended = self._recorded_end(row)
+        if ended is not None:
+            return [ended]
+        try:
+            shim = jobdir.read_shim(Path(row.job_dir) / jobdir.SHIM)
+        except ValueError as exc:
+            return [_lost(f"its shim record is unreadable: {exc}")]
+        if shim is None:  # a queued job's start is owned by whoever is starting it
+            return [_lost("its shim left no record")] if row.state != JobState.QUEUED else []
+        identity = _shim_identity(shim)
+        if identity is None:
+            return [_lost("its shim record is incomplete")]
+        changes: list[Change] = []
+        if row.state == JobState.QUEUED:  # a running job's shim identity was recorded with its start
+            started = Started(
+                pid=shim.get("job_pid"),
+                shim_pid=shim.get("shim_pid"),
+                shim_start=shim.get("shim_start"),
+                boot_id=shim.get("boot_id"),
+                started_at=shim.get("started_at"),
+            )
+            changes.append(started)
+            row = replace(row, state=JobState.RUNNING, **started.values())
+        if identity.alive():
+            if adopting:
+                log.info("job %d: re-adopted (shim pid %d)", row.id, identity.pid)
+            return changes
+        # The shim is gone. It writes exit.json (or its spare) before it exits, so look once more before
+        # calling it lost.
+        ended = self._recorded_end(row) or self._recorded_spare_end(row)
+        if ended is None:
+            self._stop_orphan(shim)
+            ended = _lost(f"its shim (pid {identity.pid}) ended without recording an exit status")
+        return [*changes, ended]
+
+    def _recorded_end(self, row: JobRow) -> Optional[Ended]:
+        """The end its shim wrote to exit.json, if it did."""
+        return self._end_from(row, Path(row.job_dir) / jobdir.EXIT, "exit record")
+
+    def _recorded_spare_end(self, row: JobRow) -> Optional[Ended]:
+        """The end its shim wrote to the spare exit record because the job folder took no more writes, if it
+        did. Read only once the shim is gone: it is written in place."""
+        return self._end_from(row, self.layout.spare_exit(row.id), "spare exit record", blank_is_missing=True)
+
+    def _end_from(self, row: JobRow, path: Path, what: str, blank_is_missing: bool = False) -> Optional[Ended]:
+        """The end the exit record at `path` says, if there is one."""
+        try:
+            exit_info = jobdir.read_exit(path, blank_is_missing=blank_is_missing)
+        except ValueError as exc:
+            return _lost(f"its {what} is unreadable: {exc}")
+        return None if exit_info is None else _finished(row, exit_info)
+
+    def _stop_orphan(self, shim: ShimRecord) -> None:
+        """A job whose shim was killed runs unsupervised: nobody could record its end, so stop it."""
+        pid, start = shim.get("job_pid"), shim.get("job_start")
+        if isinstance(pid, int) and isinstance(start, int) and Identity(pid, start, boot_id()).alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def forget(self, job_id: int) -> None:
+        """The truth is in the database now: the spare exit record goes."""
+        self.layout.spare_exit(job_id).unlink(missing_ok=True)
+
+    # -- cancelling, resources ----------------------------------------------------------------------------
+
+    def cancel(self, row: JobRow, grace: float) -> Optional[Ended]:
+        """SIGTERM the job through its shim, which SIGKILLs it after `grace`."""
+        job_dir = Path(row.job_dir)
+        request: CancelRequest = {"grace": grace, "requested_at": time.time()}
+        jobdir.write_json(job_dir / jobdir.CANCEL, request)
+        shim = jobdir.read_shim(job_dir / jobdir.SHIM)
+        identity = _shim_identity(shim) if shim else None
+        if identity is None:
+            return Ended(JobState.CANCELLED, finished_at=time.time(), reason="cancelled before it started")
+        if identity.alive():
+            os.kill(identity.pid, signal.SIGTERM)
+        return None
+
+    def resources(self) -> list[str]:
+        return self.devices
+
+
+def _finished(row: JobRow, exit_info: ExitRecord) -> Ended:
+    """The end an exit record says: cancelled, succeeded (code 0) or failed."""
+    code = exit_info.get("exit_code")
+    code = code if isinstance(code, int) else 255
+    sig = exit_info.get("signal") if isinstance(exit_info.get("signal"), int) else None
+    if exit_info.get("cancelled"):
+        state = JobState.CANCELLED
+    elif code == 0:
+        state = JobState.SUCCEEDED
+    else:
+        state = JobState.FAILED
+    return Ended(
+        state,
+        exit_code=code,
+        signal=sig,
+        started_at=row.started_at or exit_info.get("started_at"),
+        finished_at=exit_info.get("finished_at"),
+        reason=exit_info.get("error") or row.reason,
+    )
+
+
+def _lost(reason: str) -> Ended:
+    return Ended(JobState.LOST, exit_code=EXIT_LOST, finished_at=time.time(), reason=reason)
+
+
+def _shim_identity(shim: ShimRecord) -> Optional[Identity]:
+    pid, start, boot = shim.get("shim_pid"), shim.get("shim_start"), shim.get("boot_id")
+    if isinstance(pid, int) and isinstance(start, int) and isinstance(boot, str):
+        return Identity(pid, start, boot)
+    return None
