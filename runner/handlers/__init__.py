@@ -1,0 +1,21 @@
+"""One handler per request of the protocol. Each gets the daemon, the request, and a way to send replies.
+
+Handlers check a request and turn failures into Error replies; what a request does at length lives in its
+own module: a job's states in runner/lifecycle.py, streaming a log in runner/logstream.py, a job's files in
+runner/jobfiles.py, its metrics in runner/jobmetrics.py. The handlers are grouped by what they serve:
+`jobs.py` (submit, restart, cancel, wait, ps, status), `files.py` (uploads, pulls, logs), `watching.py`
+(alerts, metrics, GPUs, top, attach, doctor) and `admin.py` (the daemon, its config, housekeeping); each is
+registered for its request type in `base.HANDLERS` by `@handles`.
+"""
+
+from __future__ import annotations
+
+from tfrun.protocol import Message, ReadLog, Wait
+from tfrun.runner.handlers import admin, files, jobs, watching
+from tfrun.runner.handlers.base import HANDLERS, Connection, RequestError
+
+# Requests that only watch a job: the daemon drops one the moment its client hangs up, rather than when the
+# job ends. Nothing else is dropped half way: a submit or a cancel whose client left still runs to its end.
+WATCHING: tuple[type[Message], ...] = (Wait, ReadLog)
+
+__all__ = ["HANDLERS", "WATCHING", "Connection", "RequestError", "admin", "files", "jobs", "watching"]

@@ -1,0 +1,92 @@
+"""Handlers of the daemon itself: its status, shutdown, its config, and housekeeping (`rm`, `prune`, `df`)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import TYPE_CHECKING, Callable
+
+from tfrun import __version__
+from tfrun.protocol import (
+    PROTOCOL_VERSION,
+    ConfigReply,
+    DaemonInfo,
+    DaemonStatus,
+    DiskUsage,
+    GetConfig,
+    JobState,
+    Ok,
+    Prune,
+    ReloadConfig,
+    Remove,
+    SetConfig,
+    Shutdown,
+)
+from tfrun.runner import housekeeping, liveconfig
+from tfrun.runner.config import ConfigError
+from tfrun.runner.handlers.base import Connection, handles, invalid
+
+if TYPE_CHECKING:
+    from tfrun.runner.daemon import Daemon
+
+
+@handles(DaemonStatus)
+async def daemon_status(daemon: Daemon, req: DaemonStatus, conn: Connection) -> None:
+    await conn.send(
+        DaemonInfo(
+            pid=os.getpid(),
+            version=__version__,
+            protocol=PROTOCOL_VERSION,
+            home=str(daemon.layout.home),
+            socket=str(daemon.layout.socket),
+            started_at=daemon.started_at,
+            jobs=daemon.store.counts(),
+        )
+    )
+
+
+@handles(Shutdown)
+async def shutdown(daemon: Daemon, req: Shutdown, conn: Connection) -> None:
+    running = daemon.store.counts()[JobState.RUNNING]
+    await conn.send(Ok(f"tfrund (pid {os.getpid()}) stopping; {running} running job(s) keep running"))
+    daemon.stop()
+
+
+@handles(GetConfig)
+async def get_config(daemon: Daemon, req: GetConfig, conn: Connection) -> None:
+    await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon)))
+
+
+@handles(ReloadConfig)
+async def reload_config(daemon: Daemon, req: ReloadConfig, conn: Connection) -> None:
+    changes = _reconfigured(functools.partial(liveconfig.reload, daemon, "tfrun config reload"))
+    await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon), changes))
+
+
+@handles(SetConfig)
+async def set_config(daemon: Daemon, req: SetConfig, conn: Connection) -> None:
+    """Edit config.toml and reload it, with no await in between: no other request sees the file half done."""
+    changes = _reconfigured(functools.partial(liveconfig.set_key, daemon, req.key, req.values, req.unset))
+    await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon), changes))
+
+
+def _reconfigured(change: Callable[[], list[str]]) -> list[str]:
+    try:
+        return change()
+    except ConfigError as exc:
+        raise invalid(f"{exc} (nothing changed)") from None
+
+
+@handles(Remove)
+async def remove(daemon: Daemon, req: Remove, conn: Connection) -> None:
+    await conn.send(await housekeeping.remove(daemon, req.jobs, req.checkpoints, req.dry_run))
+
+
+@handles(Prune)
+async def prune(daemon: Daemon, req: Prune, conn: Connection) -> None:
+    await conn.send(await housekeeping.prune(daemon, req))
+
+
+@handles(DiskUsage)
+async def disk_usage(daemon: Daemon, req: DiskUsage, conn: Connection) -> None:
+    await conn.send(await housekeeping.disk_report(daemon))

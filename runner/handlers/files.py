@@ -1,0 +1,88 @@
+"""Handlers that move bytes: uploads of contents (blobs), a job's files (pull) and its log (runner/logstream.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tfrun.content import ManifestError
+from tfrun.protocol import (
+    ErrorCode,
+    FileList,
+    HaveBlobs,
+    ListFiles,
+    MissingBlobs,
+    Ok,
+    PutBlob,
+    PutBlobs,
+    ReadFile,
+    ReadLog,
+)
+from tfrun.runner import jobfiles, logstream
+from tfrun.runner.handlers.base import Connection, RequestError, find, handles, invalid
+from tfrun.runner.lines import PatternError
+
+if TYPE_CHECKING:
+    from tfrun.runner.daemon import Daemon
+
+
+@handles(ReadLog)
+async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
+    """Send the log from `offset`; when following, until the job is final and all is sent (runner/logstream.py)."""
+    row = find(daemon, req.job)
+    try:
+        chosen = await logstream.selection(req)
+    except PatternError as exc:
+        raise invalid(str(exc)) from None
+    try:
+        await logstream.stream(req, chosen, row, lambda: daemon.store.get(row.id) or row, daemon.log_growth, conn.send)
+    except logstream.PastTheEnd as exc:
+        raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
+
+
+@handles(HaveBlobs)
+async def have_blobs(daemon: Daemon, req: HaveBlobs, conn: Connection) -> None:
+    try:
+        await conn.send(MissingBlobs(daemon.blobs.missing(req.digests, holder=conn.key)))
+    except ManifestError as exc:
+        raise invalid(str(exc)) from None
+
+
+@handles(PutBlobs)
+async def put_blobs(daemon: Daemon, req: PutBlobs, conn: Connection) -> None:
+    try:
+        daemon.blobs.write_many(req.digests, req.sizes, req.data)
+    except ManifestError as exc:
+        raise invalid(str(exc)) from None
+    await conn.send(Ok())
+
+
+@handles(PutBlob)
+async def put_blob(daemon: Daemon, req: PutBlob, conn: Connection) -> None:
+    try:
+        daemon.blobs.write_chunk(conn.key, req.digest, req.offset, req.data, req.last)
+    except ManifestError as exc:
+        raise invalid(str(exc)) from None
+    if req.last:
+        await conn.send(Ok())
+
+
+@handles(ListFiles)
+async def list_files(daemon: Daemon, req: ListFiles, conn: Connection) -> None:
+    """Every entry under the path, named from the path's last part down (as `tfrun pull` writes them)."""
+    row = find(daemon, req.job)
+    try:
+        await conn.send(FileList(jobfiles.entries(*jobfiles.resolve(row, req.path))))
+    except jobfiles.Refused as exc:
+        raise invalid(str(exc)) from None
+
+
+@handles(ReadFile)
+async def read_file(daemon: Daemon, req: ReadFile, conn: Connection) -> None:
+    row = find(daemon, req.job)
+    try:
+        f = jobfiles.open_at(row, req.path, req.offset)
+    except jobfiles.Refused as exc:
+        raise invalid(str(exc)) from None
+    with f:
+        for chunk in jobfiles.chunks(f, req.offset):
+            await conn.send(chunk)

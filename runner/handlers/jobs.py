@@ -1,0 +1,267 @@
+"""Handlers of a job's life: submit (its request checked and made a job), restart, cancel, wait, and the
+queries of jobs (ps, status)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import shutil
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Optional
+
+from tfrun.constants import (
+    DEFAULT_GRACE_S,
+)
+from tfrun.content import ManifestError, check_manifest
+from tfrun.protocol import (
+    Cancel,
+    CancelReply,
+    CancelResult,
+    ErrorCode,
+    FileEntry,
+    GetJob,
+    Job,
+    JobList,
+    JobReply,
+    ListJobs,
+    Restart,
+    Submit,
+    Wait,
+    validate_name,
+)
+from tfrun.runner import housekeeping, rules
+from tfrun.runner.doctor import job_python
+from tfrun.runner.faults import crash_point
+from tfrun.runner.handlers.base import Connection, RequestError, find, handles, invalid
+from tfrun.runner.job import JobRow, JobSpec
+from tfrun.runner.metrics import LogMetrics
+from tfrun.runner.metrics import PatternError as MetricPatternError
+from tfrun.runner.outbox import diagnose, masked, usable
+from tfrun.runner.scheduler import SnapshotError, snapshot_files
+
+if TYPE_CHECKING:
+    from tfrun.runner.daemon import Daemon
+
+
+@handles(Submit)
+async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
+    """Check the request, build the job's work dir from the uploaded contents, start the job's shim.
+
+    Once per submission id: the same submit sent again (by a client that lost its daemon before the answer,
+    to the next daemon or over a new SSH link to this one) gets the job the first one made."""
+    sid = req.submission_id
+    if sid is None:
+        row = await _new_job(daemon, req)
+    else:
+        pending = daemon.submissions.get(sid)
+        if pending is None:  # else the first is still being made here: its answer is this one's too
+            pending = daemon.submissions[sid] = asyncio.ensure_future(_submitted_once(daemon, req, sid))
+            pending.add_done_callback(lambda _: daemon.submissions.pop(sid, None))
+        row = await asyncio.shield(pending)  # its client hanging up does not stop a job half made
+    await conn.send(JobReply(public(daemon, row)))
+
+
+async def _submitted_once(daemon: Daemon, req: Submit, sid: str) -> JobRow:
+    """The job of submission `sid`: the one a daemon made before, or a new one."""
+    found = daemon.store.find_submission(sid)
+    if found is not None and found.prepared:
+        return found
+    if found is not None:
+        # Recorded by a daemon that died before its work dir was built (the next one marked it failed): it
+        # never ran and its client never learnt its id, so it makes way for the job it was meant to be.
+        daemon.store.delete(found.id)
+        shutil.rmtree(daemon.layout.jobs_dir / str(found.id), ignore_errors=True)
+    return await _new_job(daemon, req, sid)
+
+
+async def _new_job(daemon: Daemon, req: Submit, sid: Optional[str] = None) -> JobRow:
+    script = _check_submit(daemon, req)
+    command = _command(daemon, req, script)
+    gpus, after = _resources(daemon, req)  # checked after the command, as they always were
+    spec = JobSpec(
+        source=req.source,
+        script=str(script),
+        args=tuple(req.args),
+        command=tuple(command),
+        env=req.env,
+        git_commit=req.git_commit,
+        git_dirty=req.git_dirty,
+        files=len(req.files),
+        bytes=sum(e.size for e in req.files if e.kind == "file"),
+        max_restarts=req.max_restarts,
+        gpus=gpus,
+        priority=req.priority,
+        after=after,
+        tty=req.tty,
+    )
+    alert_rules = _alert_rules(daemon, req)
+    with daemon.store.transaction():
+        row = daemon.lifecycle.create(req.name, spec, submission_id=sid)
+        daemon.store.set_job_alerts(row.id, alert_rules, req.notify, req.metric_patterns)
+    try:
+        started = await daemon.scheduler.build(row, req.files)
+    except ManifestError as exc:
+        raise invalid(f"cannot build the work dir: {exc}") from None
+    crash_point("submit-accepted")
+    daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
+    housekeeping.after_submit(daemon)
+    return started
+
+
+def _resources(daemon: Daemon, req: Submit) -> tuple[int, tuple[int, ...]]:
+    """What the job waits for besides its turn: its GPUs, the jobs it runs after (by id); checked."""
+    devices = daemon.scheduler.devices
+    gpus = daemon.scheduler.default_gpus() if req.gpus is None else req.gpus
+    if gpus > len(devices):
+        has = f"has {len(devices)} ({', '.join(devices)})" if devices else "has none"
+        raise invalid(f"the job asks for {gpus} GPU(s) and this box {has}")
+    after = []
+    for ref in req.after:
+        dep = daemon.store.find(ref)
+        if dep is None:
+            raise RequestError(ErrorCode.NO_SUCH_JOB, f"--after: no job {ref!r}")
+        after.append(dep.id)
+    if req.tty and shutil.which("tmux") is None:
+        raise invalid("--tty needs tmux on the box (apt-get install tmux)")
+    return gpus, tuple(after)
+
+
+def _alert_rules(daemon: Daemon, req: Submit) -> dict[str, Optional[float]]:
+    """The job's alert rules from the daemon's and the request's; its URLs and metric patterns checked."""
+    try:
+        chosen = rules.combine(daemon.config.rules, req.alerts, req.no_alerts)
+    except rules.RuleError as exc:
+        raise invalid(str(exc)) from None
+    try:
+        LogMetrics(req.metric_patterns)
+    except MetricPatternError as exc:
+        raise invalid(f"--metric: {exc}") from None
+    for url in req.notify:
+        if not usable(url):
+            raise invalid(f"--notify: {diagnose(url)}")
+    return {name: value for name, value in chosen.items() if name in rules.JOB_RULES}
+
+
+def public(daemon: Daemon, row: JobRow) -> Job:
+    """The job as a client sees it, with its alert rules and its URLs masked."""
+    job = row.public()
+    stored = daemon.store.job_alerts(row.id)
+    chosen, urls = (stored[0], stored[1]) if stored else (daemon.config.rules, [])
+    job.alert_rules = rules.texts({k: v for k, v in chosen.items() if k in rules.JOB_RULES})
+    job.notify = [masked(url) for url in urls]
+    return job
+
+
+@handles(Restart)
+async def restart(daemon: Daemon, req: Restart, conn: Connection) -> None:
+    """Run an ended job again, as a new job with the same snapshot, command and checkpoint folder."""
+    row = find(daemon, req.job)
+    if not row.final:
+        raise invalid(f"job {row.id} is still {row.state}: cancel it first, or wait for it")
+    files = _snapshot_files(row)
+    new = daemon.lifecycle.rerun(row)
+    daemon.supervisor.mark_starting(new.id)  # not to be picked up by Daemon.build_restarts as well
+    try:
+        started = await daemon.scheduler.build(new, files)
+    except ManifestError as exc:
+        raise invalid(f"cannot build job {row.id}'s work dir again: {exc}") from None
+    finally:
+        daemon.supervisor.done_starting(new.id)
+    await conn.send(JobReply(public(daemon, started)))
+
+
+def _snapshot_files(row: JobRow) -> list[FileEntry]:
+    """The manifest a job's work dir was built from."""
+    try:
+        return snapshot_files(row)
+    except SnapshotError as exc:
+        raise invalid(str(exc)) from None
+
+
+def _check_submit(daemon: Daemon, req: Submit) -> PurePosixPath:
+    """The script's path in the snapshot, once everything about the request is known to be sound."""
+    if req.name is not None:
+        problem = validate_name(req.name)
+        if problem:
+            raise invalid(problem)
+    for key, value in req.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise invalid(f"bad environment variable {key!r}: use NAME=VALUE")
+    try:
+        check_manifest(req.files)
+        lacking = daemon.blobs.missing([e.digest for e in req.files if e.kind == "file" and e.digest])
+    except ManifestError as exc:
+        raise invalid(f"bad file list: {exc}") from None
+    if lacking:
+        raise invalid(f"{len(lacking)} file content(s) were never uploaded (e.g. {lacking[0][:12]})")
+    entry = next((e for e in req.files if e.path == req.script), None)
+    if entry is None or entry.kind == "dir":
+        raise invalid(f"script {req.script!r} is not among the files sent (ignored by .gitignore or .tfrunignore?)")
+    script = PurePosixPath(req.script)
+    if script.suffix != ".py" and entry.kind == "file" and not entry.mode & 0o111:
+        raise invalid(f"script {req.script} is not executable: chmod +x it, or name its interpreter")
+    return script
+
+
+def _command(daemon: Daemon, req: Submit, script: PurePosixPath) -> list[str]:
+    """The argv the shim runs: `.py` through the job interpreter, anything else directly."""
+    if script.suffix != ".py":
+        return [f"./{script}", *req.args]
+    python = req.python or job_python(daemon.config.job_python)
+    if os.sep in python:
+        if not os.access(python, os.X_OK):
+            raise invalid(f"job interpreter {python} does not exist or is not executable")
+    else:
+        found = shutil.which(python)
+        if found is None:
+            raise invalid(f"job interpreter {python!r} is not on the daemon's PATH")
+        python = found
+    return [python, _as_argument(script), *req.args]
+
+
+def _as_argument(script: PurePosixPath) -> str:
+    """The script's path as no interpreter can read it as an option: `python3 -dash.py` is "Unknown option"."""
+    return f"./{script}" if str(script).startswith("-") else str(script)
+
+
+@handles(ListJobs)
+async def list_jobs(daemon: Daemon, req: ListJobs, conn: Connection) -> None:
+    await conn.send(JobList([public(daemon, row) for row in daemon.store.list(include_final=req.all)]))
+
+
+@handles(GetJob)
+async def get_job(daemon: Daemon, req: GetJob, conn: Connection) -> None:
+    await conn.send(JobReply(public(daemon, find(daemon, req.job))))
+
+
+@handles(Wait)
+async def wait(daemon: Daemon, req: Wait, conn: Connection) -> None:
+    row = await daemon.supervisor.wait_final(find(daemon, req.job).id)
+    await conn.send(JobReply(public(daemon, row)))
+
+
+@handles(Cancel)
+async def cancel(daemon: Daemon, req: Cancel, conn: Connection) -> None:
+    grace = DEFAULT_GRACE_S if req.grace is None else req.grace
+
+    async def one(ref: str, row: Optional[JobRow]) -> CancelResult:
+        if row is None:
+            return CancelResult(job=ref, ok=False, message=f"no job {ref!r}")
+        if row.final:
+            return CancelResult(ref, False, f"job {row.id} already ended ({row.state})", row.id, row.state)
+        row = await daemon.supervisor.cancel(row, grace)
+        return CancelResult(ref, True, f"job {row.id} {row.state}", row.id, row.state)
+
+    rows = await _find_all(daemon, req.jobs)
+    await conn.send(CancelReply(list(await asyncio.gather(*(one(ref, row) for ref, row in zip(req.jobs, rows))))))
+
+
+async def _find_all(daemon: Daemon, refs: list[str]) -> list[Optional[JobRow]]:
+    """The job each of `refs` names (None for none), looked up a hundred at a time with other clients served
+    in between: the thousand a request may name take the store about 15 ms."""
+    rows: list[Optional[JobRow]] = []
+    for start in range(0, len(refs), 100):
+        rows.extend(daemon.store.find(ref) for ref in refs[start : start + 100])
+        await asyncio.sleep(0)
+    return rows

@@ -1,0 +1,160 @@
+"""Handlers that look at jobs and the box: alerts, metrics and how they are read, GPUs, `top`, `attach`,
+`doctor`."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tfrun.constants import (
+    FOLLOW_POLL_S,
+    MAX_METRIC_SAMPLES,
+    METRICS_SETTLE_S,
+)
+from tfrun.protocol import (
+    AlertList,
+    Attach,
+    AttachReply,
+    Doctor,
+    DoctorReport,
+    ExplainMetrics,
+    GetMetrics,
+    Gpu,
+    GpuList,
+    JobState,
+    ListAlerts,
+    ListGpus,
+    MetricsExplained,
+    MetricsReply,
+    NotifyReport,
+    NotifyTest,
+    Top,
+    TopReply,
+)
+from tfrun.runner import jobdir
+from tfrun.runner.doctor import job_python, run_checks
+from tfrun.runner.explain import explain
+from tfrun.runner.gpus import read_gpu_memory
+from tfrun.runner.handlers.base import Connection, find, handles, invalid
+from tfrun.runner.handlers.jobs import public
+from tfrun.runner.jobmetrics import read_metrics, recent_losses
+from tfrun.runner.metrics import PatternError as MetricPatternError
+from tfrun.runner.outbox import diagnose, usable
+from tfrun.runner.scheduler import tty_socket
+
+if TYPE_CHECKING:
+    from tfrun.runner.daemon import Daemon
+
+
+@handles(Doctor)
+async def doctor(daemon: Daemon, req: Doctor, conn: Connection) -> None:
+    python = req.python or job_python(daemon.config.job_python)
+    work = functools.partial(run_checks, daemon.config.checkpoint_root, python)
+    await conn.send(DoctorReport(await asyncio.get_running_loop().run_in_executor(None, work)))
+
+
+@handles(ListAlerts)
+async def list_alerts(daemon: Daemon, req: ListAlerts, conn: Connection) -> None:
+    job_id = find(daemon, req.job).id if req.job is not None else None
+    await conn.send(AlertList(daemon.store.alerts(job_id, req.limit)))
+
+
+@handles(NotifyTest)
+async def notify_test(daemon: Daemon, req: NotifyTest, conn: Connection) -> None:
+    """One message to the URL given, or to each of the daemon's; the report says how each went. A URL given
+    that apprise cannot use is bad input: the error says what is wrong with it."""
+    if req.url and not usable(req.url):
+        raise invalid(diagnose(req.url))
+    urls = [req.url] if req.url else daemon.config.notify
+    if not urls:
+        raise invalid(
+            f"no URL given, and the daemon has no notify URLs (set notify = [...] in {daemon.layout.config_file})"
+        )
+    host = daemon.alerts.host
+    title = f"tfrun: test message from {host}"
+    body = f"This is a test message from tfrund on {host}. Alerts about jobs on this box will arrive like this.\n"
+    await conn.send(NotifyReport(await daemon.outbox.test(urls, title, body)))
+
+
+@handles(GetMetrics)
+async def get_metrics(daemon: Daemon, req: GetMetrics, conn: Connection) -> None:
+    row = find(daemon, req.job)
+    if row.final:
+        await _watch_caught_up(daemon, row.id)
+    last = min(req.last or MAX_METRIC_SAMPLES, MAX_METRIC_SAMPLES)
+    work = functools.partial(read_metrics, Path(row.job_dir), last)
+    source, samples = await asyncio.get_running_loop().run_in_executor(None, work)
+    await conn.send(MetricsReply(source=source, samples=samples))
+
+
+@handles(ExplainMetrics)
+async def explain_metrics(daemon: Daemon, req: ExplainMetrics, conn: Connection) -> None:
+    row = find(daemon, req.job)
+    patterns = daemon.alerts.settings(row.id).patterns
+    work = functools.partial(explain, Path(row.job_dir) / jobdir.OUTPUT, patterns, req.lines)
+    try:
+        readings, truncated = await asyncio.get_running_loop().run_in_executor(None, work)
+    except FileNotFoundError:
+        readings, truncated = [], False
+    except MetricPatternError as exc:  # a daemon config changed since submit: say so, as the watch logs it
+        raise invalid(str(exc)) from None
+    await conn.send(MetricsExplained(readings=readings, truncated=truncated))
+
+
+async def _watch_caught_up(daemon: Daemon, job_id: int) -> None:
+    """Wait (briefly) until the alert watch has read the rest of an ended job's log, which it marks by deleting
+    the job's watch row: the metrics it reads from the output are whole only then, and `tfrun wait J && tfrun
+    metrics J` must show the last lines' too. A watch that cannot finish (a daemon overloaded) costs at most
+    METRICS_SETTLE_S; the reply is then what has been read."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + METRICS_SETTLE_S
+    while daemon.store.watch_state(job_id) is not None and loop.time() < deadline:
+        await asyncio.sleep(FOLLOW_POLL_S / 2)
+
+
+@handles(ListGpus)
+async def list_gpus(daemon: Daemon, req: ListGpus, conn: Connection) -> None:
+    await conn.send(GpuList(await _gpus(daemon)))
+
+
+@handles(Top)
+async def top(daemon: Daemon, req: Top, conn: Connection) -> None:
+    rows = daemon.store.list(include_final=False)
+    ended = daemon.store.recent_final(req.recent)
+    shown = sorted([*rows, *ended], key=lambda row: row.id)
+    loop = asyncio.get_running_loop()
+    losses = {}
+    for row in shown:
+        found = await loop.run_in_executor(None, recent_losses, Path(row.job_dir), req.losses)
+        if found:
+            losses[str(row.id)] = found
+    jobs = [public(daemon, row) for row in shown]
+    await conn.send(TopReply(jobs=jobs, gpus=await _gpus(daemon), losses=losses, host=daemon.alerts.host))
+
+
+async def _gpus(daemon: Daemon) -> list[Gpu]:
+    """The devices jobs are given, with NVML's figures where it has them and the job holding each."""
+    readings = await asyncio.get_running_loop().run_in_executor(None, read_gpu_memory)
+    held = daemon.scheduler.held()
+    gpus = []
+    for device in daemon.scheduler.devices:
+        reading = next((r for r in readings if r.is_device(device)), None)
+        gpu = Gpu(device=device, job=held.get(device))
+        if reading is not None:
+            gpu.name, gpu.memory_used, gpu.memory_total = reading.name, reading.used, reading.total
+            gpu.utilization = reading.utilization
+        gpus.append(gpu)
+    return gpus
+
+
+@handles(Attach)
+async def attach(daemon: Daemon, req: Attach, conn: Connection) -> None:
+    row = find(daemon, req.job)
+    if not row.spec.tty:
+        raise invalid(f"job {row.id} was not submitted with --tty: there is no session to attach to")
+    if row.state != JobState.RUNNING:
+        raise invalid(f"job {row.id} is {row.state}: only a running job's session can be attached to")
+    socket_path = tty_socket(daemon, row)
+    await conn.send(AttachReply(command=["tmux", "-S", str(socket_path), "attach-session", "-t", "job"]))
