@@ -477,6 +477,16 @@ def test_invalid_utf8_and_colours_do_not_break_reading() -> None:
     assert (sample.step, sample.values) == (9, {"loss": 0.5})
 
 
+def test_hostile_bars_keep_the_state_small() -> None:
+    """What a restart restores stays bounded: bars of ever new totals, a rich bar followed by endless metric lines."""
+    metrics = LogMetrics()
+    bars = "".join(f"\r{n}/{n + 7} [00:00<00:00, 9.0it/s, loss=0.5]" for n in range(1, 2000)).encode()
+    metrics.feed(bars + b"\n")
+    metrics.feed("Epoch 0/3  \u2501\u2501\u257a 4/20 0:00:01 \u2022 0:00:07 2.35it/s v_num: 0.000\n".encode())
+    metrics.feed(b"    train_loss: 5.692\n" * 100_000)
+    assert len(json.dumps(metrics.state())) < 10_000
+
+
 def test_an_endless_line_is_skipped_without_buffering_it() -> None:
     metrics = LogMetrics()
     assert metrics.feed(b"loss=1 " + b"x" * (MAX_SEGMENT + 10)) == []

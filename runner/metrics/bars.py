@@ -34,6 +34,9 @@ _DESC_EPOCH = re.compile(r"(?i)\bepoch\s*(\d+)")
 _LIGHTNING_PAIR = re.compile(rf"([A-Za-z_][\w./]*)=({NUM}){END}")
 
 
+MAX_BARS = 16  # tqdm bars of different totals whose counts are remembered (runner/metrics/state.py bar_counts)
+
+
 class ProgressBars(Reader):
     """The reader's part that reads progress bars."""
 
@@ -159,7 +162,10 @@ class ProgressBars(Reader):
         base, last = counts.get(total or "?", (0, -1))
         if n < last:
             base += int(total) if total and total.isdigit() else last
-        counts[total or "?"] = [base, n]
+        counts.pop(total or "?", None)
+        counts[total or "?"] = [base, n]  # the newest last
+        while len(counts) > MAX_BARS:  # a log of bars of ever new totals: the oldest are forgotten
+            del counts[next(iter(counts))]
         return base + n
 
 

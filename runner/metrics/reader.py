@@ -14,6 +14,7 @@ from tfrun.runner.metrics.state import Counters, Keras, PatternError, Sample, pl
 from tfrun.runner.metrics.text import NUMBER, json_float, parse_float
 
 MAX_SEGMENT = 1 << 16  # longer segments are not metrics: skipped, and never buffered whole
+MAX_RICH_TEXT = 4096  # what a rich bar's metric lines may add up to, kept in the state a restart restores
 # loss, Loss, LOSS, epoch, Epoch, EPOCH: every format has one; and a tqdm bar's rate, whose count is the step of
 # the prints written over it
 _MARKERS = (b"oss", b"OSS", b"poch", b"POCH", b"it/s", b"s/it")
@@ -127,7 +128,8 @@ class LogMetrics(ProgressBars, Prints):
             return self._rich(rich)
         held = self.counters.rich_held
         if held is not None and RICH_MORE.fullmatch(segment):
-            held["text"] += " " + segment.strip()
+            if len(held["text"]) < MAX_RICH_TEXT:  # a bar's metrics: a few lines; more is no bar's, and kept no more
+                held["text"] += " " + segment.strip()
             self.why = f"a metric of the rich bar above: step {held['step']}"
             return []
         released = self._rich_release()
