@@ -29,33 +29,16 @@ from tfrun.client.connection import Target
 from tfrun.client.errors import TfrunError
 from tfrun.client.follow import LogCursor, LogQuery, follow_log, read_log, resilient
 from tfrun.constants import EXIT_DAEMON, EXIT_NO_SUCH_JOB, MAX_CANCEL_JOBS
-from tfrun.protocol import (
-    Alert,
-    Attach,
-    Cancel,
-    CancelResult,
-    Channel,
-    ErrorCode,
-    GetJob,
-    GetMetrics,
-    Gpu,
-    Job,
-    ListAlerts,
-    ListGpus,
-    ListJobs,
-    LogEnd,
-    MetricSample,
-    ProtocolError,
-    RemoteError,
-    Request,
-    Restart,
-    Submit,
-    Wait,
-)
+from tfrun.protocol.channel import Channel, RemoteError
+from tfrun.protocol.fields import ErrorCode
+from tfrun.protocol.jobs import Attach, Cancel, CancelResult, GetJob, Job, ListJobs, Restart, Submit, Wait
+from tfrun.protocol.logs import LogEnd
+from tfrun.protocol.watching import Alert, GetMetrics, Gpu, ListAlerts, ListGpus, MetricSample
+from tfrun.protocol.wire import ProtocolError, Request
 
 if TYPE_CHECKING:
     from tfrun.client.snapshot import Snapshot
-    from tfrun.protocol import Message
+    from tfrun.protocol.wire import Message
 
 T = TypeVar("T")
 M = TypeVar("M", bound="Message")

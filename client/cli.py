@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from tfrun.client.api import AsyncClient
     from tfrun.client.connection import Target
-    from tfrun.protocol import Message, Request
+    from tfrun.protocol.wire import Message, Request
 
 T = TypeVar("T")
 M = TypeVar("M", bound="Message")
@@ -69,7 +69,9 @@ class StdoutClosed(Exception):
 
 def guarded(action: Callable[[], T]) -> T:
     """Run one verb's conversation with the daemon; every failure becomes one line and an exit code."""
-    from tfrun.protocol import ErrorCode, ProtocolError, RemoteError
+    from tfrun.protocol.channel import RemoteError
+    from tfrun.protocol.fields import ErrorCode
+    from tfrun.protocol.wire import ProtocolError
 
     try:
         return action()
@@ -139,7 +141,8 @@ def _ask_running_daemon(request: Request[M], where: Target) -> Optional[M]:
     """The local daemon's reply to `request`, or None when no daemon is up (the API's way starts one)."""
     from tfrun.client.syncchannel import SyncChannel
     from tfrun.paths import Layout
-    from tfrun.protocol import ErrorCode, RemoteError
+    from tfrun.protocol.channel import RemoteError
+    from tfrun.protocol.fields import ErrorCode
 
     try:
         channel = SyncChannel.connect(str(Layout.from_env().socket))
@@ -232,7 +235,7 @@ def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
 
 def job_exit_code(state: str, exit_code: Optional[int]) -> int:
     """What `wait` and `logs -f` exit with: the job's code, as a shell would report it."""
-    from tfrun.protocol import JobState
+    from tfrun.protocol.fields import JobState
 
     if state == JobState.LOST:
         return EXIT_LOST

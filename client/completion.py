@@ -18,7 +18,8 @@ from tfrun.client import config
 from tfrun.client.connection import Target
 from tfrun.constants import COMPLETION_TIMEOUT_S
 from tfrun.paths import Layout
-from tfrun.protocol import Channel, JobList, ListJobs
+from tfrun.protocol.channel import Channel
+from tfrun.protocol.jobs import JobList, ListJobs
 
 SHELLS = ("bash", "zsh", "fish")
 COMPLETE_VAR = "_TFRUN_COMPLETE"  # what click's scripts set to ask `tfrun` for completions

@@ -10,7 +10,8 @@ from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON
 from tfrun.paths import Layout
-from tfrun.protocol import Channel, ErrorCode, RemoteError
+from tfrun.protocol.channel import Channel, RemoteError
+from tfrun.protocol.fields import ErrorCode
 
 
 @dataclass(frozen=True)

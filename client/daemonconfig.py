@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from tfrun.client import render
-from tfrun.protocol import ConfigReply
+from tfrun.protocol.admin import ConfigReply
 
 FILE = "config.toml"
 

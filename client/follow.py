@@ -19,7 +19,9 @@ from tfrun.client import config
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON, RECONNECT_PAUSE_S
 from tfrun.duration import format_duration
-from tfrun.protocol import Channel, ConnectionClosed, LogEnd, LogLines, ProtocolError, ReadLog
+from tfrun.protocol.channel import Channel
+from tfrun.protocol.logs import LogEnd, LogLines, ReadLog
+from tfrun.protocol.wire import ConnectionClosed, ProtocolError
 
 T = TypeVar("T")
 Connect = Callable[[], Awaitable[Channel]]

@@ -36,7 +36,7 @@ from typing import Any
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON
-from tfrun.protocol import Channel
+from tfrun.protocol.channel import Channel
 
 IDLE_EXIT_S = 600.0
 _START_TIMEOUT_S = 60.0

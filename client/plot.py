@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tfrun.losses import evaluation_name, training_loss_name
-from tfrun.protocol import MetricSample
+from tfrun.protocol.watching import MetricSample
 
 if TYPE_CHECKING:
     from rich.text import Text

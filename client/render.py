@@ -12,11 +12,17 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
-from tfrun.protocol import Alert, Check, FileEntry, Gpu, Job, JobState, LineReading, MetricSample
+from tfrun.protocol.fields import JobState
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn: `tfrun submit` and `--json` never pay for it
     from rich.console import Console
     from rich.text import Text
+
+    # the records are only drawn here: a verb imports the protocol modules it asks with, and no others
+    from tfrun.protocol.admin import Check
+    from tfrun.protocol.files import FileEntry
+    from tfrun.protocol.jobs import Job
+    from tfrun.protocol.watching import Alert, Gpu, LineReading, MetricSample
 
 STATE_STYLE: dict[str, str] = {
     JobState.QUEUED: "yellow",

@@ -25,15 +25,10 @@ from tfrun.client.config import Host, parse_destination
 from tfrun.client.connection import cannot_start
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON, EXIT_USAGE
-from tfrun.protocol import (
-    Channel,
-    DaemonInfo,
-    DaemonStatus,
-    Doctor,
-    ErrorCode,
-    ProtocolError,
-    RemoteError,
-)
+from tfrun.protocol.admin import DaemonInfo, DaemonStatus, Doctor
+from tfrun.protocol.channel import Channel, RemoteError
+from tfrun.protocol.fields import ErrorCode
+from tfrun.protocol.wire import ProtocolError
 
 _CONNECT_TIMEOUT_S = 20.0
 # How `check` reports a step: passed (True) or failed (False), or a doctor's check by its status.

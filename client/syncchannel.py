@@ -1,7 +1,7 @@
 """One request and its reply over a plain blocking Unix socket: how a verb asks the daemon on this machine
 when it runs already (cli.ask), without asyncio, whose import alone costs `tfrun ps` some 35 ms.
 
-It speaks tfrun/protocol.py's frames and handshake, with its message classes and checks, as `Channel` does:
+It speaks tfrun/protocol/'s frames and handshake, with its message classes and checks, as `Channel` does:
 a hello of another protocol, or an `Error` for a reply, raises RemoteError; a reply of a type the request
 does not name, ProtocolError. Only replies without raw bytes: nothing streamed (logs, files, uploads),
 nothing that starts a daemon or crosses SSH. Those are client/api.py's.
@@ -14,19 +14,8 @@ import typing
 from typing import Any, TypeVar
 
 from tfrun.constants import MAX_HEADER_BYTES
-from tfrun.protocol import (
-    ConnectionClosed,
-    Error,
-    Message,
-    ProtocolError,
-    RemoteError,
-    Request,
-    check_reply,
-    checked_hello,
-    client_hello,
-    decode_header,
-    encode,
-)
+from tfrun.protocol.channel import RemoteError, check_reply, checked_hello, client_hello
+from tfrun.protocol.wire import ConnectionClosed, Error, Message, ProtocolError, Request, decode_header, encode
 
 M = TypeVar("M", bound=Message)
 

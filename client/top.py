@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 from tfrun.client import render
 from tfrun.client.plot import sparkline
-from tfrun.protocol import Channel, Top, TopReply
+from tfrun.protocol.channel import Channel
+from tfrun.protocol.watching import Top, TopReply
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType

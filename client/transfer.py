@@ -14,16 +14,9 @@ from tfrun.client.errors import TfrunError
 from tfrun.client.snapshot import Snapshot
 from tfrun.constants import EXIT_USAGE, FILE_CHUNK_BYTES
 from tfrun.content import ManifestError, check_manifest
-from tfrun.protocol import (
-    Channel,
-    FileEntry,
-    HaveBlobs,
-    ListFiles,
-    ProtocolError,
-    PutBlob,
-    PutBlobs,
-    ReadFile,
-)
+from tfrun.protocol.channel import Channel
+from tfrun.protocol.files import FileEntry, HaveBlobs, ListFiles, PutBlob, PutBlobs, ReadFile
+from tfrun.protocol.wire import ProtocolError
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tfrun.losses import TrainingLoss
-from tfrun.protocol import JobState
+from tfrun.protocol.fields import JobState
 from tfrun.runner import alertmessage, cgroup, jobdir, oom
 from tfrun.runner.config import Config
 from tfrun.runner.gpus import GpuReading, read_gpu_memory

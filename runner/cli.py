@@ -23,19 +23,10 @@ import click
 from tfrun import __version__
 from tfrun.constants import DAEMON_START_TIMEOUT_S, EXIT_FAILURE, EXIT_OK, HELLO_WAIT_S, MAX_HEADER_BYTES
 from tfrun.paths import Layout
-from tfrun.protocol import (
-    Channel,
-    DaemonInfo,
-    DaemonStatus,
-    Error,
-    ErrorCode,
-    Message,
-    Ok,
-    ProtocolError,
-    RemoteError,
-    Shutdown,
-    encode,
-)
+from tfrun.protocol.admin import DaemonInfo, DaemonStatus, Shutdown
+from tfrun.protocol.channel import Channel, RemoteError
+from tfrun.protocol.fields import ErrorCode
+from tfrun.protocol.wire import Error, Message, Ok, ProtocolError, encode
 from tfrun.runner.config import Config, ConfigError
 from tfrun.runner.daemon import (
     AlreadyRunning,

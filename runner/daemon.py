@@ -21,19 +21,9 @@ from typing import IO, Any, Callable, Optional, Union
 import tfrun
 from tfrun.constants import MAX_HEADER_BYTES
 from tfrun.paths import Layout
-from tfrun.protocol import (
-    PROTOCOL_VERSION,
-    Error,
-    ErrorCode,
-    Hello,
-    JobState,
-    Message,
-    ProtocolError,
-    daemon_hello,
-    mismatch_message,
-    read_message,
-    write_message,
-)
+from tfrun.protocol.channel import daemon_hello, mismatch_message
+from tfrun.protocol.fields import ErrorCode, JobState
+from tfrun.protocol.wire import PROTOCOL_VERSION, Error, Hello, Message, ProtocolError, read_message, write_message
 from tfrun.runner import liveconfig
 from tfrun.runner.alerts import Alerts
 from tfrun.runner.blobs import BlobStore, Spares

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import tfrun
 from tfrun.constants import PYTHON_SEARCH_MAX, PYTHON_SEARCH_TIMEOUT_S, PYTHON_SEARCH_WORKERS, PYTHONS_NAMED
-from tfrun.protocol import Check
+from tfrun.protocol.admin import Check
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _PROBE = Path(tfrun.__file__).parent / "jobs" / "probe.py"

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol, Union
 import tfrun
 from tfrun.constants import EXIT_LOST
 from tfrun.paths import Layout
-from tfrun.protocol import JobState, State
+from tfrun.protocol.fields import JobState, State
 from tfrun.runner import jobdir
 from tfrun.runner.job import JobRow
 from tfrun.runner.process import Identity, boot_id

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfrun.protocol import LineReading
+from tfrun.protocol.watching import LineReading
 from tfrun.runner.lines import display, plain
 from tfrun.runner.metrics import LogMetrics, Sample
 

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from tfrun.constants import END_ALERTS_WAIT_S
 from tfrun.paths import Layout
-from tfrun.protocol import DiskReport, FolderUsage, Prune, Removal, RemoveReply
+from tfrun.protocol.admin import DiskReport, FolderUsage
+from tfrun.protocol.jobs import Prune, Removal, RemoveReply
 from tfrun.runner import jobdir
 from tfrun.runner.blobs import BlobStore, Collected, manifest_digests
 from tfrun.runner.job import JobRow

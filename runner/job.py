@@ -17,7 +17,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from tfrun.protocol import Job, JobState, State
+from tfrun.protocol.fields import JobState, State
+from tfrun.protocol.jobs import Job
 from tfrun.runner import jobdir
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 from tfrun.losses import TrainingLoss
-from tfrun.protocol import MetricSample
+from tfrun.protocol.watching import MetricSample
 from tfrun.runner import jobdir
 from tfrun.runner.metrics import Sample, plausible, training_loss
 

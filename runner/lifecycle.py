@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from tfrun.protocol import JobState, State
+from tfrun.protocol.fields import JobState, State
 from tfrun.runner.faults import crash_point
 from tfrun.runner.job import JobRow, JobSpec
 from tfrun.runner.store import Store

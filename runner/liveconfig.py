@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tfrun import tomltext
 from tfrun.constants import CONFIG_COUNT_DIGITS
 from tfrun.duration import format_duration
-from tfrun.protocol import Setting
+from tfrun.protocol.admin import Setting
 from tfrun.runner import rules
 from tfrun.runner.config import COUNT, KEYS, STRINGS, Config, ConfigError
 from tfrun.runner.doctor import job_python

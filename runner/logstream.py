@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, NamedTuple, Optional
 
 from tfrun.constants import FILTER_THREADS, FOLLOW_POLL_S, LOG_CHUNK_BYTES
-from tfrun.protocol import LogChunk, LogEnd, LogLines, Message, ReadLog
+from tfrun.protocol.logs import LogChunk, LogEnd, LogLines, ReadLog
+from tfrun.protocol.wire import Message
 from tfrun.runner import jobdir
 from tfrun.runner.job import JobRow
 from tfrun.runner.lines import BlockMatcher, LineFilter, Selector, Tail, TerminalLines, display

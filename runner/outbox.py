@@ -19,7 +19,7 @@ import time
 import urllib.parse
 from typing import Any, Optional
 
-from tfrun.protocol import Delivery
+from tfrun.protocol.watching import Delivery
 from tfrun.runner import alerttext
 from tfrun.runner.store import EXPIRED, PENDING, SENT, NewAlert, Store
 

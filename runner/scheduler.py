@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 
 from tfrun.constants import DEFAULT_GRACE_S
 from tfrun.content import ManifestError
-from tfrun.protocol import FileEntry, JobState
+from tfrun.protocol.fields import JobState
+from tfrun.protocol.files import FileEntry
 from tfrun.runner import jobdir
 from tfrun.runner.blobs import read_manifest, write_manifest
 from tfrun.runner.faults import crash_point

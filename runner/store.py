@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 from tfrun.constants import MAX_INT64
-from tfrun.protocol import Alert, Delivery, JobState, is_job_id
+from tfrun.protocol.fields import JobState, is_job_id
+from tfrun.protocol.watching import Alert, Delivery
 from tfrun.runner.job import JobRow, JobSpec, from_json
 from tfrun.runner.schema import MIGRATIONS
 

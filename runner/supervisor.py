@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Callable, Optional
 
 from tfrun.constants import MONITOR_INTERVAL_S
-from tfrun.protocol import JobState
+from tfrun.protocol.fields import JobState
 from tfrun.runner.executor import Change, Ended, Executor, Started
 from tfrun.runner.faults import crash_point
 from tfrun.runner.job import JobRow

@@ -12,7 +12,10 @@ from conftest import Tfrun, gated_job, write_script
 
 import tfrun
 from tfrun.client.api import AsyncClient, NoSuchJob
-from tfrun.protocol import _REGISTRY, ProtocolError, RemoteError, Request, Shutdown, Top
+from tfrun.protocol.admin import Shutdown
+from tfrun.protocol.channel import RemoteError
+from tfrun.protocol.watching import Top
+from tfrun.protocol.wire import _REGISTRY, ProtocolError, Request
 
 LOSSES = "for step in range(1, 4):\n    print(f'step {step} loss={1.0 / step:.3f}', flush=True)\n"
 

@@ -24,7 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tfrun.constants import MAX_CANCEL_JOBS, MAX_PATTERN_CHARS, MAX_PATTERNS
-from tfrun.protocol import _REGISTRY, UTF8, Hello, Limit, Range, Shutdown, client_hello, encode
+from tfrun.protocol.admin import Shutdown
+from tfrun.protocol.channel import client_hello
+from tfrun.protocol.fields import UTF8, Limit, Range
+from tfrun.protocol.wire import _REGISTRY, Hello, encode
 from tfrun.runner.handlers import HANDLERS
 
 FUZZ_EXAMPLES = 10_000

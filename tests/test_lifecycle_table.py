@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tfrun.protocol import JobState, State
+from tfrun.protocol.fields import JobState, State
 from tfrun.runner.job import JobRow, JobSpec
 from tfrun.runner.lifecycle import MOVES, ForbiddenMove, Lifecycle, allowed
 from tfrun.runner.store import Store

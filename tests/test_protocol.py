@@ -7,22 +7,11 @@ import json
 
 import pytest
 
-from tfrun.protocol import (
-    Cancel,
-    CancelReply,
-    CancelResult,
-    FileEntry,
-    Hello,
-    Job,
-    JobReply,
-    LogChunk,
-    ProtocolError,
-    Submit,
-    decode_header,
-    encode,
-    read_message,
-    validate_name,
-)
+from tfrun.protocol.fields import validate_name
+from tfrun.protocol.files import FileEntry
+from tfrun.protocol.jobs import Cancel, CancelReply, CancelResult, Job, JobReply, Submit
+from tfrun.protocol.logs import LogChunk
+from tfrun.protocol.wire import Hello, ProtocolError, decode_header, encode, read_message
 
 
 def read_from(data: bytes) -> object:

@@ -16,7 +16,9 @@ import pytest
 from conftest import Tfrun, wait_for, write_script
 
 from tfrun.paths import Layout
-from tfrun.protocol import Channel, FileEntry, HaveBlobs, PutBlob, RemoteError, Submit
+from tfrun.protocol.channel import Channel, RemoteError
+from tfrun.protocol.files import FileEntry, HaveBlobs, PutBlob
+from tfrun.protocol.jobs import Submit
 
 both = pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
 

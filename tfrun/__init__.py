@@ -18,8 +18,8 @@ _API = {
     "NoSuchJob": "tfrun.client.api",
     "LogQuery": "tfrun.client.follow",
     "TfrunError": "tfrun.client.errors",
-    "RemoteError": "tfrun.protocol",
-    "ProtocolError": "tfrun.protocol",
+    "RemoteError": "tfrun.protocol.channel",
+    "ProtocolError": "tfrun.protocol.wire",
 }
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from tfrun.client import cli, daemonconfig
-from tfrun.protocol import ConfigReply, GetConfig, ReloadConfig, Request, SetConfig
+from tfrun.protocol.admin import ConfigReply, GetConfig, ReloadConfig, SetConfig
+from tfrun.protocol.wire import Request
 
 
 @click.group("config", invoke_without_command=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from tfrun.client import cli, render
-from tfrun.protocol import ListFiles
+from tfrun.protocol.files import ListFiles
 
 
 @click.command()

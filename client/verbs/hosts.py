@@ -14,7 +14,7 @@ import click
 from tfrun.client import cli, completion, config, render
 from tfrun.client.errors import TfrunError
 from tfrun.constants import DEFAULT_BOX_VENV, EXIT_DAEMON, EXIT_OK, EXIT_USAGE, WHEELHOUSE_ENV
-from tfrun.protocol import validate_name
+from tfrun.protocol.fields import validate_name
 
 
 @click.group()

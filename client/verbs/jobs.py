@@ -19,7 +19,8 @@ from tfrun.constants import (
     MAX_RESTARTS,
     UPLOAD_WARN_BYTES,
 )
-from tfrun.protocol import GetJob, JobState, ListJobs, validate_name
+from tfrun.protocol.fields import JobState, validate_name
+from tfrun.protocol.jobs import GetJob, ListJobs
 
 if TYPE_CHECKING:
     from tfrun.client.snapshot import Snapshot

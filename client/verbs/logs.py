@@ -15,7 +15,8 @@ from tfrun.client.errors import TfrunError
 from tfrun.client.follow import LogCursor, LogQuery
 from tfrun.client.timespec import Since, since_option
 from tfrun.constants import EXIT_OK, MAX_CONTEXT, MAX_PATTERN_CHARS, MAX_PATTERNS, MAX_TAIL
-from tfrun.protocol import LogEnd, ProtocolError
+from tfrun.protocol.logs import LogEnd
+from tfrun.protocol.wire import ProtocolError
 
 
 @click.command()

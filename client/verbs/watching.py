@@ -10,7 +10,8 @@ import click
 
 from tfrun.client import cli, render
 from tfrun.constants import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, MAX_ALERTS
-from tfrun.protocol import Doctor, ExplainMetrics, GetMetrics, ListAlerts, ListGpus, NotifyTest
+from tfrun.protocol.admin import Doctor
+from tfrun.protocol.watching import ExplainMetrics, GetMetrics, ListAlerts, ListGpus, NotifyTest
 
 
 @click.command()

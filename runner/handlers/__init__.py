@@ -10,7 +10,9 @@ registered for its request type in `base.HANDLERS` by `@handles`.
 
 from __future__ import annotations
 
-from tfrun.protocol import Message, ReadLog, Wait
+from tfrun.protocol.jobs import Wait
+from tfrun.protocol.logs import ReadLog
+from tfrun.protocol.wire import Message
 from tfrun.runner.handlers import admin, files, jobs, watching
 from tfrun.runner.handlers.base import HANDLERS, Connection, RequestError
 

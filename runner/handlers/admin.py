@@ -7,21 +7,19 @@ import os
 from typing import TYPE_CHECKING, Callable
 
 from tfrun import __version__
-from tfrun.protocol import (
-    PROTOCOL_VERSION,
+from tfrun.protocol.admin import (
     ConfigReply,
     DaemonInfo,
     DaemonStatus,
     DiskUsage,
     GetConfig,
-    JobState,
-    Ok,
-    Prune,
     ReloadConfig,
-    Remove,
     SetConfig,
     Shutdown,
 )
+from tfrun.protocol.fields import JobState
+from tfrun.protocol.jobs import Prune, Remove
+from tfrun.protocol.wire import PROTOCOL_VERSION, Ok
 from tfrun.runner import housekeeping, liveconfig
 from tfrun.runner.config import ConfigError
 from tfrun.runner.handlers.base import Connection, handles, invalid

@@ -9,7 +9,8 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from tfrun.protocol import ErrorCode, Message, write_message
+from tfrun.protocol.fields import ErrorCode
+from tfrun.protocol.wire import Message, write_message
 from tfrun.runner.job import JobRow
 
 if TYPE_CHECKING:

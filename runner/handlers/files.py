@@ -5,18 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tfrun.content import ManifestError
-from tfrun.protocol import (
-    ErrorCode,
-    FileList,
-    HaveBlobs,
-    ListFiles,
-    MissingBlobs,
-    Ok,
-    PutBlob,
-    PutBlobs,
-    ReadFile,
-    ReadLog,
-)
+from tfrun.protocol.fields import ErrorCode
+from tfrun.protocol.files import FileList, HaveBlobs, ListFiles, MissingBlobs, PutBlob, PutBlobs, ReadFile
+from tfrun.protocol.logs import ReadLog
+from tfrun.protocol.wire import Ok
 from tfrun.runner import jobfiles, logstream
 from tfrun.runner.handlers.base import Connection, RequestError, find, handles, invalid
 from tfrun.runner.lines import PatternError

@@ -14,12 +14,12 @@ from tfrun.constants import (
     DEFAULT_GRACE_S,
 )
 from tfrun.content import ManifestError, check_manifest
-from tfrun.protocol import (
+from tfrun.protocol.fields import ErrorCode, validate_name
+from tfrun.protocol.files import FileEntry
+from tfrun.protocol.jobs import (
     Cancel,
     CancelReply,
     CancelResult,
-    ErrorCode,
-    FileEntry,
     GetJob,
     Job,
     JobList,
@@ -28,7 +28,6 @@ from tfrun.protocol import (
     Restart,
     Submit,
     Wait,
-    validate_name,
 )
 from tfrun.runner import housekeeping, rules
 from tfrun.runner.doctor import job_python

@@ -13,17 +13,15 @@ from tfrun.constants import (
     MAX_METRIC_SAMPLES,
     METRICS_SETTLE_S,
 )
-from tfrun.protocol import (
+from tfrun.protocol.admin import Doctor, DoctorReport
+from tfrun.protocol.fields import JobState
+from tfrun.protocol.jobs import Attach, AttachReply
+from tfrun.protocol.watching import (
     AlertList,
-    Attach,
-    AttachReply,
-    Doctor,
-    DoctorReport,
     ExplainMetrics,
     GetMetrics,
     Gpu,
     GpuList,
-    JobState,
     ListAlerts,
     ListGpus,
     MetricsExplained,

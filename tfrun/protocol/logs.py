@@ -1,0 +1,71 @@
+"""Reading a job's log: `ReadLog` and the stream that answers it (raw chunks or filtered lines, then an end)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Annotated, Optional, Union
+
+from tfrun.constants import (
+    MAX_TAIL,
+)
+from tfrun.protocol.fields import Context, JobRef, Offset, Patterns, Range
+from tfrun.protocol.wire import Message, Request, tagged
+
+
+@tagged("log_chunk")
+@dataclass
+class LogChunk(Message):
+    """Bytes of the job's log starting at byte `offset` of the file."""
+
+    offset: int
+    data: bytes
+
+
+@tagged("log_lines")
+@dataclass
+class LogLines(Message):
+    """Finished lines that passed the filter, as UTF-8 text each ending in a newline; they lie between
+    byte `offset` and `next_offset` of the log, where a follower that reconnects resumes."""
+
+    offset: int
+    next_offset: int
+    data: bytes
+
+
+@tagged("log_end")
+@dataclass
+class LogEnd(Message):
+    """No more bytes: `offset` is the end of the log; the job's final state when it has ended."""
+
+    offset: int
+    state: str
+    exit_code: Optional[int] = None
+    restarted_as: Optional[int] = None  # the job that carries on after this one failed, if any
+
+
+@tagged("read_log")
+@dataclass
+class ReadLog(Request[Union[LogChunk, LogLines, LogEnd]]):
+    """The job's output from byte `offset`; with `follow`, keep sending until the job ends.
+
+    With no filter the bytes come as they are, in `LogChunk`s. With `patterns`, `tail`, a `since` or
+    `timestamps` the daemon reads the log as terminal lines (see runner/lines.py) and sends only the lines
+    that pass, in `LogLines`; `offset` must then be a line boundary, as every `LogLines.next_offset` is.
+    Times are the box's: seconds since the epoch, from the log's (offset, time) index.
+    """
+
+    job: JobRef
+    offset: Offset = 0
+    follow: bool = False
+    patterns: Patterns = field(default_factory=list)  # extended regular expressions, ORed
+    invert: bool = False
+    ignore_case: bool = False
+    fixed: bool = False  # patterns are plain strings
+    tail: Optional[Annotated[int, Range(0, MAX_TAIL)]] = None  # only the last N lines (that pass) of what is there now
+    after: Context = 0  # lines of context after each match, as grep -A
+    before: Context = 0  # and before, as grep -B
+    since: Optional[float] = None  # only lines complete at or after this time
+    # only lines complete in the last this many seconds (the box's clock)
+    since_ago: Optional[Annotated[float, Range(0, math.inf)]] = None
+    timestamps: bool = False  # each line starts with the time it was complete, as RFC 3339 in UTC
