@@ -10,11 +10,15 @@ Measures, in one run on one machine (the SSH rows need openssh-server and root f
   - `tfrun ps --host box` over a loopback sshd, warm: through the connection keeper, which holds the SSH
     connection between commands (like OpenSSH's ControlPersist), against `ssh box true` on a fresh connection.
 Prints a Markdown table of medians (p50) and p90, and each as a multiple of the floor (or of ssh's time).
+
+Python runs as an installed tfrun runs: from compiled bytecode (pip compiles on install), so the source is
+compiled once here and PYTHONDONTWRITEBYTECODE is dropped from the commands' environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import sys
 import tempfile
@@ -30,6 +34,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--no-ssh", action="store_true", help="Skip the rows over SSH (no sshd needed).")
     args = parser.parse_args()
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    repo = Path(__file__).resolve().parent.parent
+    for folder in ("tfrun", "client", "runner"):
+        compileall.compile_dir(repo / folder, quiet=1)
     work = Path(tempfile.mkdtemp(prefix="tfrun-bench-"))
     local = Tfrun(work / "home")
     project = work / "project"

@@ -1,4 +1,4 @@
-"""`tfrun`: the top group, and what every verb shares: --host, one-line errors and exit codes, the console.
+"""`tfrun`: the top group, and what every verb shares: --host, one-line errors and exit codes, the output.
 
 Users type these verbs all day, so a verb imports only what it needs, when it runs: this module imports
 click and nothing heavy, `tfrun --help` lists the verbs from client/verbs/'s table without importing any
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from tfrun.client.api import AsyncClient
     from tfrun.client.connection import Target
+    from tfrun.client.lines import Output
     from tfrun.protocol.wire import Message, Request
 
 T = TypeVar("T")
@@ -244,12 +245,25 @@ def job_exit_code(state: str, exit_code: Optional[int]) -> int:
     return EXIT_OK if state == JobState.SUCCEEDED else EXIT_FAILURE
 
 
+def color_choice() -> str:
+    """The main group's --color: auto, always or never."""
+    context = click.get_current_context(silent=True)
+    return str(context.meta.get(_COLOR, "auto")) if context is not None else "auto"
+
+
+def output() -> Output:
+    """Where a verb writes its lines and tables (client/lines.py), with the main group's --color."""
+    from tfrun.client.lines import Output
+
+    return Output(color_choice())
+
+
 def console() -> Console:
-    """The console a verb draws tables through, with the main group's --color."""
+    """rich's console, with the main group's --color: for `tfrun top`'s live view only (rich.console costs a
+    quarter of a short verb's start; the others write through `output`)."""
     from tfrun.client import render
 
-    context = click.get_current_context(silent=True)
-    return render.console(context.meta.get(_COLOR, "auto") if context is not None else "auto")
+    return render.console(color_choice())
 
 
 # -- the top group ------------------------------------------------------------------------------------------

@@ -23,18 +23,16 @@ import re
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from tfrun import tomltext
 from tfrun.client.errors import TfrunError
 from tfrun.constants import DEFAULT_CONFIRM_UPLOAD_BYTES, DEFAULT_RECONNECT_TIMEOUT_S, EXIT_DAEMON, EXIT_USAGE
 from tfrun.duration import format_duration, parse_duration
 from tfrun.sizes import parse_size
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.9 and 3.10
-    import tomli as tomllib
+if TYPE_CHECKING:
+    from tfrun import tomltext
+
 
 LOCAL = "local"  # `--host local` picks the daemon on this machine even when a default host is set
 RECONNECT_ENV = "TFRUN_RECONNECT_TIMEOUT"
@@ -152,13 +150,21 @@ def load() -> ClientConfig:
     path = config_path()
     try:
         text = path.read_text()
-        raw = tomllib.loads(text)
     except FileNotFoundError:
         return ClientConfig(path)
-    except tomllib.TOMLDecodeError as exc:
-        raise TfrunError(tomltext.decode_error(str(path), exc, text), EXIT_USAGE) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise TfrunError(f"{path}: {exc}", EXIT_USAGE) from None
+    # imported here: with no config file, a verb never pays for the TOML parser
+    from tfrun import tomltext
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.9 and 3.10
+        import tomli as tomllib
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TfrunError(tomltext.decode_error(str(path), exc, text), EXIT_USAGE) from None
     unknown = tomltext.unknown_key(str(path), text, raw, _schema())
     if unknown:
         raise TfrunError(unknown, EXIT_USAGE)
@@ -196,6 +202,8 @@ def load() -> ClientConfig:
 def _schema() -> tomltext.Schema:
     """The keys the file may hold, from the fields of ClientConfig and Host: a setting is known as soon as it
     has a field, and anything else (a typo such as `pyhton`) is named with its line."""
+    from tfrun import tomltext
+
     host: tomltext.Schema = {f.name: None for f in fields(Host) if f.name != "name"}
     host["env"] = tomltext.ANY  # the daemon's environment: any names
     top: tomltext.Schema = {f.name: None for f in fields(ClientConfig) if f.name not in ("path", "hosts")}

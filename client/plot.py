@@ -9,13 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from tfrun.client.lines import Styled
 from tfrun.losses import evaluation_name, training_loss_name
 from tfrun.protocol.watching import MetricSample
-
-if TYPE_CHECKING:
-    from rich.text import Text
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 _BRAILLE = 0x2800
@@ -51,10 +48,9 @@ def series(samples: list[MetricSample], names: Sequence[str]) -> dict[str, tuple
     return out
 
 
-def chart(curves: dict[str, tuple[list[float], list[float]]], width: int = 72, height: int = 16) -> list[Text]:
-    """A line chart of `curves` in braille, with the y range on the left and the step range below."""
-    from rich.text import Text
-
+def chart(curves: dict[str, tuple[list[float], list[float]]], width: int = 72, height: int = 16) -> list[Styled]:
+    """A line chart of `curves` in braille, with the y range on the left and the step range below (dim, the
+    curves too: as rich drew it, a line's style lies under what is appended to it)."""
     xs = [x for steps, _ in curves.values() for x in steps]
     ys = [y for _, values in curves.values() for y in values]
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
@@ -78,14 +74,14 @@ def chart(curves: dict[str, tuple[list[float], list[float]]], width: int = 72, h
     lines = []
     for row in range(height):
         label = labels[0] if row == 0 else labels[2] if row == height - 1 else labels[1] if row == height // 2 else ""
-        line = Text(f"{label:>{pad}} ┤", style="dim")
+        line = Styled(f"{label:>{pad}} ┤", "dim")
         for col in range(width):
             char = chr(_BRAILLE + cells[row][col]) if cells[row][col] else " "
             line.append(char, style=STYLES[owner[row][col] % len(STYLES)] if owner[row][col] >= 0 else "")
         lines.append(line)
     first, last = f"step {x0:g}", f"step {x1:g}"
-    lines.append(Text(" " * pad + " └" + first + last.rjust(max(1, width - len(first))), style="dim"))
-    legend = Text(" " * (pad + 2))
+    lines.append(Styled(" " * pad + " └" + first + last.rjust(max(1, width - len(first))), "dim"))
+    legend = Styled(" " * (pad + 2))
     for index, name in enumerate(curves):
         legend.append(f"━ {name}  ", style=STYLES[index % len(STYLES)])
     lines.append(legend)

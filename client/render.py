@@ -1,4 +1,5 @@
-"""How jobs look on a terminal (rich), in a pipe (plain whole rows) and to scripts (JSON)."""
+"""How jobs look on a terminal (styled lines, client/lines.py), in a pipe (plain whole rows) and to scripts
+(JSON)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,21 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
+from tfrun.client.lines import Styled, wants_color
 from tfrun.protocol.fields import JobState
 
-if TYPE_CHECKING:  # rich is imported where a table is drawn: `tfrun submit` and `--json` never pay for it
+if TYPE_CHECKING:
     from rich.console import Console
-    from rich.text import Text
+
+    from tfrun.client.lines import Output
 
     # the records are only drawn here: a verb imports the protocol modules it asks with, and no others
     from tfrun.protocol.admin import Check
-    from tfrun.protocol.files import FileEntry
     from tfrun.protocol.jobs import Job
+    from tfrun.protocol.submit import FileEntry
     from tfrun.protocol.watching import Alert, Gpu, LineReading, MetricSample
 
 STATE_STYLE: dict[str, str] = {
@@ -34,21 +37,9 @@ STATE_STYLE: dict[str, str] = {
 }
 
 
-def wants_color(choice: str, terminal: bool, environ: Mapping[str, str]) -> bool:
-    """Whether to write colour: --color always or never decides; with auto, NO_COLOR (set, not empty) says no
-    (no-color.org), then FORCE_COLOR (set, not empty, not 0) says yes (force-color.org); else a terminal
-    gets colour and a pipe or file none. --color beats both variables: it is the more deliberate choice."""
-    if choice != "auto":
-        return choice == "always"
-    if environ.get("NO_COLOR"):
-        return False
-    if environ.get("FORCE_COLOR", "") not in ("", "0"):
-        return True
-    return terminal
-
-
 def console(choice: str = "auto") -> Console:
-    """The console a verb prints through. Whether stdout is a terminal is read here, once, and rich's own
+    """rich's console, for `tfrun top`'s live view (the other views write through client/lines.py's Output,
+    which spares them importing rich.console). Whether stdout is a terminal is read here, once, and rich's own
     guesses (FORCE_COLOR or TTY_COMPATIBLE making a pipe a terminal) are overruled: a pipe gets whole lines,
     a terminal lines cut to its width. Without colour there are no escape codes at all, bold included."""
     from rich.console import Console
@@ -67,30 +58,28 @@ def one_line(value: str) -> str:
     return "".join(char if char.isprintable() or char == " " else repr(char)[1:-1] for char in value)
 
 
-Cell = Union[str, "Text"]  # a table cell: plain text, or text with a style
+Cell = Union[str, Styled]  # a table cell: plain text (shown with `one_line`), or text with a style
 
 
 def print_table(
-    console: Console, header: Sequence[str], body: Sequence[Sequence[Cell]], right: Collection[str] = ()
+    out: Output, header: Sequence[str], body: Sequence[Sequence[Cell]], right: Collection[str] = ()
 ) -> None:
     """A table as `ps` prints it: columns two spaces apart, one line per row, no trailing spaces. Never
     wrapped: in a pipe every row is whole, however long (`ps -a | grep NAME` finds each job, `cut` and
     `awk` see one record a line); on a terminal a row too long for it is cut with … at its right end."""
-    from rich.text import Text
-
-    lines = [[Text(name, style="bold") for name in header]]
-    lines += [[cell if isinstance(cell, Text) else Text(one_line(cell)) for cell in row] for row in body]
+    lines = [[Styled(name, "bold") for name in header]]
+    lines += [[cell if isinstance(cell, Styled) else Styled(one_line(cell)) for cell in row] for row in body]
     widths = [max(cells[i].cell_len for cells in lines) for i in range(len(header))]
+    rows = []
     for cells in lines:
-        line = Text()
+        line = Styled()
         for i, (name, cell, width) in enumerate(zip(header, cells, widths)):
             pad = " " * (width - cell.cell_len)
             line.append("  " if i else "")
-            line.append_text(Text(pad) + cell if name in right else cell + Text(pad))
+            line.append_styled(Styled(pad) + cell if name in right else cell + pad)
         line.rstrip()
-        if console.is_terminal:
-            line.truncate(console.width, overflow="ellipsis")
-        console.print(line, soft_wrap=True)
+        rows.append(line)
+    out.write(*rows, cut=True)
 
 
 def to_json(value: Any) -> str:
@@ -130,20 +119,18 @@ def command_line(job: Job) -> str:
     return shlex.join([job.script, *job.args])
 
 
-def job_table(jobs: list[Job], console: Console, where: str) -> None:
+def job_table(jobs: list[Job], out: Output, where: str) -> None:
     """`tfrun ps`: a first line naming the box (`where`), so that a default host is never a surprise, then a
     row per job."""
-    from rich.text import Text
-
     if not jobs:
-        console.print(Text(f"no jobs on {where}", style="dim"), soft_wrap=True)
+        out.write(f"no jobs on {where}", style="dim")
         return
-    console.print(Text(f"jobs on {where}", style="dim"), soft_wrap=True)
+    out.write(f"jobs on {where}", style="dim")
     body: list[list[Cell]] = [
-        [  # Text, not markup: a name like "[red]" is shown as typed
+        [
             str(job.id),
             job.name or "-",
-            Text(job.state, style=STATE_STYLE.get(job.state, "")),
+            Styled(job.state, STATE_STYLE.get(job.state, "")),
             ",".join(job.gpus) or ("-" if not job.gpus_requested else f"({job.gpus_requested})"),
             "-" if job.exit_code is None else str(job.exit_code),
             when(job.started_at),
@@ -152,12 +139,11 @@ def job_table(jobs: list[Job], console: Console, where: str) -> None:
         ]
         for job in jobs
     ]
-    print_table(console, ("ID", "NAME", "STATE", "GPUS", "EXIT", "STARTED", "RUNTIME", "COMMAND"), body)
+    print_table(out, ("ID", "NAME", "STATE", "GPUS", "EXIT", "STARTED", "RUNTIME", "COMMAND"), body)
 
 
-def job_detail(job: Job, console: Console) -> None:
-    from rich.text import Text
-
+def job_detail(job: Job, out: Output) -> None:
+    """`tfrun status J`: a line per field, the key in bold. (As rich drew it, the whole line is bold.)"""
     rows = [
         ("id", str(job.id)),
         ("name", job.name or "-"),
@@ -196,11 +182,13 @@ def job_detail(job: Job, console: Console) -> None:
     ]
     rows += [(f"env {k}", v) for k, v in sorted(job.env.items())]
     width = max(len(key) for key, _ in rows)
+    lines = []
     for key, value in rows:  # a line each, whole and without trailing spaces: `status | grep workdir`
-        line = Text(key.ljust(width), style="bold") + Text("  ")
-        line.append(one_line(value), style=STATE_STYLE.get(value, "") if key == "state" else "")
+        line = Styled(key.ljust(width), "bold") + "  "
+        line.append(one_line(value), STATE_STYLE.get(value, "") if key == "state" else "")
         line.rstrip()
-        console.print(line, soft_wrap=True)
+        lines.append(line)
+    out.write(*lines)
 
 
 @dataclasses.dataclass
@@ -241,87 +229,83 @@ def checkpoints(entries: list[FileEntry]) -> list[Checkpoint]:
     return sorted(found.values(), key=lambda c: (c.saved or 0.0, c.step or 0, c.name))
 
 
-def checkpoint_table(points: list[Checkpoint], console: Console) -> None:
+def checkpoint_table(points: list[Checkpoint], out: Output) -> None:
     if not points:
-        console.print("no checkpoints", style="dim")
+        out.write("no checkpoints", style="dim")
         return
     body = [[p.name, "-" if p.step is None else str(p.step), when(p.saved), size(p.size)] for p in points]
-    print_table(console, ("CHECKPOINT", "STEP", "SAVED", "SIZE"), body, right=("STEP", "SIZE"))
+    print_table(out, ("CHECKPOINT", "STEP", "SAVED", "SIZE"), body, right=("STEP", "SIZE"))
 
 
 _CHECK_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "bold red")}
 
 
-def check_lines(checks: list[Check], console: Console) -> None:
-    """`tfrun doctor`'s report: one line per check, what to do after it when there is something."""
-    from rich.text import Text
-
+def check_lines(checks: list[Check], out: Output) -> None:
+    """`tfrun doctor`'s report: one line per check, in the colour of its outcome, what to do after it when
+    there is something. Not cut on a narrow terminal: the advice is the point."""
+    lines = []
     for check in checks:
         label, style = _CHECK_STYLE.get(check.status, (check.status, ""))
-        line = Text(f"{label:<4}  ", style=style) + Text(f"{check.name}: ", style="bold") + Text(check.detail)
+        line = Styled(f"{label:<4}  ", style) + Styled(f"{check.name}: ", "bold") + check.detail
         if check.advice:
-            line += Text(f"; {check.advice}", style="dim" if check.status == "ok" else "")
-        console.print(line, soft_wrap=True)  # one line per check, however narrow the terminal
+            line += Styled(f"; {check.advice}", "dim" if check.status == "ok" else "")
+        lines.append(line)
+    out.write(*lines)
 
 
-def gpu_table(gpus: list[Gpu], console: Console) -> None:
+def gpu_table(gpus: list[Gpu], out: Output) -> None:
     if not gpus:
-        console.print("no GPUs on this box (or none NVML can see)", style="dim")
+        out.write("no GPUs on this box (or none NVML can see)", style="dim")
         return
     body = [gpu_cells(gpu) for gpu in gpus]
-    print_table(console, ("GPU", "NAME", "MEMORY", "USE", "JOB"), body, right=("MEMORY", "USE"))
+    print_table(out, ("GPU", "NAME", "MEMORY", "USE", "JOB"), body, right=("MEMORY", "USE"))
 
 
-def gpu_cells(gpu: Gpu) -> tuple[Text, Text, str, str, str]:
+def gpu_cells(gpu: Gpu) -> tuple[str, str, str, str, str]:
     """A GPU's row in `tfrun gpus` and `tfrun top`: device, name, memory, utilisation, job."""
-    from rich.text import Text
-
     memory = "-"
     if gpu.memory_used is not None and gpu.memory_total:
         percent = 100 * gpu.memory_used / gpu.memory_total
         memory = f"{size(gpu.memory_used)} / {size(gpu.memory_total)} ({percent:.0f}%)"
     utilization = "-" if gpu.utilization is None else f"{gpu.utilization}%"
-    return Text(gpu.device), Text(gpu.name or "-"), memory, utilization, "-" if gpu.job is None else str(gpu.job)
+    return gpu.device, gpu.name or "-", memory, utilization, "-" if gpu.job is None else str(gpu.job)
 
 
 _DELIVERY_STYLE = {"sent": "green", "pending": "yellow", "expired": "red", "failed": "red"}
 
 
-def alert_lines(alerts: list[Alert], verbose: bool, console: Console) -> None:
+def alert_lines(alerts: list[Alert], verbose: bool, out: Output) -> None:
     """`tfrun alerts`: per alert its time, rule and summary, then how each delivery went."""
-    from rich.text import Text
-
     if not alerts:
-        console.print("no alerts", style="dim")
+        out.write("no alerts", style="dim")
         return
+    lines: list[Union[Styled, str]] = []
     for alert in alerts:
-        head = Text(f"{when(alert.at)}  ") + Text(f"{alert.rule:<10} ", style="bold") + Text(alert.summary)
-        console.print(head, soft_wrap=True)
+        lines.append(Styled(f"{when(alert.at)}  ") + Styled(f"{alert.rule:<10} ", "bold") + alert.summary)
         if not alert.deliveries:
-            console.print(Text("    not sent: no notify URL configured", style="dim"), soft_wrap=True)
+            lines.append(Styled("    not sent: no notify URL configured", "dim"))
         for delivery in alert.deliveries:
-            line = Text("    ") + Text(f"{delivery.state:<8}", style=_DELIVERY_STYLE.get(delivery.state, ""))
-            line += Text(f" {delivery.target}")
+            line = Styled("    ").append(f"{delivery.state:<8}", _DELIVERY_STYLE.get(delivery.state, ""))
+            line.append(f" {delivery.target}")
             if delivery.state == "sent":
-                line += Text(f" at {when(delivery.sent_at)}", style="dim")
+                line.append(f" at {when(delivery.sent_at)}", "dim")
             else:
-                line += Text(f" ({delivery.attempts} attempt(s)", style="dim")
+                line.append(f" ({delivery.attempts} attempt(s)", "dim")
                 if delivery.next_at is not None:
-                    line += Text(f", next at {when(delivery.next_at)}", style="dim")
-                line += Text(")", style="dim")
+                    line.append(f", next at {when(delivery.next_at)}", "dim")
+                line.append(")", "dim")
                 if delivery.error:
-                    line += Text(f": {delivery.error}")
-            console.print(line, soft_wrap=True)
+                    line.append(f": {delivery.error}")
+            lines.append(line)
         if verbose:
-            console.print(
-                Text("\n".join("    | " + line for line in alert.body.rstrip("\n").split("\n"))), soft_wrap=True
-            )
+            lines.append("\n".join("    | " + line for line in alert.body.rstrip("\n").split("\n")))
+    out.write(*lines)
 
 
-def metric_table(source: str, samples: list[MetricSample], console: Console) -> None:
+def metric_table(source: str, samples: list[MetricSample], out: Output) -> None:
     """`tfrun metrics`: one row per step, a column per metric (loss first), and where they came from."""
     if not samples:
-        console.print("no metrics yet: nothing the daemon can read as a metric was printed", style="dim")
+        out.write("no metrics yet: nothing the daemon can read as a metric was printed", style="dim")
         return
     names: dict[str, None] = {}
     for sample in samples:
@@ -336,32 +320,29 @@ def metric_table(source: str, samples: list[MetricSample], console: Console) -> 
         ]
         for s in samples
     ]
-    print_table(console, header, body, right=header)
+    print_table(out, header, body, right=header)
     where = {"callback": "written by tfrun.jobs (exact)", "log": "read from the output"}.get(source, source)
-    console.print(f"{len(samples)} sample(s), {where}", style="dim")
+    out.write(f"{len(samples)} sample(s), {where}", style="dim")
 
 
-def explained(readings: list[LineReading], truncated: bool, console: Console) -> None:
+def explained(readings: list[LineReading], truncated: bool, out: Output) -> None:
     """`tfrun metrics --explain`: each line shown, what was read from it, and how."""
-    from rich.text import Text
-
     if not readings:
-        console.print("no output with a number in it yet", style="dim")
+        out.write("no output with a number in it yet", style="dim")
         return
+    lines: list[Union[Styled, str]] = []
     for reading in readings:
-        console.print(Text(f"{reading.lines:>7,}x  ") + Text(one_line(reading.line), style="bold"), soft_wrap=True)
+        lines.append(Styled(f"{reading.lines:>7,}x  ").append(one_line(reading.line), "bold"))
         if reading.values:
             values = ", ".join(f"{name}={value:.6g}" for name, value in reading.values.items())
             epoch = "" if reading.epoch is None else f" (epoch {reading.epoch})"
-            console.print(f"          read: {values} at step {reading.step}{epoch}", soft_wrap=True)
+            lines.append(f"          read: {values} at step {reading.step}{epoch}")
         else:
-            console.print("          read: nothing", style="yellow", soft_wrap=True)
-        console.print(f"          how:  {reading.why}", style="dim", soft_wrap=True)
-    console.print(
-        "a line of each shape (the same but for its numbers), with how many lines have it"
-        + ("; the log's first 8 MiB only" if truncated else ""),
-        style="dim",
-    )
+            lines.append(Styled("          read: nothing", "yellow"))
+        lines.append(Styled(f"          how:  {reading.why}", "dim"))
+    footer = "a line of each shape (the same but for its numbers), with how many lines have it"
+    lines.append(Styled(footer + ("; the log's first 8 MiB only" if truncated else ""), "dim"))
+    out.write(*lines)
 
 
 def size(n: float) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_USAGE
 from tfrun.content import sha256_file
-from tfrun.protocol.files import FileEntry
+from tfrun.protocol.submit import FileEntry
 
 if TYPE_CHECKING:
     import pathspec

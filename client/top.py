@@ -70,7 +70,7 @@ def frame(reply: TopReply, width: int) -> RenderableType:
         for column in ("GPU", "NAME", "MEMORY", "USE", "JOB"):
             gpus.add_column(column, no_wrap=True)
         for gpu in reply.gpus:
-            gpus.add_row(*render.gpu_cells(gpu))
+            gpus.add_row(*(Text(cell) for cell in render.gpu_cells(gpu)))  # Text: a name is not markup
         parts += [Text(""), gpus]
     parts += [Text(""), Text("q: quit", style="dim")]
     return Group(*parts)

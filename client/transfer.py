@@ -15,7 +15,8 @@ from tfrun.client.snapshot import Snapshot
 from tfrun.constants import EXIT_USAGE, FILE_CHUNK_BYTES
 from tfrun.content import ManifestError, check_manifest
 from tfrun.protocol.channel import Channel
-from tfrun.protocol.files import FileEntry, HaveBlobs, ListFiles, PutBlob, PutBlobs, ReadFile
+from tfrun.protocol.files import ListFiles, ReadFile
+from tfrun.protocol.submit import FileEntry, HaveBlobs, PutBlob, PutBlobs
 from tfrun.protocol.wire import ProtocolError
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 from tfrun.constants import SPARE_COUNT, SPARE_MAX_BYTES
 from tfrun.content import ManifestError, check_manifest, sha256_file, valid_digest
-from tfrun.protocol.files import FileEntry
+from tfrun.protocol.submit import FileEntry
 from tfrun.protocol.wire import plain
 
 

@@ -85,8 +85,8 @@ Change = Union[Started, Ended]
 class Executor(Protocol):
     """Runs jobs; tells what happened to them as changes, in the order they happened, per job."""
 
-    async def launch(self, row: JobRow, env: dict[str, str], grace: float, command: Optional[list[str]]) -> None:
-        """Hand the job over (it runs `command` if given, a wrapper around its own, else its command)."""
+    async def launch(self, row: JobRow, env: dict[str, str], grace: float) -> None:
+        """Hand the job over, to run its command in its work dir with `env`, killed `grace` after a stop."""
 
     async def resume(self, row: JobRow) -> bool:
         """At daemon start: hand over again a queued job whose launch was recorded; False if none was."""
@@ -119,12 +119,13 @@ class LocalExecutor:
 
     # -- handing jobs over --------------------------------------------------------------------------------
 
-    async def launch(self, row: JobRow, env: dict[str, str], grace: float, command: Optional[list[str]]) -> None:
-        """Write the job's launch record and start its shim; return once the job runs (or failed to start)."""
+    async def launch(self, row: JobRow, env: dict[str, str], grace: float) -> None:
+        """Write the job's launch record and start its shim; return once the job runs (or failed to start).
+        A `--tty` job's command runs in a tmux session (runner/ttyjob.py), which `tfrun attach` opens."""
         spare = self.layout.spare_exit(row.id)
         jobdir.reserve(spare)
         launch: LaunchRecord = {
-            "command": command or list(row.spec.command),
+            "command": tty_command(self.layout, row) if row.spec.tty else list(row.spec.command),
             "cwd": str(Path(row.job_dir) / jobdir.WORK),
             "env": env,
             "grace": grace,
@@ -267,6 +268,19 @@ class LocalExecutor:
 
     def resources(self) -> list[str]:
         return self.devices
+
+
+def tty_socket(layout: Layout, job_id: int) -> Path:
+    """The tmux socket of a `--tty` job: beside the daemon's own, in a folder only its user can enter."""
+    return layout.socket.parent / f"tmux-{job_id}.sock"
+
+
+def tty_command(layout: Layout, row: JobRow) -> list[str]:
+    """What the shim runs for a `--tty` job: runner/ttyjob.py under the daemon's Python, the job's command
+    in a tmux session."""
+    wrapper = Path(__file__).with_name("ttyjob.py")
+    log_path = Path(row.job_dir) / jobdir.OUTPUT
+    return [sys.executable, "-S", str(wrapper), str(tty_socket(layout, row.id)), str(log_path), "--", *row.spec.command]
 
 
 def _finished(row: JobRow, exit_info: ExitRecord) -> Ended:

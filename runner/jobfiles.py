@@ -16,7 +16,8 @@ from typing import BinaryIO
 
 from tfrun.constants import FILE_CHUNK_BYTES
 from tfrun.content import ManifestError, check_relative
-from tfrun.protocol.files import FileChunk, FileEntry
+from tfrun.protocol.files import FileChunk
+from tfrun.protocol.submit import FileEntry
 from tfrun.runner.job import JobRow
 
 

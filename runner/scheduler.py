@@ -20,22 +20,25 @@ import json
 import logging
 import os
 import shutil
-import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from tfrun.constants import DEFAULT_GRACE_S
 from tfrun.content import ManifestError
 from tfrun.protocol.fields import JobState
-from tfrun.protocol.files import FileEntry
+from tfrun.protocol.submit import FileEntry
 from tfrun.runner import jobdir
 from tfrun.runner.blobs import read_manifest, write_manifest
 from tfrun.runner.faults import crash_point
 from tfrun.runner.job import JobRow
 
 if TYPE_CHECKING:
-    from tfrun.runner.daemon import Daemon
+    from tfrun.paths import Layout
+    from tfrun.runner.blobs import Spares
+    from tfrun.runner.config import Config
+    from tfrun.runner.store import Store
+    from tfrun.runner.supervisor import Supervisor
 
 log = logging.getLogger("tfrund")
 
@@ -45,14 +48,23 @@ class SnapshotError(Exception):
 
 
 class Scheduler:
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    """Decides when each queued job starts and with which devices; the supervisor starts it, the lifecycle
+    records what becomes of it. It writes only scheduling fields itself (`prepared`, `gpus`, `waiting`)."""
+
+    def __init__(
+        self, store: Store, supervisor: Supervisor, spares: Spares, layout: Layout, config: Callable[[], Config]
+    ) -> None:
+        self.store = store
+        self.supervisor = supervisor
+        self.spares = spares
+        self.layout = layout
+        self.config = config  # the daemon's config as it is now: a reload replaces it
         self._lock = asyncio.Lock()
 
     @property
     def devices(self) -> list[str]:
         """The devices the executor may give jobs."""
-        return self.daemon.executor.resources()
+        return self.supervisor.executor.resources()
 
     async def build(self, row: JobRow, files: list[FileEntry]) -> JobRow:
         """Build the job's work dir from `files` (its snapshot) and keep the manifest; then a pass starts it,
@@ -65,44 +77,44 @@ class Scheduler:
                 write_manifest(job_dir / jobdir.FILES, files)
             crash_point("prepare-manifest-written")
             if not (job_dir / jobdir.WORK).exists():  # else built by a daemon that died before recording it
-                build = functools.partial(self.daemon.spares.build, files, job_dir / jobdir.WORK, row.spec.source)
+                build = functools.partial(self.spares.build, files, job_dir / jobdir.WORK, row.spec.source)
                 await asyncio.get_running_loop().run_in_executor(None, build)
             Path(row.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         except (ManifestError, OSError) as exc:
             if row.spec.restart_of is not None:
-                self.daemon.supervisor.mark_failed(row, f"could not build its work dir: {exc}")
+                self.supervisor.mark_failed(row, f"could not build its work dir: {exc}")
             else:
-                self.daemon.store.delete(row.id)  # nothing was started: leave no trace of a job that never was
+                self.store.delete(row.id)  # nothing was started: leave no trace of a job that never was
                 shutil.rmtree(job_dir, ignore_errors=True)
             raise ManifestError(str(exc)) from None
-        self.daemon.store.update(row.id, prepared=1)
+        self.store.update(row.id, prepared=1)
         crash_point("prepare-built")
         await self.run_pass()
-        return self.daemon.store.get(row.id) or row
+        return self.store.get(row.id) or row
 
     async def build_restart(self, row: JobRow) -> None:
         """Build and schedule a job made by `Lifecycle.rerun` from the snapshot of the job it runs again (for
         automatic restarts, and at daemon start for restarts a dead daemon did not finish, in the background);
         a failure is the job's. The caller marked it as starting (Supervisor.mark_starting); this unmarks it."""
         of = row.spec.restart_of
-        source = (self.daemon.store.get(of) if of is not None else None) or row  # kept meanwhile (housekeeping)
+        source = (self.store.get(of) if of is not None else None) or row  # kept meanwhile (housekeeping)
         try:
             await self.build(row, snapshot_files(source))
         except SnapshotError as exc:
-            self.daemon.supervisor.mark_failed(row, f"could not start: {exc}")
+            self.supervisor.mark_failed(row, f"could not start: {exc}")
         except ManifestError:
             pass  # recorded as the job's failure by build
         finally:
-            self.daemon.supervisor.done_starting(row.id)
+            self.supervisor.done_starting(row.id)
 
     def default_gpus(self) -> int:
-        configured = self.daemon.config.default_gpus
+        configured = self.config().default_gpus
         return configured if configured is not None else min(1, len(self.devices))
 
     def held(self) -> dict[str, int]:
         """Devices held by unfinished jobs, and by which."""
         holders = {}
-        for row in self.daemon.store.list(include_final=False):
+        for row in self.store.list(include_final=False):
             for device in row.gpus or []:
                 holders[device] = row.id
         return holders
@@ -113,12 +125,10 @@ class Scheduler:
         async with self._lock:
             held = self.held()
             free = [d for d in self.devices if d not in held]
-            cpu_running = sum(
-                1 for row in self.daemon.store.list(include_final=False) if row.gpus == [] and not _waiting(row)
-            )
+            cpu_running = sum(1 for row in self.store.list(include_final=False) if row.gpus == [] and not _waiting(row))
             gpu_blocked = False
             for listed in sorted(self._waiting(), key=lambda r: (-r.spec.priority, r.id)):
-                row = self.daemon.store.get(listed.id)  # as it is now: starting others awaits, and it may be cancelled
+                row = self.store.get(listed.id)  # as it is now: starting others awaits, and it may be cancelled
                 if row is None or not _waiting(row) or self._held_by_dependencies(row):
                     continue
                 need = row.spec.gpus
@@ -133,7 +143,7 @@ class Scheduler:
                         continue
                     devices, free = free[:need], free[need:]
                 else:
-                    cap = self.daemon.config.max_cpu_jobs
+                    cap = self.config().max_cpu_jobs
                     if cap and cpu_running >= cap:
                         self._wait(row, f"waiting for one of the {cap} CPU-only job slots")
                         continue
@@ -143,17 +153,17 @@ class Scheduler:
 
     def _waiting(self) -> list[JobRow]:
         """Queued jobs whose work dir is built and that nobody is starting yet."""
-        return [row for row in self.daemon.store.list(include_final=False) if _waiting(row)]
+        return [row for row in self.store.list(include_final=False) if _waiting(row)]
 
     def _held_by_dependencies(self, row: JobRow) -> bool:
         """Whether `--after` keeps `row` from starting: it waits for jobs still to succeed (the reason is
         recorded), or it is failed now because one of them failed, was cancelled or lost."""
         pending = []
         for ref in row.spec.after:
-            dep = self.daemon.store.get(ref)
+            dep = self.store.get(ref)
             if dep is None or dep.state in (JobState.FAILED, JobState.CANCELLED, JobState.LOST):
                 how = "no longer exists" if dep is None else f"{dep.state}"
-                self.daemon.supervisor.mark_failed(row, f"job {ref}, which it runs after, {how}")
+                self.supervisor.mark_failed(row, f"job {ref}, which it runs after, {how}")
                 return True
             if dep.state != JobState.SUCCEEDED:
                 pending.append(str(ref))
@@ -163,19 +173,18 @@ class Scheduler:
 
     def _wait(self, row: JobRow, why: str) -> None:
         if row.waiting != why:
-            self.daemon.store.update(row.id, waiting=why)
+            self.store.update(row.id, waiting=why)
 
     async def _start_on(self, row: JobRow, devices: list[str]) -> None:
         """Record the devices with the job, then hand it to the executor with them."""
-        self.daemon.store.update(row.id, gpus=json.dumps(devices), waiting=None)
+        self.store.update(row.id, gpus=json.dumps(devices), waiting=None)
         crash_point("start-scheduled")
         row = replace(row, gpus=devices, waiting=None)
-        command = tty_command(self.daemon, row) if row.spec.tty else None
         try:
-            env = job_env(self.daemon, row, devices, self.devices)
-            await self.daemon.supervisor.start_job(row, env, DEFAULT_GRACE_S, command)
+            env = job_env(self.layout, row, devices, self.devices)
+            await self.supervisor.start_job(row, env, DEFAULT_GRACE_S)
         except OSError as exc:  # e.g. a full disk: the job is recorded as failed, not left queued forever
-            self.daemon.supervisor.mark_failed(row, f"could not start: {exc.strerror or exc}")
+            self.supervisor.mark_failed(row, f"could not start: {exc.strerror or exc}")
 
 
 def snapshot_files(row: JobRow) -> list[FileEntry]:
@@ -190,25 +199,12 @@ def _waiting(row: JobRow) -> bool:
     return row.state == JobState.QUEUED and row.gpus is None and bool(row.prepared)
 
 
-def tty_socket(daemon: Daemon, row: JobRow) -> Path:
-    """The tmux socket of a `--tty` job: beside the daemon's own, in a folder only its user can enter."""
-    return daemon.layout.socket.parent / f"tmux-{row.id}.sock"
-
-
-def tty_command(daemon: Daemon, row: JobRow) -> list[str]:
-    """What the shim runs for a `--tty` job: runner/ttyjob.py under the daemon's Python, the job's command
-    in a tmux session."""
-    wrapper = Path(__file__).with_name("ttyjob.py")
-    log_path = Path(row.job_dir) / jobdir.OUTPUT
-    return [sys.executable, "-S", str(wrapper), str(tty_socket(daemon, row)), str(log_path), "--", *row.spec.command]
-
-
-def job_env(daemon: Daemon, row: JobRow, devices: list[str], box_devices: list[str]) -> dict[str, str]:
+def job_env(layout: Layout, row: JobRow, devices: list[str], box_devices: list[str]) -> dict[str, str]:
     """The daemon's environment, the user's --env on top, and tfrun's own variables, which always win."""
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(row.spec.env)
-    pythonpath = [str(daemon.layout.job_pythonpath), env.get("PYTHONPATH", "")]
+    pythonpath = [str(layout.job_pythonpath), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in pythonpath if p)
     env["TFRUN_JOB_ID"] = str(row.id)
     env["TFRUN_JOB_DIR"] = row.job_dir

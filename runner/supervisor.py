@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import Callable, Optional
+from typing import Callable
 
 from tfrun.constants import MONITOR_INTERVAL_S
 from tfrun.protocol.fields import JobState
@@ -40,12 +40,11 @@ class Supervisor:
 
     # -- starting -----------------------------------------------------------------------------------------
 
-    async def start_job(self, row: JobRow, env: dict[str, str], grace: float, command: Optional[list[str]]) -> None:
-        """Hand a scheduled job to the executor; return once it runs (recorded) or failed to start. It runs
-        `command` if given (a wrapper around the job's own), else the job's command."""
+    async def start_job(self, row: JobRow, env: dict[str, str], grace: float) -> None:
+        """Hand a scheduled job to the executor; return once it runs (recorded) or failed to start."""
         self._starting.add(row.id)
         try:
-            await self.executor.launch(row, env, grace, command)
+            await self.executor.launch(row, env, grace)
             await self._started(row)
         finally:
             self._starting.discard(row.id)

@@ -27,8 +27,8 @@ from conftest import (
 
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel
-from tfrun.protocol.files import FileEntry, PutBlobs
-from tfrun.protocol.jobs import JobList, JobReply, ListJobs, Submit
+from tfrun.protocol.jobs import JobList, JobReply, ListJobs
+from tfrun.protocol.submit import FileEntry, PutBlobs, Submit
 from tfrun.protocol.wire import PROTOCOL_VERSION, Hello, encode, read_message, write_message
 from tfrun.runner.store import SCHEMA_VERSION
 

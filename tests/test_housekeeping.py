@@ -20,8 +20,8 @@ from conftest import TFRUN, Mailbox, Tfrun, gated_job, wait_for, write_script
 from tfrun.client.housekeeping import should_ask
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel
-from tfrun.protocol.files import FileEntry, HaveBlobs, MissingBlobs
-from tfrun.protocol.jobs import JobReply, Submit
+from tfrun.protocol.jobs import JobReply
+from tfrun.protocol.submit import FileEntry, HaveBlobs, MissingBlobs, Submit
 from tfrun.sizes import parse_size
 
 both = pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)

@@ -15,8 +15,9 @@ from conftest import Tfrun, write_script
 NEVER_LOCAL = {"asyncssh", "cryptography", "tfrun.runner", "apprise", "watchdog", "sqlite3", "tensorflow", "numpy"}
 
 
-def imported(tf: Tfrun, *argv: str) -> set[str]:
-    """The top-level and `tfrun.*` modules a run of `tfrun ARGV` imported."""
+def imported(tf: Tfrun, *argv: str, whole: bool = False) -> set[str]:
+    """The top-level and `tfrun.*` modules a run of `tfrun ARGV` imported; with `whole`, every module's
+    whole name too (`rich.console` as well as `rich`)."""
     run = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "tfrun.client", *argv],
         env=tf.env,
@@ -30,6 +31,8 @@ def imported(tf: Tfrun, *argv: str) -> set[str]:
         if line.startswith("import time:") and "|" in line:
             name = line.rsplit("|", 1)[1].strip()
             names.add(name if name.startswith("tfrun.") else name.split(".")[0])
+            if whole:
+                names.add(name)
             if name.startswith("tfrun.runner"):
                 names.add("tfrun.runner")
     return names
@@ -63,15 +66,24 @@ def test_help_imports_no_verb(tf: Tfrun) -> None:
     assert not {name for name in found if name.startswith("tfrun.client.verbs.")}
 
 
-@pytest.mark.parametrize("argv", [["ps"], ["ps", "-a", "--json"], ["status"]])
+# What the views of `ps` and `status` never load: they write through client/lines.py, and rich's console (a
+# quarter of their start) is left to `tfrun top`. rich.cells, which measures wide characters, is allowed.
+RICH_CONSOLE = {"rich.console", "rich.text", "rich.live", "rich.table", "rich.markup"}
+
+
+@pytest.mark.parametrize("argv", [["ps"], ["ps", "-a"], ["ps", "-a", "--json"], ["status"]])
 def test_a_local_request_to_a_running_daemon_needs_no_event_loop(tf: Tfrun, project: Path, argv: list[str]) -> None:
-    """ps and status ask a daemon that is up over a plain socket (client/syncchannel.py): no asyncio, no API."""
+    """ps and status ask a daemon that is up over a plain socket (client/syncchannel.py): no asyncio, no API;
+    and they draw their table or their lines without rich's console."""
     write_script(project, "job.py", "print('done')\n")
     job = str(tf.submit(str(project / "job.py")))
     tf.ok("wait", job)
-    found = imported(tf, *argv, *([job] if argv == ["status"] else []))
+    found = imported(tf, *argv, *([job] if argv == ["status"] else []), whole=True)
     assert "tfrun.client.syncchannel" in found
     assert not found & {"asyncio", "tfrun.client.api", "tfrun.client.follow"}, sorted(found)
+    assert not found & RICH_CONSOLE, sorted(found & RICH_CONSOLE)
+    if argv in (["ps", "-a"], ["status"]):  # a row was drawn: through the light writer
+        assert "tfrun.client.lines" in found
 
 
 def test_the_verb_table_says_what_each_verb_says() -> None:

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from tfrun.protocol.fields import validate_name
-from tfrun.protocol.files import FileEntry
-from tfrun.protocol.jobs import Cancel, CancelReply, CancelResult, Job, JobReply, Submit
+from tfrun.protocol.jobs import Cancel, CancelReply, CancelResult, Job, JobReply
 from tfrun.protocol.logs import LogChunk
+from tfrun.protocol.submit import FileEntry, Submit
 from tfrun.protocol.wire import Hello, ProtocolError, decode_header, encode, read_message
 
 
@@ -125,3 +125,36 @@ def test_a_frame_cut_short_is_an_error_but_a_clean_close_is_not() -> None:
 )
 def test_job_names_never_look_like_ids(name: str, ok: bool) -> None:
     assert (validate_name(name) is None) is ok
+
+
+def test_the_daemon_registers_and_handles_every_request_of_the_protocol_package() -> None:
+    """The protocol is a package whose message modules register their tags when imported, and a verb imports
+    only those it asks with. The daemon must know every request all the same: in a fresh interpreter, what
+    importing the daemon registers is compared with every class the package's modules define."""
+    import subprocess
+    import sys
+
+    script = """
+import importlib, json, pkgutil
+import tfrun.protocol, tfrun.runner.daemon
+from tfrun.protocol.wire import _REGISTRY, Message, Request
+from tfrun.runner.handlers import HANDLERS
+seen = dict(_REGISTRY)
+defined = {}
+for info in pkgutil.iter_modules(tfrun.protocol.__path__):
+    module = importlib.import_module(f"tfrun.protocol.{info.name}")
+    for value in vars(module).values():
+        if isinstance(value, type) and issubclass(value, Message) and value.__module__ == module.__name__:
+            if value.TYPE:
+                assert defined.setdefault(value.TYPE, value) is value, value.TYPE
+print(json.dumps({
+    "defined": len(defined),
+    "unregistered": sorted(set(defined) - set(seen)),
+    "unhandled": sorted(t for t, c in defined.items() if issubclass(c, Request) and c not in HANDLERS),
+}))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    found = json.loads(result.stdout)
+    assert found["unregistered"] == [], "messages the daemon never imports"
+    assert found["unhandled"] == [], "requests without a handler"
+    assert found["defined"] >= 50  # the package was walked (52 messages today), not an empty folder

@@ -17,8 +17,7 @@ from conftest import Tfrun, wait_for, write_script
 
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel, RemoteError
-from tfrun.protocol.files import FileEntry, HaveBlobs, PutBlob
-from tfrun.protocol.jobs import Submit
+from tfrun.protocol.submit import FileEntry, HaveBlobs, PutBlob, Submit
 
 both = pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
 

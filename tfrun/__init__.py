@@ -10,12 +10,13 @@ newer, with only the standard library), and importing it imports this file first
 
 __version__ = "0.1.0"
 
-# The Python API (client/api.py), imported on first use only: a training process imports this package too.
+# The Python API (client/api.py, its async core in client/asyncclient.py), imported on first use only: a
+# training process imports this package too.
 _API = {
     "Client": "tfrun.client.api",
-    "AsyncClient": "tfrun.client.api",
+    "AsyncClient": "tfrun.client.asyncclient",
     "JobHandle": "tfrun.client.api",
-    "NoSuchJob": "tfrun.client.api",
+    "NoSuchJob": "tfrun.client.asyncclient",
     "LogQuery": "tfrun.client.follow",
     "TfrunError": "tfrun.client.errors",
     "RemoteError": "tfrun.protocol.channel",

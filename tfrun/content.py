@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from tfrun.protocol.files import FILE_KINDS, FileEntry
+from tfrun.protocol.submit import FILE_KINDS, FileEntry
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 

@@ -9,7 +9,6 @@ made on lines, and whoever edits loads the result with its own loader before wri
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 import sys
@@ -117,6 +116,8 @@ def unknown_key(where: str, text: str, raw: dict[str, Any], schema: Schema) -> O
     lines = {path: line_of(text, path) or 0 for path, _ in found}
     path, names = min(found, key=lambda item: lines[item[0]])
     table = f" in [{'.'.join(path[:-1])}]" if len(path) > 1 else ""
+    import difflib  # only for a key that is wrong
+
     hint = difflib.get_close_matches(path[-1], names, n=1)
     home = next((p[:-1] for p in _leaves(schema, ()) if p[-1] == path[-1] and p[:-1] != path[:-1]), None)
     if hint:

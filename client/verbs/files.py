@@ -23,7 +23,7 @@ def checkpoints(job: str, as_json: bool) -> None:
     if as_json:
         click.echo(render.to_json(points))
     else:
-        render.checkpoint_table(points, cli.console())
+        render.checkpoint_table(points, cli.output())
 
 
 @click.command()

@@ -225,7 +225,7 @@ def ps(show_all: bool, quiet: bool, as_json: bool) -> None:
     elif quiet:
         click.echo("".join(f"{job.id}\n" for job in jobs), nl=False)
     else:
-        render.job_table(jobs, cli.console(), cli.place(full=True))
+        render.job_table(jobs, cli.output(), cli.place(full=True))
 
 
 @click.command()
@@ -238,7 +238,7 @@ def status(job: Optional[str], as_json: bool) -> None:
     if as_json:
         click.echo(render.to_json(record))
     else:
-        render.job_detail(record, cli.console())
+        render.job_detail(record, cli.output())
 
 
 @click.command()

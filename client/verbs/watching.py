@@ -30,7 +30,7 @@ def doctor(python: Optional[str], as_json: bool) -> None:
     if as_json:
         click.echo(render.to_json(checks))
     else:
-        render.check_lines(checks, cli.console())
+        render.check_lines(checks, cli.output())
     sys.exit(EXIT_FAILURE if any(check.status == "fail" for check in checks) else EXIT_OK)
 
 
@@ -46,7 +46,7 @@ def gpus(as_json: bool) -> None:
     if as_json:
         click.echo(render.to_json(found))
     else:
-        render.gpu_table(found, cli.console())
+        render.gpu_table(found, cli.output())
 
 
 @click.command()
@@ -84,7 +84,7 @@ def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
     if as_json:
         click.echo(render.to_json(found))
     else:
-        render.alert_lines(found, verbose, cli.console())
+        render.alert_lines(found, verbose, cli.output())
 
 
 @click.command("notify-test")
@@ -147,14 +147,14 @@ def metrics(
         if as_json:
             click.echo(render.to_json(answer.readings))
         else:
-            render.explained(answer.readings, answer.truncated, cli.console())
+            render.explained(answer.readings, answer.truncated, cli.output())
         return
     whole = as_json or plot or png is not None
     reply = cli.ask(GetMetrics(job=job, last=last if (last or whole) else 20))
     if as_json:
         click.echo(render.to_json(reply.samples))
     elif not (plot or png):
-        render.metric_table(reply.source, reply.samples, cli.console())
+        render.metric_table(reply.source, reply.samples, cli.output())
     if not (plot or png):
         return
     from tfrun.client import plot as plotting
@@ -164,10 +164,8 @@ def metrics(
     if not curves:
         cli.fail(f"job {job} has no {' or '.join(wanted)} to plot yet", EXIT_FAILURE)
     if plot:
-        console = cli.console()
-        width = max(20, min(console.width, 120) - 12)
-        for line in plotting.chart(curves, width=width):
-            console.print(line, soft_wrap=True)
+        out = cli.output()
+        out.write(*plotting.chart(curves, width=max(20, min(out.width, 120) - 12)))
     if png is not None:
         try:
             plotting.save_png(png, curves, f"job {job}")

@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING
 
 from tfrun.content import ManifestError
 from tfrun.protocol.fields import ErrorCode
-from tfrun.protocol.files import FileList, HaveBlobs, ListFiles, MissingBlobs, PutBlob, PutBlobs, ReadFile
+from tfrun.protocol.files import FileList, ListFiles, ReadFile
 from tfrun.protocol.logs import ReadLog
+from tfrun.protocol.submit import HaveBlobs, MissingBlobs, PutBlob, PutBlobs
 from tfrun.protocol.wire import Ok
 from tfrun.runner import jobfiles, logstream
 from tfrun.runner.handlers.base import Connection, RequestError, find, handles, invalid

@@ -15,7 +15,6 @@ from tfrun.constants import (
 )
 from tfrun.content import ManifestError, check_manifest
 from tfrun.protocol.fields import ErrorCode, validate_name
-from tfrun.protocol.files import FileEntry
 from tfrun.protocol.jobs import (
     Cancel,
     CancelReply,
@@ -26,9 +25,9 @@ from tfrun.protocol.jobs import (
     JobReply,
     ListJobs,
     Restart,
-    Submit,
     Wait,
 )
+from tfrun.protocol.submit import FileEntry, Submit
 from tfrun.runner import housekeeping, rules
 from tfrun.runner.doctor import job_python
 from tfrun.runner.faults import crash_point

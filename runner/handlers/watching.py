@@ -33,6 +33,7 @@ from tfrun.protocol.watching import (
 )
 from tfrun.runner import jobdir
 from tfrun.runner.doctor import job_python, run_checks
+from tfrun.runner.executor import tty_socket
 from tfrun.runner.explain import explain
 from tfrun.runner.gpus import read_gpu_memory
 from tfrun.runner.handlers.base import Connection, find, handles, invalid
@@ -40,7 +41,6 @@ from tfrun.runner.handlers.jobs import public
 from tfrun.runner.jobmetrics import read_metrics, recent_losses
 from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.outbox import diagnose, usable
-from tfrun.runner.scheduler import tty_socket
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -154,5 +154,5 @@ async def attach(daemon: Daemon, req: Attach, conn: Connection) -> None:
         raise invalid(f"job {row.id} was not submitted with --tty: there is no session to attach to")
     if row.state != JobState.RUNNING:
         raise invalid(f"job {row.id} is {row.state}: only a running job's session can be attached to")
-    socket_path = tty_socket(daemon, row)
+    socket_path = tty_socket(daemon.layout, row.id)
     await conn.send(AttachReply(command=["tmux", "-S", str(socket_path), "attach-session", "-t", "job"]))

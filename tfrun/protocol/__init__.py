@@ -23,17 +23,18 @@ below): a number outside its `Range`, a list or string beyond its `Limit`, a flo
 infinite, a surrogate escape in a `Text` field (job names and references, patterns, URLs: what SQLite stores
 and RE2 compiles) never reaches a handler. An int with no declared range is a signed 64-bit integer.
 
-Where each part lives (a verb imports only the modules it asks with, so a local `tfrun ps` creates a dozen
-message classes, not seventy):
+Where each part lives (a verb imports only the modules it asks with: a local `tfrun ps` creates 21 message
+classes, not 66):
 
 - `fields`: job states, error codes, the field types that carry bounds (`Text`, `JobRef`, `Range`, `Limit`)
   and the checks every incoming value passes;
 - `wire`: `Message` and `Request[R]`, the handshake's `Hello`, `Error`, `Ok`, and frames: `encode`,
   `decode_header`, `read_message`, `write_message`; `PROTOCOL_VERSION`;
 - `channel`: a client's conversation (`Channel.ask`, `check_reply`, `RemoteError`);
-- the messages, grouped as runner/handlers/ groups their handlers: `jobs` (submit, list, get, wait, cancel,
-  restart, remove, attach), `logs` (`ReadLog` and its stream), `files` (the snapshot's blobs, `ListFiles`,
-  `ReadFile`), `watching` (alerts, metrics, GPUs, top), `admin` (daemon status, config, disk, doctor).
+- the messages, by conversation: `jobs` (the `Job` record; list, get, wait, cancel, restart, remove,
+  attach), `submit` (the snapshot's manifest, its blobs, `Submit`), `logs` (`ReadLog` and its stream), `files`
+  (`ListFiles`, `ReadFile`), `watching` (alerts, metrics, GPUs, top), `admin` (daemon status, config, disk,
+  doctor).
 
 Glossary: a *message* is one frame's content; a *request* is a message a client sends, answered by its
 *reply* (or a stream of them); a *record* (`Job`, `Alert`, `FileEntry`) is a dataclass carried inside messages.

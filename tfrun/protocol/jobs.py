@@ -9,13 +9,9 @@ from typing import Annotated, Optional
 from tfrun.constants import (
     MAX_CANCEL_JOBS,
     MAX_GRACE_S,
-    MAX_NAME,
-    MAX_PRIORITY,
     MAX_REMOVE_JOBS,
-    MAX_RESTARTS,
 )
-from tfrun.protocol.fields import UTF8, JobRef, Limit, Offset, Patterns, Range, State, Text
-from tfrun.protocol.files import FileEntry
+from tfrun.protocol.fields import JobRef, Limit, Offset, Range, State
 from tfrun.protocol.wire import Message, Request, tagged
 
 
@@ -117,39 +113,6 @@ class RemoveReply(Message):
     blobs: int = 0  # uploaded contents collected (with dry_run: that would be) once the jobs were gone
     blob_bytes: int = 0
     dry_run: bool = False
-
-
-@tagged("submit")
-@dataclass
-class Submit(Request[JobReply]):
-    """Run `script` from a snapshot made of `files`, whose contents the daemon holds (see `HaveBlobs`).
-
-    `script` is a path among `files`. A `.py` script runs under `python` (the daemon's default job
-    interpreter when None); anything else is executed directly.
-    """
-
-    files: list[FileEntry]
-    script: str
-    args: list[str] = field(default_factory=list)
-    name: Optional[Text] = None
-    env: dict[str, str] = field(default_factory=dict)
-    python: Optional[str] = None
-    source: Optional[str] = None
-    git_commit: Optional[Text] = None
-    git_dirty: Optional[bool] = None
-    # run it again (same snapshot, same checkpoints) after a failure, up to N times
-    max_restarts: Annotated[int, Range(0, MAX_RESTARTS)] = 0
-    alerts: list[Text] = field(default_factory=list)  # rules to turn on or tune for this job: "stall=10m", "done"
-    no_alerts: list[Text] = field(default_factory=list)  # rules to turn off for this job ("all": every one)
-    notify: list[Text] = field(default_factory=list)  # apprise URLs for this job's alerts; secret: never echoed
-    metric_patterns: Patterns = field(default_factory=list)  # regexes with named groups for its log's metrics
-    gpus: Optional[Offset] = None  # GPUs of its own (None: the daemon's default: 1 where there are GPUs, else 0)
-    priority: Annotated[int, Range(-MAX_PRIORITY, MAX_PRIORITY)] = 0  # among waiting jobs, higher starts first
-    after: list[JobRef] = field(default_factory=list)  # jobs (ids or names) that must succeed before it starts
-    tty: bool = False  # run it in a tmux session on the box that `tfrun attach` opens
-    # The client's own id for this submit (a uuid4): the same id again gets the job the first one made, so a
-    # client whose daemon died before answering can send it again without running the job twice.
-    submission_id: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None
 
 
 @tagged("restart")

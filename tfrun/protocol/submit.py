@@ -1,0 +1,100 @@
+"""What a submit sends: the snapshot's manifest (`FileEntry`s), the blobs the daemon lacks (`HaveBlobs`, then
+`PutBlobs` for small files and `PutBlob` chunks for large ones), then `Submit`, which names the files and the
+job's options. A verb that only looks at jobs (`ps`, `status`) never imports this module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Optional
+
+from tfrun.constants import MAX_NAME, MAX_PAYLOAD_BYTES, MAX_PRIORITY, MAX_RESTARTS
+from tfrun.protocol.fields import UTF8, JobRef, Limit, Mode, Offset, Patterns, Range, Text
+from tfrun.protocol.jobs import JobReply
+from tfrun.protocol.wire import Message, Ok, Request, tagged
+
+
+@dataclass
+class FileEntry:
+    """One entry of a work dir snapshot, or of a folder listed for `tfrun pull`.
+
+    `path` is relative and '/'-separated, never absolute, never with '..'; the daemon checks again.
+    """
+
+    path: str
+    kind: str  # "file", "dir" or "symlink"
+    mode: Mode = 0o644
+    size: Offset = 0
+    digest: Optional[Text] = None  # SHA-256 of a file's content, hex
+    target: Optional[str] = None  # a symlink's target, as it was
+    mtime: Optional[float] = None  # when it was last written (listings only)
+
+
+FILE_KINDS = ("file", "dir", "symlink")
+
+
+@tagged("missing_blobs")
+@dataclass
+class MissingBlobs(Message):
+    digests: list[str]
+
+
+@tagged("have_blobs")
+@dataclass
+class HaveBlobs(Request[MissingBlobs]):
+    """Which of these contents (SHA-256, hex) does the daemon lack? Answered by `MissingBlobs`."""
+
+    digests: list[Text]
+
+
+@tagged("put_blob")
+@dataclass
+class PutBlob(Request[Ok]):
+    """Bytes of one content, from `offset`; the chunk with `last` is answered by `Ok` once stored."""
+
+    digest: Text
+    offset: Offset
+    last: bool
+    data: bytes
+
+
+@tagged("put_blobs")
+@dataclass
+class PutBlobs(Request[Ok]):
+    """Several whole small contents in one frame, their bytes one after another; answered by `Ok`."""
+
+    digests: list[Text]
+    sizes: list[Annotated[int, Range(0, MAX_PAYLOAD_BYTES)]]
+    data: bytes
+
+
+@tagged("submit")
+@dataclass
+class Submit(Request[JobReply]):
+    """Run `script` from a snapshot made of `files`, whose contents the daemon holds (see `HaveBlobs`).
+
+    `script` is a path among `files`. A `.py` script runs under `python` (the daemon's default job
+    interpreter when None); anything else is executed directly.
+    """
+
+    files: list[FileEntry]
+    script: str
+    args: list[str] = field(default_factory=list)
+    name: Optional[Text] = None
+    env: dict[str, str] = field(default_factory=dict)
+    python: Optional[str] = None
+    source: Optional[str] = None
+    git_commit: Optional[Text] = None
+    git_dirty: Optional[bool] = None
+    # run it again (same snapshot, same checkpoints) after a failure, up to N times
+    max_restarts: Annotated[int, Range(0, MAX_RESTARTS)] = 0
+    alerts: list[Text] = field(default_factory=list)  # rules to turn on or tune for this job: "stall=10m", "done"
+    no_alerts: list[Text] = field(default_factory=list)  # rules to turn off for this job ("all": every one)
+    notify: list[Text] = field(default_factory=list)  # apprise URLs for this job's alerts; secret: never echoed
+    metric_patterns: Patterns = field(default_factory=list)  # regexes with named groups for its log's metrics
+    gpus: Optional[Offset] = None  # GPUs of its own (None: the daemon's default: 1 where there are GPUs, else 0)
+    priority: Annotated[int, Range(-MAX_PRIORITY, MAX_PRIORITY)] = 0  # among waiting jobs, higher starts first
+    after: list[JobRef] = field(default_factory=list)  # jobs (ids or names) that must succeed before it starts
+    tty: bool = False  # run it in a tmux session on the box that `tfrun attach` opens
+    # The client's own id for this submit (a uuid4): the same id again gets the job the first one made, so a
+    # client whose daemon died before answering can send it again without running the job twice.
+    submission_id: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None
