@@ -12,6 +12,9 @@ tfrund = "/opt/tfrund/bin/tfrund"      # the daemon's command on the box (defaul
 python = "/usr/bin/python3"            # the job interpreter there (default: the daemon's)
 accept_new_host_key = false            # like StrictHostKeyChecking=accept-new
 env = { TFRUN_HOME = "/data/tfrun" }   # for the daemon: several can share a box
+pools = ["gpu"]                        # `--host gpu` means every host of pool gpu (client/fleet.py)
+
+fleet_timeout = "5s"                   # (top level) how long a pool verb waits for each box (default 5s)
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
 
 
 LOCAL = "local"  # `--host local` picks the daemon on this machine even when a default host is set
+ALL = "all"  # `--host all`: every configured host, as a pool (client/fleet.py)
 RECONNECT_ENV = "TFRUN_RECONNECT_TIMEOUT"
 _DESTINATION = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@/]+)@)?(?P<host>\[[^\]]+\]|[^:/@]+)(?::(?P<port>\d+))?/?$")
 
@@ -85,6 +89,7 @@ class Host:
     env: dict[str, str] = field(default_factory=dict)
     identity_file: Optional[str] = None
     jump: Optional[str] = None  # user@host[:port][,...], as ssh -J takes it
+    pools: list[str] = field(default_factory=list)  # the pools it is a member of (`hosts add --pool`)
 
     @property
     def label(self) -> str:
@@ -109,6 +114,8 @@ class Host:
             table["identity_file"] = self.identity_file
         if self.jump:
             table["jump"] = self.jump
+        if self.pools:
+            table["pools"] = list(self.pools)
         return table
 
 
@@ -119,6 +126,7 @@ class ClientConfig:
     hosts: dict[str, Host] = field(default_factory=dict)
     reconnect_timeout: Optional[float] = None  # seconds; None: TFRUN_RECONNECT_TIMEOUT or the default
     confirm_upload_bytes: Optional[int] = None  # None: DEFAULT_CONFIRM_UPLOAD_BYTES
+    fleet_timeout: Optional[float] = None  # seconds; None: TFRUN_FLEET_TIMEOUT or the default (client/fleet.py)
 
     def save(self) -> None:
         data: dict[str, Any] = {}
@@ -128,6 +136,8 @@ class ClientConfig:
             data["reconnect_timeout"] = format_duration(self.reconnect_timeout)
         if self.confirm_upload_bytes is not None:
             data["confirm_upload_bytes"] = self.confirm_upload_bytes
+        if self.fleet_timeout is not None:
+            data["fleet_timeout"] = format_duration(self.fleet_timeout)
         data["hosts"] = {name: host.as_toml() for name, host in sorted(self.hosts.items())}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         import tomli_w  # here, not above: every verb reads this file, few write it
@@ -170,7 +180,9 @@ def load() -> ClientConfig:
         raise TfrunError(unknown, EXIT_USAGE)
     config = ClientConfig(path, default_host=_string(raw, "default_host", path))
     if "reconnect_timeout" in raw:
-        config.reconnect_timeout = _duration(raw["reconnect_timeout"], f"{path}: reconnect_timeout")
+        config.reconnect_timeout = duration(raw["reconnect_timeout"], f"{path}: reconnect_timeout")
+    if "fleet_timeout" in raw:
+        config.fleet_timeout = duration(raw["fleet_timeout"], f"{path}: fleet_timeout")
     if "confirm_upload_bytes" in raw:
         config.confirm_upload_bytes = parse_size(raw["confirm_upload_bytes"])
         if config.confirm_upload_bytes is None:
@@ -186,6 +198,9 @@ def load() -> ClientConfig:
         env = table.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
             raise TfrunError(f"{path}: hosts.{name}.env must map names to strings", EXIT_USAGE)
+        pools = table.get("pools", [])
+        if not isinstance(pools, list) or not all(isinstance(pool, str) for pool in pools):
+            raise TfrunError(f'{path}: hosts.{name}.pools must be a list of names, e.g. ["gpu"]', EXIT_USAGE)
         config.hosts[name] = Host(
             destination=table["destination"],
             name=name,
@@ -195,6 +210,7 @@ def load() -> ClientConfig:
             env=dict(env),
             identity_file=_string(table, "identity_file", path),
             jump=_string(table, "jump", path),
+            pools=list(pools),
         )
     return config
 
@@ -218,7 +234,7 @@ def _string(table: dict[str, Any], key: str, path: Path) -> Optional[str]:
     return value
 
 
-def _duration(value: Any, where: str) -> float:
+def duration(value: Any, where: str) -> float:
     """Seconds from a duration as people write it (`90s`, `5m`, `1h`) or a plain number of seconds."""
     seconds = value
     if isinstance(value, str):
@@ -242,7 +258,7 @@ def reconnect_timeout(config: ClientConfig) -> float:
     rebooting takes a while, and giving up is what leaves a script believing a live job failed."""
     text = os.environ.get(RECONNECT_ENV)
     if text:
-        return _duration(text, RECONNECT_ENV)
+        return duration(text, RECONNECT_ENV)
     return DEFAULT_RECONNECT_TIMEOUT_S if config.reconnect_timeout is None else config.reconnect_timeout
 
 
@@ -254,3 +270,21 @@ def resolve(option: Optional[str], config: ClientConfig) -> Optional[Host]:
     if name in config.hosts:
         return config.hosts[name]
     return Host(destination=name)
+
+
+def pools(config: ClientConfig) -> dict[str, list[Host]]:
+    """Each pool the hosts name, with its members in name order; `all` is every host."""
+    found: dict[str, list[Host]] = {}
+    for _, host in sorted(config.hosts.items()):
+        for pool in host.pools:
+            found.setdefault(pool, []).append(host)
+    return found
+
+
+def pool_members(name: Optional[str], config: ClientConfig) -> Optional[list[Host]]:
+    """The members of pool `name` (`all`: every configured host), or None when `name` names no pool."""
+    if name == ALL:
+        return [host for _, host in sorted(config.hosts.items())]
+    if name is None or name in config.hosts:
+        return None
+    return pools(config).get(name)

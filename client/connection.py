@@ -16,10 +16,13 @@ from tfrun.protocol.fields import ErrorCode
 
 @dataclass(frozen=True)
 class Target:
-    """Where a verb's requests go: a box (`host`), or the local daemon when `host` is None."""
+    """Where a verb's requests go: a box (`host`), or the local daemon when `host` is None. `timeout`: the
+    seconds a keeper being started for the box may take (client/fleet.py's short wait for each box of a
+    pool); None waits as long as the SSH connect does."""
 
     host: Optional[Host] = None
     accept_new_host_key: bool = False
+    timeout: Optional[float] = None
 
     @property
     def local(self) -> bool:
@@ -38,7 +41,7 @@ class Target:
 
         if keeper.enabled():
             try:
-                return await keeper.connect(self.host, self.accept_new_host_key)
+                return await keeper.connect(self.host, self.accept_new_host_key, self.timeout)
             except RemoteError as exc:  # the box's dial-stdio, through a keeper already up, says why
                 if exc.code == ErrorCode.CANNOT_START:
                     raise cannot_start(self.host, exc.message) from None

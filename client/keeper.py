@@ -31,7 +31,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
@@ -131,19 +131,22 @@ def _fingerprint(path: Path) -> str:
         return f"errno {exc.errno}"
 
 
-async def connect(host: Host, accept_new: bool) -> Channel:
-    """A channel to the box's daemon through its keeper, starting the keeper first if none answers."""
+async def connect(host: Host, accept_new: bool, timeout: Optional[float] = None) -> Channel:
+    """A channel to the box's daemon through its keeper, starting the keeper first if none answers. A keeper
+    not ready within `timeout` seconds is killed: the thread that waits for it must end by then, since an
+    event loop's end waits for its threads (a pool verb must not hang on a box that never answers)."""
     path = socket_path(host, accept_new)
     try:
         return await Channel.connect_unix(str(path))
     except (FileNotFoundError, ConnectionRefusedError):
         pass
-    await asyncio.get_running_loop().run_in_executor(None, _start, host, accept_new, path)
+    await asyncio.get_running_loop().run_in_executor(None, _start, host, accept_new, path, timeout)
     return await Channel.connect_unix(str(path))
 
 
-def _start(host: Host, accept_new: bool, path: Path) -> None:
+def _start(host: Host, accept_new: bool, path: Path, timeout: Optional[float]) -> None:
     """Start a keeper and wait until it listens; racing clients serialise on a lock and start one."""
+    import select
     import subprocess
 
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -164,6 +167,10 @@ def _start(host: Host, accept_new: bool, path: Path) -> None:
             start_new_session=True,
         )
         assert proc.stdout is not None and proc.stderr is not None
+        if timeout is not None and not select.select([proc.stdout], [], [], timeout)[0]:
+            proc.kill()
+            proc.wait()
+            raise TfrunError(f"no answer within {timeout:g}s", EXIT_DAEMON)
         ready = proc.stdout.readline()  # "ready", or nothing when it failed
         if ready.strip() != b"ready":
             error = proc.stderr.read().decode(errors="replace").strip().splitlines()

@@ -126,26 +126,40 @@ def job_table(jobs: list[Job], out: Output, where: str) -> None:
         out.write(f"no jobs on {where}", style="dim")
         return
     out.write(f"jobs on {where}", style="dim")
-    body: list[list[Cell]] = [
-        [
-            str(job.id),
-            job.name or "-",
-            Styled(job.state, STATE_STYLE.get(job.state, "")),
-            ",".join(job.gpus) or ("-" if not job.gpus_requested else f"({job.gpus_requested})"),
-            "-" if job.exit_code is None else str(job.exit_code),
-            when(job.started_at),
-            duration(runtime(job)),
-            command_line(job),
-        ]
-        for job in jobs
+    print_table(out, ("ID", *_JOB_COLUMNS), [[str(job.id), *_job_cells(job)] for job in jobs])
+
+
+def pool_job_table(jobs: list[tuple[str, Job]], out: Output, where: str) -> None:
+    """`tfrun ps --host POOL`: as `job_table`, each job with its host and named by its address (HOST:ID)."""
+    if not jobs:
+        out.write(f"no jobs on {where}", style="dim")
+        return
+    out.write(f"jobs on {where}", style="dim")
+    body = [[host, f"{host}:{job.id}", *_job_cells(job)] for host, job in jobs]
+    print_table(out, ("HOST", "ID", *_JOB_COLUMNS), body)
+
+
+_JOB_COLUMNS = ("NAME", "STATE", "GPUS", "EXIT", "STARTED", "RUNTIME", "COMMAND")
+
+
+def _job_cells(job: Job) -> list[Cell]:
+    """A job's cells after its id, as `_JOB_COLUMNS` names them."""
+    return [
+        job.name or "-",
+        Styled(job.state, STATE_STYLE.get(job.state, "")),
+        ",".join(job.gpus) or ("-" if not job.gpus_requested else f"({job.gpus_requested})"),
+        "-" if job.exit_code is None else str(job.exit_code),
+        when(job.started_at),
+        duration(runtime(job)),
+        command_line(job),
     ]
-    print_table(out, ("ID", "NAME", "STATE", "GPUS", "EXIT", "STARTED", "RUNTIME", "COMMAND"), body)
 
 
-def job_detail(job: Job, out: Output) -> None:
-    """`tfrun status J`: a line per field, the key in bold. (As rich drew it, the whole line is bold.)"""
+def job_detail(job: Job, out: Output, address: Optional[str] = None) -> None:
+    """`tfrun status J`: a line per field, the key in bold. (As rich drew it, the whole line is bold.)
+    `address`: the job's HOST:ID, shown as its id when the verb was given one."""
     rows = [
-        ("id", str(job.id)),
+        ("id", address or str(job.id)),
         ("name", job.name or "-"),
         ("state", job.state),
         ("exit code", "-" if job.exit_code is None else str(job.exit_code)),

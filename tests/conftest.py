@@ -154,11 +154,23 @@ def _read_json(path: Path) -> Optional[dict[str, Any]]:
 
 
 class Sshd:
-    """A real OpenSSH sshd on 127.0.0.1 with its own host key, letting in one test key (as this user)."""
+    """A real OpenSSH sshd on 127.0.0.1 (or `address` in a network namespace) with its own host key, letting in
+    one test key (as this user)."""
 
-    def __init__(self, folder: Path, forwarding: bool = True, env: Optional[dict[str, str]] = None) -> None:
-        """`env`: variables every session gets over sshd's own (its SetEnv), e.g. a HOME of the box's own."""
+    def __init__(
+        self,
+        folder: Path,
+        forwarding: bool = True,
+        env: Optional[dict[str, str]] = None,
+        address: str = "127.0.0.1",
+        netns: Optional[str] = None,
+    ) -> None:
+        """`env`: variables every session gets over sshd's own (its SetEnv), e.g. a HOME of the box's own.
+        `netns`: run it (and so every session) inside that network namespace (tests/netns.py), listening on
+        `address` there."""
         self.folder = folder
+        self.address = address
+        self.netns = netns
         folder.mkdir(parents=True, exist_ok=True)
         self.host_key = folder / "host_ed25519"
         self.user_key = folder / "user_ed25519"
@@ -171,7 +183,7 @@ class Sshd:
         config = folder / "sshd_config"
         config.write_text(
             f"""Port {self.port}
-ListenAddress 127.0.0.1
+ListenAddress {address}
 HostKey {self.host_key}
 PidFile {folder / "sshd.pid"}
 AuthorizedKeysFile {folder / "authorized_keys"}
@@ -186,23 +198,29 @@ LogLevel ERROR
 {setenv}"""
         )
         Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation needs it; the service would make it
-        self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE)
+        inside = ["ip", "netns", "exec", netns] if netns else []  # execs sshd: proc.pid is sshd's
+        self.proc = subprocess.Popen([*inside, "/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE)
         wait_for(self._listening, timeout=20, what="sshd to listen")
 
     def _listening(self) -> bool:
         if self.proc.poll() is not None:
-            raise AssertionError(f"sshd exited: {self.proc.stderr.read() if self.proc.stderr else ''}")
+            raise AssertionError(f"sshd exited: {self.proc.stderr.read().decode() if self.proc.stderr else ''}")
+        if self.netns:  # not reachable from here: read its namespace's listening sockets (state 0A)
+            if os.readlink(f"/proc/{self.proc.pid}/ns/net") != f"net:[{os.stat(f'/run/netns/{self.netns}').st_ino}]":
+                return False  # `ip netns exec` has not entered the namespace yet
+            table = Path(f"/proc/{self.proc.pid}/net/tcp").read_text().splitlines()[1:]
+            return any(f[1].endswith(f":{self.port:04X}") and f[3] == "0A" for f in map(str.split, table))
         with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+            return sock.connect_ex((self.address, self.port)) == 0
 
     @property
     def known_hosts_line(self) -> str:
-        return f"[127.0.0.1]:{self.port} {Path(f'{self.host_key}.pub').read_text().strip()}\n"
+        return f"[{self.address}]:{self.port} {Path(f'{self.host_key}.pub').read_text().strip()}\n"
 
     def ssh_command(self, known_hosts: Path) -> list[str]:
         """Plain OpenSSH to this sshd as the test user: the baseline the benchmarks compare tfrun with."""
         return ["ssh", "-p", str(self.port), "-i", str(self.user_key), "-o", "BatchMode=yes",
-                "-o", f"UserKnownHostsFile={known_hosts}", "root@127.0.0.1"]  # fmt: skip
+                "-o", f"UserKnownHostsFile={known_hosts}", f"root@{self.address}"]  # fmt: skip
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -50,6 +50,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "config": ("config", "config_verb", "The box's daemon config (config.toml in tfrund's TFRUN_HOME): show it, "
                "change it, reload it."),
     "hosts": ("hosts", "hosts", "The boxes tfrun knows (kept in ~/.config/tfrun/config.toml, or TFRUN_CONFIG)."),
+    "pools": ("fleet", "pools", "List each pool with its members: whether each answers, its free and total GPUs, its "
+              "running and queued jobs."),
     "ssh-config": ("hosts", "ssh_config", "Print the OpenSSH Host block that names a box NAME; with --write, add it "
                    "to ~/.ssh/config."),
     "completion": ("hosts", "completion_script", "Print the Tab-completion script for bash, zsh or fish."),

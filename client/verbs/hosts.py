@@ -14,7 +14,6 @@ import click
 from tfrun.client import cli, completion, config, render
 from tfrun.client.errors import TfrunError
 from tfrun.constants import DEFAULT_BOX_VENV, EXIT_DAEMON, EXIT_OK, EXIT_USAGE, WHEELHOUSE_ENV
-from tfrun.protocol.fields import validate_name
 
 
 @click.group()
@@ -40,6 +39,7 @@ def hosts_list(as_json: bool) -> None:
     for name, host in sorted(cfg.hosts.items()):
         mark = "*" if name == cfg.default_host else " "
         extra = "".join(f" {k}={v}" for k, v in sorted(host.env.items()))
+        extra += f" pools={','.join(host.pools)}" if host.pools else ""
         click.echo(f"{mark} {name}  {host.destination}  tfrund={host.tfrund}{extra}")
 
 
@@ -57,6 +57,8 @@ def hosts_list(as_json: bool) -> None:
 )
 @click.option("--accept-new-host-key", is_flag=True, help="Trust the box's host key the first time it is seen.")
 @click.option("--default", "make_default", is_flag=True, help="Make it the default host.")
+@click.option("--pool", "pools", multiple=True, metavar="POOL", help="Make it a member of POOL (repeatable): "
+              "`--host POOL` then means every member, for ps and submit (tfrun pools).")  # fmt: skip
 @click.option("--install", is_flag=True, help="Then install this tfrun on the box and start tfrund there, as tfrun "
               f"hosts install does ({WHEELHOUSE_ENV}=DIR: --offline with the wheels in DIR).")  # fmt: skip
 def hosts_add(
@@ -70,12 +72,23 @@ def hosts_add(
     install: bool,
     identity_file: Optional[str],
     jump: Optional[str],
+    pools: tuple[str, ...],
 ) -> None:
-    """Add (or replace) host NAME reached at DESTINATION (user@host[:port], or a Host of ~/.ssh/config)."""
-    if name == config.LOCAL or validate_name(name):
-        raise click.BadParameter(f"{name!r} cannot name a host", param_hint="NAME")
+    """Add (or replace) host NAME reached at DESTINATION (user@host[:port], or a Host of ~/.ssh/config).
+
+    NAME and each POOL need names of their own: a pool named like a host is refused, and `all` (every
+    host) and `local` (this machine) are taken.
+
+    \b
+    Examples:
+      tfrun hosts add box alice@gpu-box --install        add the host and install tfrun there
+      tfrun hosts add box2 alice@gpu2 --pool gpu         box2 joins pool gpu: tfrun ps --host gpu
+    """
+    from tfrun.client import fleet
+
     try:
         cfg = config.load()
+        fleet.check_names(name, pools, cfg)
         cfg.hosts[name] = config.Host(
             destination=destination,
             name=name,
@@ -85,6 +98,7 @@ def hosts_add(
             env=cli.parse_env(env_pairs),
             identity_file=config.identity_path(identity_file) if identity_file else None,
             jump=config.check_jump(jump) if jump else None,
+            pools=list(dict.fromkeys(pools)),
         )
         if make_default or cfg.default_host is None:
             cfg.default_host = name

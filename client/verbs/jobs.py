@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -81,7 +82,9 @@ def _snapshot_notes(snap: Snapshot) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON instead of its id.")
 @click.option("-y", "--yes", is_flag=True, help="Send a large upload without asking: on a terminal, submit asks "
               "before sending more than confirm_upload_bytes (client config, default 1GB) the box lacks.")  # fmt: skip
-@cli.host_options
+@click.option("--dry-run", is_flag=True, help="With --host POOL: print each member's figures, the member it would "
+              "go to and why; submit nothing.")  # fmt: skip
+@cli.pool_options
 @click.argument("script", shell_complete=cli.complete_files)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def submit(
@@ -101,6 +104,7 @@ def submit(
     metric_patterns: tuple[str, ...],
     as_json: bool,
     yes: bool,
+    dry_run: bool,
     script: str,
     args: tuple[str, ...],
 ) -> None:
@@ -125,6 +129,18 @@ def submit(
     Alerts (out of memory, loss spikes, stalls, failure, success, loss of the job) go to the daemon's
     notify URLs and to each --notify URL; `tfrun alerts` lists them. Metrics come from tfrun.jobs when the
     script uses it, else from its Keras, Lightning or plain `loss` prints: `tfrun metrics`.
+
+    With --host POOL (a pool of `tfrun hosts add --pool`, or `all`), every member is asked at once and the
+    job goes to the one that can start it soonest: one with --gpus N free now and nothing queued (the most
+    free first), else the shortest queue; ties go to fewer running jobs, then the name. The choice is said
+    on stderr, and the job's address (HOST:ID) printed; a member that does not answer within
+    TFRUN_FLEET_TIMEOUT (default 5s) is skipped with a line on stderr. --dry-run shows the figures only.
+
+    \b
+    Examples:
+      tfrun submit train.py --epochs 5                 on the default host; prints the job id
+      tfrun submit --host gpu --gpus 2 train.py        on the member of pool gpu that starts it soonest
+      tfrun submit --host gpu --dry-run train.py       where it would go, and why
     """
     from tfrun.client.housekeeping import UploadQuestion
     from tfrun.client.verbs.logs import follow_job
@@ -133,6 +149,15 @@ def submit(
         raise click.BadParameter(str(validate_name(name)), param_hint="--name")
     env = cli.parse_env(env_pairs)
     args = _script_args(script, args)
+    pool = cli.pool()
+    if dry_run and pool is None:
+        raise click.UsageError("--dry-run goes with --host POOL")
+    if pool is not None:
+        from tfrun.client.connection import Target
+        from tfrun.client.verbs.fleet import place
+
+        chosen = place(*pool, gpus, dry_run)
+        click.get_current_context().obj = Target(chosen, cli.target().accept_new_host_key)
     target = cli.target()
     where = target.host.label if target.host else "the local tfrund"
     client = cli.client()
@@ -161,12 +186,14 @@ def submit(
         click.echo(
             f"tfrun: uploaded {done.files_sent} of {done.files} files ({render.size(done.bytes_sent)})", err=True
         )
+        address = f"{target.host.label}:{job.id}" if pool is not None and target.host else str(job.id)
         if as_json:
-            click.echo(render.to_json(job))
+            click.echo(render.to_json({**dataclasses.asdict(job), "host": target.host.label, "address": address}
+                                      if pool is not None and target.host else job))  # fmt: skip
         elif follow:
-            click.echo(f"job {job.id} submitted" + (f", {job.waiting}" if job.waiting else ""), err=True)
+            click.echo(f"job {address} submitted" + (f", {job.waiting}" if job.waiting else ""), err=True)
         else:
-            click.echo(job.id)
+            click.echo(address)
         if not follow:
             return EXIT_OK
         return await follow_job(client, str(job.id))
@@ -207,18 +234,36 @@ def _split(values: tuple[str, ...]) -> list[str]:
 
 
 @click.command()
-@cli.host_options
+@cli.pool_options
 @click.option("-a", "--all", "show_all", is_flag=True, help="Include jobs that have ended.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only the job ids, one a line (for xargs or $(...)).")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job records.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the job ids, one a line (for xargs or $(...)); with "
+              "--host POOL, their addresses (HOST:ID).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job records (with --host POOL, each "
+              "with its host and address).")  # fmt: skip
 def ps(show_all: bool, quiet: bool, as_json: bool) -> None:
     """List jobs that have not ended (with -a, every job).
 
     The first line names the box (`jobs on box (alice@gpu-box)`, or `this machine`), then one row per job,
     never wrapped: in a pipe each row is whole, so `tfrun ps -a | grep NAME` finds the job; on a terminal a
-    row too wide for it is cut with an ellipsis."""
+    row too wide for it is cut with an ellipsis.
+
+    With --host POOL (or `all`: every configured host), every member is asked at once and each job is listed
+    once, with its host and its address (HOST:ID), which every verb taking a JOB accepts without --host. A
+    member that does not answer within TFRUN_FLEET_TIMEOUT (default 5s) is skipped with a line on stderr.
+
+    \b
+    Examples:
+      tfrun ps -a                  every job of the default host
+      tfrun ps --host all          the unfinished jobs of every host
+      tfrun logs -f box2:12        follow job 12 of host box2"""
     if quiet and as_json:
         raise click.UsageError("-q and --json do not go together")
+    pool = cli.pool()
+    if pool is not None:
+        from tfrun.client.verbs.fleet import ps_pool
+
+        ps_pool(*pool, show_all, quiet, as_json)
+        return
     jobs = cli.ask(ListJobs(all=show_all)).jobs
     if as_json:
         click.echo(render.to_json(jobs))
@@ -233,12 +278,15 @@ def ps(show_all: bool, quiet: bool, as_json: bool) -> None:
 @click.argument("job", required=False, shell_complete=cli.complete_jobs)
 @click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON.")
 def status(job: Optional[str], as_json: bool) -> None:
-    """Show one job: state, exit code, times, folders. JOB is an id or a name; without it, the newest job."""
+    """Show one job: state, exit code, times, folders. JOB is an id or a name; without it, the newest job.
+
+    JOB may be an address, HOST:ID or HOST:NAME (as `ps --host POOL` lists them): it names the job on that
+    configured host without --host, as it does for every verb that takes a JOB."""
     record = cli.ask(GetJob(job=job)).job if job is not None else cli.run(cli.client().newest())
     if as_json:
         click.echo(render.to_json(record))
     else:
-        render.job_detail(record, cli.output())
+        render.job_detail(record, cli.output(), cli.address(record.id))
 
 
 @click.command()
@@ -258,7 +306,7 @@ def wait(job: str, as_json: bool) -> None:
         click.echo(render.to_json(record))
     else:
         code = "-" if record.exit_code is None else record.exit_code
-        click.echo(f"job {record.id} {record.state} (exit code {code})", err=True)
+        click.echo(f"job {cli.address(record.id)} {record.state} (exit code {code})", err=True)
     sys.exit(cli.job_exit_code(record.state, record.exit_code))
 
 
@@ -318,5 +366,5 @@ def restart(job: str, follow: bool, as_json: bool) -> None:
     elif follow:
         click.echo(f"job {record.id} runs job {record.restart_of} again", err=True)
     else:
-        click.echo(record.id)
+        click.echo(cli.address(record.id))
     sys.exit(cli.run(follow_job(client, str(record.id))) if follow else EXIT_OK)

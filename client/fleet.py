@@ -1,0 +1,119 @@
+"""Many boxes as one: a pool's members asked at once, each given a short time to answer.
+
+A pool is a name that hosts carry (`tfrun hosts add NAME DEST --pool gpu`; `all` is every host). A verb that
+takes a pool (`ps`, `submit`, `pools`) asks every member concurrently through the same `AsyncClient` and
+keepers as a single-host verb, but waits at most `timeout()` seconds for each (TFRUN_FLEET_TIMEOUT, else the
+client config's fleet_timeout, else 5 s): one dead box (a stopped sshd, a refused port, no route) must cost a
+few seconds and one line on stderr, never the whole verb. A job on one box of many is named by its address,
+`HOST:ID` (or `HOST:NAME`), which `split_address` reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, Optional, TypeVar
+
+import click
+
+from tfrun.client import config
+from tfrun.client.config import ClientConfig, Host
+from tfrun.client.connection import Target
+from tfrun.client.errors import TfrunError
+from tfrun.constants import EXIT_USAGE
+from tfrun.protocol.wire import Message, Request
+
+M = TypeVar("M", bound=Message)
+
+TIMEOUT_ENV = "TFRUN_FLEET_TIMEOUT"
+DEFAULT_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Answer(Generic[M]):
+    """One member's reply, or why it gave none (`skipped`)."""
+
+    host: Host
+    reply: Optional[M] = None
+    skipped: Optional[str] = None
+
+
+def timeout(cfg: ClientConfig) -> float:
+    """How long a pool verb waits for each box: TFRUN_FLEET_TIMEOUT, else fleet_timeout, else 5 s."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if text:
+        return config.duration(text, TIMEOUT_ENV)
+    return DEFAULT_TIMEOUT_S if cfg.fleet_timeout is None else cfg.fleet_timeout
+
+
+def distinct(hosts: Sequence[Host]) -> list[Host]:
+    """`hosts` with each daemon once: two names for one box and TFRUN_HOME would list its jobs twice."""
+    seen: set[str] = set()
+    found = []
+    for host in hosts:
+        if host.identity not in seen:
+            seen.add(host.identity)
+            found.append(host)
+    return found
+
+
+async def ask_all(hosts: Sequence[Host], request: Request[M], wait: float, accept_new: bool = False) -> list[Answer[M]]:
+    """`request` asked of every host at once; each answer in the order of `hosts`, a reply or the reason
+    there is none (no answer within `wait` seconds, a refused connection, a daemon that cannot start)."""
+
+    async def one(host: Host) -> Answer[M]:
+        from tfrun.client.asyncclient import AsyncClient
+
+        client = AsyncClient(Target(host, accept_new, wait))
+        try:
+            return Answer(host, reply=await asyncio.wait_for(client.ask(request), wait))
+        except asyncio.TimeoutError:
+            return Answer(host, skipped=f"no answer within {wait:g}s")
+        except TfrunError as exc:
+            return Answer(host, skipped=exc.message)
+        except Exception as exc:  # any other way a box fails to answer is one line too, never a traceback
+            reason = getattr(exc, "strerror", None) or getattr(exc, "message", None) or str(exc)
+            return Answer(host, skipped=reason or type(exc).__name__)
+
+    return list(await asyncio.gather(*(one(host) for host in hosts)))
+
+
+def note_skipped(answers: Sequence[Answer[M]]) -> list[Answer[M]]:
+    """Say on stderr which boxes did not answer, a line each; return those that did."""
+    for answer in answers:
+        if answer.skipped is not None:
+            click.echo(f"tfrun: {answer.host.label} skipped: {answer.skipped}", err=True)
+    return [answer for answer in answers if answer.reply is not None]
+
+
+def split_address(ref: str, cfg: ClientConfig) -> tuple[Optional[str], str]:
+    """(host, job) from a job address `box2:12` or `box2:train`; (None, ref) when the part before the first
+    ':' is neither a configured host nor `local`: `a:b` stays a job name on the default host."""
+    host, sep, job = ref.partition(":")
+    if sep and job and config.pool_members(host, cfg) is not None:  # `gpu:3`: which member's job 3?
+        names = ", ".join(member.label for member in config.pool_members(host, cfg) or []) or "none"
+        raise TfrunError(f"{host} is a pool (members: {names}): a job address names one host, HOST:ID", EXIT_USAGE)
+    if not sep or (host not in cfg.hosts and host != config.LOCAL):
+        return None, ref
+    if not job:
+        raise TfrunError(f"{ref!r} names no job: write HOST:ID or HOST:NAME", EXIT_USAGE)
+    return host, job
+
+
+def check_names(name: str, pools: Sequence[str], cfg: ClientConfig) -> None:
+    """What `hosts add NAME --pool P...` may write: `all` and `local` name neither, and no pool is named like
+    a host (`--host X` must mean one thing)."""
+    from tfrun.protocol.fields import validate_name
+
+    reserved = (config.ALL, config.LOCAL)
+    if name in reserved or validate_name(name) or ":" in name:  # the ':' of an address ends a host's name
+        raise TfrunError(f"{name!r} cannot name a host", EXIT_USAGE)
+    if name in config.pools(cfg):
+        raise TfrunError(f"{name!r} names a pool already; a host needs a name of its own", EXIT_USAGE)
+    for pool in pools:
+        if pool in reserved or validate_name(pool) or ":" in pool:
+            raise TfrunError(f"{pool!r} cannot name a pool", EXIT_USAGE)
+        if pool in cfg.hosts or pool == name:
+            raise TfrunError(f"{pool!r} names a host; a pool needs a name of its own", EXIT_USAGE)

@@ -1,0 +1,123 @@
+"""`tfrun pools`, and the pool side of `ps --host POOL` and `submit --host POOL`: many boxes as one, each
+member asked at once with a short wait (client/fleet.py), placement by client/placement.py."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+import click
+
+from tfrun.client import cli, config, fleet, render
+from tfrun.client.config import Host
+from tfrun.client.errors import TfrunError
+from tfrun.client.lines import Styled
+from tfrun.client.placement import Figures, choose
+from tfrun.constants import EXIT_DAEMON, EXIT_OK
+from tfrun.protocol.jobs import Job, ListJobs
+from tfrun.protocol.watching import Top, TopReply
+
+
+def _wait() -> float:
+    try:
+        return fleet.timeout(config.load())
+    except TfrunError as exc:
+        cli.fail(exc.message, exc.exit_code)
+
+
+def _accept_new() -> bool:
+    return cli.target().accept_new_host_key
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print each pool's members and their figures as JSON.")
+def pools(as_json: bool) -> None:
+    """List each pool with its members: whether each answers, its free and total GPUs, its running and
+    queued jobs. Every member is asked at once, each for at most TFRUN_FLEET_TIMEOUT (default 5s, or
+    fleet_timeout in the client config); one that does not answer is marked so and named on stderr.
+
+    \b
+    Examples:
+      tfrun hosts add box1 alice@gpu1 --pool gpu     box1 joins pool gpu (--pool repeats)
+      tfrun pools                                    gpu: box1 2/4 GPUs free, 1 running, 0 queued, ...
+      tfrun ps --host gpu                            the jobs of every member, each as HOST:ID
+      tfrun submit --host gpu --gpus 2 train.py      on the member that can start it soonest
+    """
+    try:
+        cfg = config.load()
+    except TfrunError as exc:
+        cli.fail(exc.message, exc.exit_code)
+    named = config.pools(cfg)
+    members = fleet.distinct([host for hosts in named.values() for host in hosts])
+    answers = cli.run(fleet.ask_all(members, Top(recent=0, losses=0), _wait()))
+    fleet.note_skipped(answers)
+    found = {answer.host.identity: answer for answer in answers}
+    table: dict[str, list[dict[str, Any]]] = {}
+    for pool, hosts in named.items():
+        rows = table.setdefault(pool, [])
+        for host in hosts:
+            answer = found[host.identity]
+            row: dict[str, Any] = {"host": host.label, "reachable": answer.reply is not None}
+            if answer.reply is not None:
+                figures = Figures.of(host, answer.reply)
+                row.update(free_gpus=figures.free, gpus=figures.total, running=figures.running,
+                           queued=figures.queued)  # fmt: skip
+            else:
+                row["reason"] = answer.skipped
+            rows.append(row)
+    if as_json:
+        click.echo(render.to_json(table))
+        return
+    if not table:
+        click.echo("no pools; add a host to one with: tfrun hosts add NAME user@host --pool POOL")
+        return
+    body: list[list[render.Cell]] = []
+    for pool, rows in table.items():
+        for row in rows:
+            if row["reachable"]:
+                figures_cells = [f"{row['free_gpus']}/{row['gpus']}", str(row["running"]), str(row["queued"])]
+                body.append([pool, row["host"], "yes", *figures_cells])
+            else:
+                body.append([pool, row["host"], Styled("no", "red"), "-", "-", "-"])
+    render.print_table(cli.output(), ("POOL", "HOST", "REACHABLE", "FREE/GPUS", "RUNNING", "QUEUED"), body)
+
+
+def ps_pool(name: str, members: list[Host], show_all: bool, quiet: bool, as_json: bool) -> None:
+    """`tfrun ps --host POOL`: every member's jobs, each once, as HOST:ID."""
+    answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), ListJobs(all=show_all), _wait(),
+                                                       _accept_new())))  # fmt: skip
+    jobs: list[tuple[str, Job]] = [(a.host.label, job) for a in answers if a.reply for job in a.reply.jobs]
+    if as_json:
+        click.echo(render.to_json([{**_record(job), "host": host, "address": f"{host}:{job.id}"}
+                                   for host, job in jobs]))  # fmt: skip
+    elif quiet:
+        click.echo("".join(f"{host}:{job.id}\n" for host, job in jobs), nl=False)
+    else:
+        render.pool_job_table(jobs, cli.output(), f"pool {name} ({len(answers)} of {len(members)} hosts)")
+
+
+def _record(job: Job) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(job)
+
+
+def place(name: str, members: list[Host], gpus: Optional[int], dry_run: bool) -> Host:
+    """`submit --host POOL`: the member that can start the job soonest (client/placement.py), said on
+    stderr; with `dry_run`, each member's figures, the choice and why, on stdout, and exit."""
+    answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), Top(recent=0, losses=0),
+                                                       _wait(), _accept_new())))  # fmt: skip
+    figures = [Figures.of(a.host, a.reply) for a in answers if isinstance(a.reply, TopReply)]
+    choice = choose(figures, gpus)
+    if dry_run:
+        for member in figures:
+            click.echo(f"{member.host.label}: {member.line()}")
+        click.echo(f"would place on {choice.figures.host.label}: {choice.why}" if choice else "no member can run it")
+        sys.exit(EXIT_OK if choice else EXIT_DAEMON)
+    if choice is None:
+        wanted = f"{gpus} GPUs" if gpus is not None else "it"
+        cli.fail(f"no member of pool {name} that answered can run {wanted}", EXIT_DAEMON)
+    chosen = choice.figures
+    click.echo(f"tfrun: placed on {chosen.host.label} ({chosen.free} of {chosen.total} GPUs free"
+               + ("" if chosen.starts_now(gpus) else f", {chosen.queued} queued") + ")", err=True)  # fmt: skip
+    return chosen.host
