@@ -199,7 +199,7 @@ def _host_options(command: F, pools: bool) -> F:
         expose_value=False,
         metavar="HOST",
         callback=_set_target,
-        shell_complete=complete_hosts,
+        shell_complete=complete_hosts_and_pools if pools else complete_hosts,
         help=f"The box: a configured host (tfrun hosts list), or user@host[:port]{pool_help}. Default: the "
         "configured default host, else the daemon on this machine ('local').",
     )(verb)
@@ -298,6 +298,7 @@ def _completer(name: str) -> Completer:
 
 complete_jobs = _completer("jobs")
 complete_hosts = _completer("hosts")
+complete_hosts_and_pools = _completer("hosts_and_pools")
 complete_files = _completer("files")
 
 

@@ -38,6 +38,7 @@ class Answer(Generic[M]):
     host: Host
     reply: Optional[M] = None
     skipped: Optional[str] = None
+    refused: bool = False  # the daemon answered, with an error: reachable, but the request failed there
 
 
 def timeout(cfg: ClientConfig) -> float:
@@ -62,22 +63,27 @@ def distinct(hosts: Sequence[Host]) -> list[Host]:
 async def ask_all(hosts: Sequence[Host], request: Request[M], wait: float, accept_new: bool = False) -> list[Answer[M]]:
     """`request` asked of every host at once; each answer in the order of `hosts`, a reply or the reason
     there is none (no answer within `wait` seconds, a refused connection, a daemon that cannot start)."""
+    return list(await asyncio.gather(*(ask_one(host, request, wait, accept_new) for host in hosts)))
 
-    async def one(host: Host) -> Answer[M]:
-        from tfrun.client.asyncclient import AsyncClient
 
-        client = AsyncClient(Target(host, accept_new, wait))
-        try:
-            return Answer(host, reply=await asyncio.wait_for(client.ask(request), wait))
-        except asyncio.TimeoutError:
-            return Answer(host, skipped=f"no answer within {wait:g}s")
-        except TfrunError as exc:
-            return Answer(host, skipped=exc.message)
-        except Exception as exc:  # any other way a box fails to answer is one line too, never a traceback
-            reason = getattr(exc, "strerror", None) or getattr(exc, "message", None) or str(exc)
-            return Answer(host, skipped=reason or type(exc).__name__)
+async def ask_one(host: Host, request: Request[M], wait: float, accept_new: bool = False) -> Answer[M]:
+    """One member's answer to `request` within `wait` seconds, never an exception: `tfrun top` over a pool
+    asks each member on its own clock, so a slow one never holds up the others' next frame."""
+    from tfrun.client.asyncclient import AsyncClient
+    from tfrun.protocol.channel import RemoteError
 
-    return list(await asyncio.gather(*(one(host) for host in hosts)))
+    client = AsyncClient(Target(host, accept_new, wait))
+    try:
+        return Answer(host, reply=await asyncio.wait_for(client.ask(request), wait))
+    except asyncio.TimeoutError:
+        return Answer(host, skipped=f"no answer within {wait:g}s")
+    except RemoteError as exc:  # it answered, with a refusal (e.g. notify-test on a box with no notify URL)
+        return Answer(host, skipped=exc.message, refused=True)
+    except TfrunError as exc:
+        return Answer(host, skipped=exc.message)
+    except Exception as exc:  # any other way a box fails to answer is one line too, never a traceback
+        reason = getattr(exc, "strerror", None) or getattr(exc, "message", None) or str(exc)
+        return Answer(host, skipped=reason or type(exc).__name__)
 
 
 def note_skipped(answers: Sequence[Answer[M]]) -> list[Answer[M]]:

@@ -4,15 +4,26 @@ Every remote verb would otherwise pay for importing asyncssh and for an SSH hand
 word (about 0.4 s here). The first verb for a box starts a keeper in the background; the keeper holds
 the SSH connection and listens on a Unix socket in a 0700 folder of this user's; each verb connects to
 that socket and speaks the protocol straight through to the box's daemon, each connection on an SSH
-channel of its own. The keeper exits after ten idle minutes, or as soon as its SSH connection drops:
-the next verb starts a fresh one. TFRUN_SSH_PERSIST=0 turns it off.
+channel of its own. TFRUN_SSH_PERSIST=0 turns it off.
 
-A keeper serves only callers who would have opened the same connection themselves: its socket is named by
-the box and by everything that decides whom the connection trusts and as whom it logs in (HOME, the local
-user, the agent, accept-new, and what ~/.ssh holds). A caller whose known_hosts lacks the box's key, or
-whose known_hosts changed since (`ssh-keygen -R`), gets a keeper of its own, which checks the key afresh.
+One keeper process may hold several boxes' connections: the boxes a verb finds no keeper for at once (a pool
+verb asks every member concurrently) are handed to ONE process (`_Batch`), so a cold `ps --host all` over ten
+boxes starts one Python that imports asyncssh, not ten. Each box still has its own socket, connection, idle
+clock and end: a connection idle for ten minutes, or one that drops, is let go (its socket removed, the next
+verb for that box starts a keeper process for it alone) while the process serves the others, and the process
+exits with its last connection. The simplest design that keeps one verb's boxes together: no process is
+shared across verbs or callers, so nothing needs a control protocol, and every property of one keeper per box
+holds per socket. A per-user process for every box is not used: it would have to open connections for callers
+whose HOME, agent and ~/.ssh differ from its own (asyncssh reads them process-wide).
 
-    python -m tfrun.client.keeper HOST_JSON SOCKET [--accept-new-host-key]   (started by the client only)
+A keeper serves only callers who would have opened the same connection themselves: each socket is named by
+the box and by everything that decides trust (client/keepertrust.py), and the process is started with the
+caller's own environment, so it opens each connection as that caller would. Starting waits for each box at
+most the verb's timeout (a pool's fleet timeout): a box not ready by then is reported as not answering, and
+the process gives it up by itself (or is killed, if it readied no box), so a dead box never hangs a verb.
+
+    python -m tfrun.client.keeper HOST_JSON SOCKET [HOST_JSON SOCKET ...] [--accept-new-host-key]
+        [--timeout SECONDS]   (started by the client only; says "ready I" or "error I WHY" for each box)
 """
 
 from __future__ import annotations
@@ -21,20 +32,16 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
-import getpass
-import glob
-import hashlib
 import json
 import os
-import re
-import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
+from tfrun.client.keepertrust import socket_path
 from tfrun.constants import EXIT_DAEMON
 from tfrun.protocol.channel import Channel
 
@@ -46,119 +53,123 @@ def enabled() -> bool:
     return os.environ.get("TFRUN_SSH_PERSIST", "1") not in ("0", "no", "false")
 
 
-def socket_path(host: Host, accept_new: bool) -> Path:
-    """Where the keeper for `host` listens, for this caller: short, per user, named by what identifies the
-    daemon, by the way there (jump hosts, identity file) and by what decides trust (see `_trust`), so no caller
-    rides a connection it could not open."""
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/tfrun-{os.getuid()}") / "keepers"
-    login = [host.jump, host.identity_file and _fingerprint(Path(host.identity_file).expanduser())]
-    key = json.dumps([host.identity, login, _trust(accept_new or host.accept_new_host_key)])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-    return base / f"{digest}.sock"
-
-
-# What asyncssh reads from ~/.ssh when no option says otherwise: the config, known_hosts, the CA bundle
-# for X.509 host certificates, and the default identities with their certificates.
-_KEY_NAMES = ("id_ed25519_sk", "id_ecdsa_sk", "id_ed448", "id_ed25519", "id_ecdsa", "id_rsa", "id_dsa")
-_SSH_FILES = ("config", "known_hosts", "ca-bundle.crt", *_KEY_NAMES, *(f"{name}-cert.pub" for name in _KEY_NAMES))
-# ssh_config keywords that name files deciding trust or identity, in any Host block (a superset is safe).
-_FILE_KEYWORDS = {"include", "userknownhostsfile", "globalknownhostsfile", "identityfile", "certificatefile"}
-_KEYWORD = re.compile(r"\s*([A-Za-z]+)\s*(?:=\s*|\s+)(.*)")
-_FINGERPRINT_BYTES = 1 << 20  # bigger files (only a stray pattern names them) are told apart by their stat
-
-
-def _trust(accept_new: bool) -> list[Any]:
-    """Everything that decides whom a new SSH connection trusts and as whom it logs in, as this caller's
-    asyncssh would read it: HOME, the local user, the agent, accept-new, and each file that can hold a host
-    key or a login key, with a digest of its contents (a changed known_hosts must not ride an old connection)."""
-    home = Path.home()
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid: asyncssh refuses to connect, and says so
-        user = ""
-    files = sorted({*(home / ".ssh" / name for name in _SSH_FILES), *_named_by_config(home)})
-    fingerprints = [[str(path), _fingerprint(path)] for path in files]
-    return [str(home), user, os.environ.get("SSH_AUTH_SOCK", ""), accept_new, fingerprints]
-
-
-def _named_by_config(home: Path) -> set[Path]:
-    """Files that ~/.ssh/config and what it includes name as known_hosts, identities or certificates.
-
-    Host-dependent tokens (%h, %r, ...) become wildcards: every file they could name counts, a superset."""
-    found: set[Path] = set()
-    pending = [home / ".ssh" / "config"]
-    while pending:
-        config = pending.pop()
-        found.add(config)
-        try:
-            lines = config.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            match = _KEYWORD.match(line)
-            if not match or match[1].lower() not in _FILE_KEYWORDS:
-                continue
-            include = match[1].lower() == "include"
-            for word in _words(match[2]):
-                pattern = os.path.expandvars(word.replace("%d", str(home)).replace("%%", "%"))
-                pattern = re.sub(r"%.", "*", os.path.expanduser(pattern))
-                # A relative Include is under ~/.ssh; any other relative path, under the working directory.
-                for name in glob.glob(str(home / ".ssh" / pattern) if include else pattern):
-                    path = Path(name).absolute()
-                    if include and path not in found:
-                        pending.append(path)
-                    found.add(path)
-    return found
-
-
-def _words(text: str) -> list[str]:
-    """An ssh_config line's arguments, quoted as ssh_config quotes them."""
-    try:
-        return shlex.split(text)
-    except ValueError:  # an unbalanced quote: ssh refuses the line, and so would asyncssh
-        return []
-
-
-def _fingerprint(path: Path) -> str:
-    """A digest of the file's contents; its stat when big; why it cannot be read when it cannot (missing
-    counts too: a known_hosts that appears changes what is trusted)."""
-    try:
-        info = path.stat()
-        if info.st_size > _FINGERPRINT_BYTES:
-            return f"{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError as exc:
-        return f"errno {exc.errno}"
-
-
 async def connect(host: Host, accept_new: bool, timeout: Optional[float] = None) -> Channel:
-    """A channel to the box's daemon through its keeper, starting the keeper first if none answers. A keeper
-    not ready within `timeout` seconds is killed: the thread that waits for it must end by then, since an
-    event loop's end waits for its threads (a pool verb must not hang on a box that never answers)."""
+    """A channel to the box's daemon through its keeper, starting one first if none answers. The boxes that a
+    verb needs at once (a pool's) get one keeper process between them (see `_Batch`). A box not ready within
+    `timeout` seconds is given up: the thread that waits for it must end by then, since an event loop's end
+    waits for its threads (a pool verb must not hang on a box that never answers)."""
     path = socket_path(host, accept_new)
     try:
         return await Channel.connect_unix(str(path))
     except (FileNotFoundError, ConnectionRefusedError):
         pass
-    await asyncio.get_running_loop().run_in_executor(None, _start, host, accept_new, path, timeout)
+    error = await _Batch.join(host, accept_new, path, timeout)
+    if error is not None:
+        raise TfrunError(error, EXIT_DAEMON)
     return await Channel.connect_unix(str(path))
 
 
-def _start(host: Host, accept_new: bool, path: Path, timeout: Optional[float]) -> None:
-    """Start a keeper and wait until it listens; racing clients serialise on a lock and start one."""
+# The event loop turns a batch waits for more boxes: a pool verb's connects all fail on a missing socket in
+# the first turn (a Unix connect answers at once), so one turn would do; a few spare ones cost microseconds.
+_GATHER_TURNS = 3
+
+
+class _Batch:
+    """The boxes that this event loop wants keepers for at once: one keeper process is started for them all.
+
+    A connect that finds no keeper joins the open batch (opening one if none is); after a few turns of the
+    loop the batch closes and one thread starts the process and reports each box as it gets ready or fails,
+    so a fast box is not kept waiting for a slow one."""
+
+    _open: ClassVar[dict[tuple[asyncio.AbstractEventLoop, bool], _Batch]] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, accept_new: bool) -> None:
+        self.loop = loop
+        self.accept_new = accept_new
+        self.wants: dict[Path, tuple[Host, list[asyncio.Future[Optional[str]]]]] = {}
+        self.timeouts: list[Optional[float]] = []
+        self.task = loop.create_task(self._launch())
+
+    @classmethod
+    async def join(cls, host: Host, accept_new: bool, path: Path, timeout: Optional[float]) -> Optional[str]:
+        """Wait until `host`'s keeper listens at `path` (None), or for why it will not (a line)."""
+        loop = asyncio.get_running_loop()
+        batch = cls._open.get((loop, accept_new))
+        if batch is None:
+            batch = cls._open[(loop, accept_new)] = cls(loop, accept_new)
+        done: asyncio.Future[Optional[str]] = loop.create_future()
+        batch.wants.setdefault(path, (host, []))[1].append(done)
+        batch.timeouts.append(timeout)
+        return await done
+
+    def _report(self, path: Path, error: Optional[str]) -> None:
+        for done in self.wants[path][1]:
+            if not done.done():  # a waiter cancelled (its verb's own timeout) has no use for it
+                done.set_result(error)
+
+    async def _launch(self) -> None:
+        key = (self.loop, self.accept_new)
+        try:
+            for _ in range(_GATHER_TURNS):
+                await asyncio.sleep(0)
+            del self._open[key]
+            timeout = None if None in self.timeouts else max(t for t in self.timeouts if t is not None)
+            hosts = [(host, path) for path, (host, _) in self.wants.items()]
+
+            def report(path: Path, error: Optional[str]) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+                    self.loop.call_soon_threadsafe(self._report, path, error)
+
+            await self.loop.run_in_executor(None, _start, hosts, self.accept_new, timeout, report)
+        except TfrunError as exc:
+            for path in self.wants:
+                self._report(path, exc.message)
+        except OSError as exc:  # the runtime folder cannot be made, or Python cannot start
+            for path in self.wants:
+                self._report(path, f"cannot start the connection keeper: {exc.strerror or exc}")
+        finally:
+            if self._open.get(key) is self:
+                del self._open[key]
+            for path in self.wants:  # whatever went wrong, no waiter is left waiting (told ones keep their answer)
+                self._report(path, "the connection keeper gave no answer")
+
+
+def _start(
+    hosts: list[tuple[Host, Path]],
+    accept_new: bool,
+    timeout: Optional[float],
+    report: Callable[[Path, Optional[str]], None],
+) -> None:
+    """Start one keeper process for the boxes of `hosts` that have none, and report each as it gets ready or
+    fails. Clients racing for a box serialise on its start lock (taken in path order: no deadlock) and start
+    one keeper for it; a lock is let go as soon as its box is ready. A keeper process that has readied no box
+    within `timeout` is killed; one that readied some gives up the others by itself (it is given `timeout`)."""
     import select
     import subprocess
 
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
-    with open(path.with_suffix(".start"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _answers(path):
+    hosts[0][1].parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(hosts[0][1].parent, 0o700)
+    locks: dict[Path, Any] = {}
+    with contextlib.ExitStack() as held:  # each lock closed (let go) at the end, if not as soon as its box is told
+        todo = []
+        for host, path in sorted(hosts, key=lambda pair: pair[1]):
+            lock = locks[path] = held.enter_context(open(path.with_suffix(".start"), "a"))
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if _answers(path):  # another client started it while we waited for the lock
+                report(path, None)
+                locks.pop(path).close()
+            else:
+                todo.append((host, path))
+        if not todo:
             return
-        # The path is handed over: the keeper's own view could differ (accept-new writes known_hosts).
-        command = [sys.executable, "-m", "tfrun.client.keeper", json.dumps(dataclasses.asdict(host)), str(path)]
+        # The paths are handed over: the keeper's own view could differ (accept-new writes known_hosts).
+        command = [sys.executable, "-m", "tfrun.client.keeper"]
+        for host, path in todo:
+            command += [json.dumps(dataclasses.asdict(host)), str(path)]
         if accept_new:
             command.append("--accept-new-host-key")
+        if timeout is not None:
+            command += ["--timeout", repr(timeout)]
         proc = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
@@ -167,16 +178,38 @@ def _start(host: Host, accept_new: bool, path: Path, timeout: Optional[float]) -
             start_new_session=True,
         )
         assert proc.stdout is not None and proc.stderr is not None
-        if timeout is not None and not select.select([proc.stdout], [], [], timeout)[0]:
-            proc.kill()
-            proc.wait()
-            raise TfrunError(f"no answer within {timeout:g}s", EXIT_DAEMON)
-        ready = proc.stdout.readline()  # "ready", or nothing when it failed
-        if ready.strip() != b"ready":
+        waiting = {index: path for index, (_, path) in enumerate(todo)}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        readied, ended, pending = False, False, b""
+        while waiting:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and (left <= 0 or not select.select([proc.stdout], [], [], left)[0]):
+                break
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)  # not readline: a buffered line hides from select
+            if not chunk:
+                ended = True
+                break
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:  # "ready INDEX" or "error INDEX MESSAGE"
+                word, _, rest = line.decode(errors="replace").partition(" ")
+                index, _, message = rest.partition(" ")
+                path = waiting.pop(int(index))
+                readied = readied or word == "ready"
+                report(path, None if word == "ready" else message)
+                locks.pop(path).close()
+        if not waiting:
+            return
+        if ended:  # it died before saying (a crash: its last words are on stderr)
             error = proc.stderr.read().decode(errors="replace").strip().splitlines()
             proc.wait(timeout=_START_TIMEOUT_S)
             message = error[-1] if error else f"the connection keeper exited with code {proc.returncode}"
-            raise TfrunError(message.removeprefix("tfrun: error: "), EXIT_DAEMON)
+        else:
+            message = f"no answer within {timeout:g}s"
+            if not readied:
+                proc.kill()
+                proc.wait()
+        for path in waiting.values():
+            report(path, message.removeprefix("tfrun: error: "))
 
 
 def _answers(path: Path) -> bool:
@@ -187,18 +220,19 @@ def _answers(path: Path) -> bool:
 
 
 class Keeper:
+    """One box's SSH connection and the socket it is served on, until it drops or idles out."""
+
     def __init__(self, host: Host, conn: Any) -> None:
         self.host = host
         self.conn = conn
         self.active = 0
         self.last_used = time.monotonic()
 
-    async def serve(self, path: Path) -> None:
+    async def serve(self, path: Path, ready: Callable[[], None]) -> None:
         self.unusable = asyncio.Event()  # set when the SSH connection can no longer open channels
         server = await asyncio.start_unix_server(self._client, path=str(path))
         os.chmod(path, 0o600)
-        print("ready", flush=True)
-        _detach_stdio()
+        ready()
         ended = [asyncio.ensure_future(self.conn.wait_closed()), asyncio.ensure_future(self.unusable.wait())]
         try:
             while not any(task.done() for task in ended):
@@ -244,31 +278,73 @@ async def _pump(source: Any, sink: Any) -> None:
             sink.write_eof()
 
 
-def _detach_stdio() -> None:
-    """Once ready, let go of the client's pipes: nobody reads them any more."""
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (1, 2):
-        os.dup2(null, fd)
-    os.close(null)
+class _Reporter:
+    """Tells the starting client, a line each, how each box went; lets go of its pipes once all are told."""
+
+    def __init__(self, boxes: int) -> None:
+        self.boxes = boxes
+        self.told: set[int] = set()
+
+    def say(self, index: int, word: str, message: str = "") -> None:
+        if index in self.told:
+            return
+        self.told.add(index)
+        with contextlib.suppress(OSError):  # a client that gave up has closed the pipe
+            print(f"{word} {index} {' '.join(message.split())}".rstrip(), flush=True)
+        if len(self.told) == self.boxes:  # nobody reads the pipes any more
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (1, 2):
+                os.dup2(null, fd)
+            os.close(null)
 
 
-async def _main(host: Host, path: Path, accept_new: bool) -> None:
+async def _keep(index: int, host: Host, path: Path, accept_new: bool, timeout: Optional[float], to: _Reporter) -> None:
+    """Connect to one box (within `timeout`), then serve it until its connection drops or idles out."""
+    try:
+        conn = await asyncio.wait_for(_open(host, accept_new), timeout)
+        if _answers(path):  # given up by the client meanwhile, and started by another: that one serves
+            conn.close()
+            return to.say(index, "error", "started by another client")
+        path.unlink(missing_ok=True)  # a keeper that died: stale
+        await Keeper(host, conn).serve(path, lambda: to.say(index, "ready"))
+    except asyncio.TimeoutError:
+        to.say(index, "error", f"no answer within {timeout:g}s" if timeout else "timed out")
+    except TfrunError as exc:
+        to.say(index, "error", exc.message)
+    except Exception as exc:  # any other failure is this box's line, never the other boxes' end
+        to.say(index, "error", getattr(exc, "message", None) or str(exc) or type(exc).__name__)
+
+
+async def _open(host: Host, accept_new: bool) -> Any:
     from tfrun.client import ssh
 
     conn = await ssh.open_ssh(host, accept_new)
-    channel, _ = await ssh.open_channel(conn, host)  # learns how to reach the daemon; reports a missing tfrund
+    try:
+        channel, _ = await ssh.open_channel(conn, host)  # learns how to reach the daemon; reports a missing tfrund
+    except BaseException:
+        conn.close()
+        raise
     channel.close()
-    path.unlink(missing_ok=True)  # a keeper that died: we hold the start lock, so it is stale
-    await Keeper(host, conn).serve(path)
+    return conn
+
+
+async def _main(boxes: list[tuple[Host, Path]], accept_new: bool, timeout: Optional[float]) -> None:
+    to = _Reporter(len(boxes))
+    keeps = (_keep(index, host, path, accept_new, timeout, to) for index, (host, path) in enumerate(boxes))
+    await asyncio.gather(*keeps, return_exceptions=True)  # the process ends with its last connection
 
 
 def main(argv: list[str]) -> None:
-    host = Host(**json.loads(argv[1]))
-    try:
-        asyncio.run(_main(host, Path(argv[2]), "--accept-new-host-key" in argv[3:]))
-    except TfrunError as exc:
-        print(f"tfrun: error: {exc.message}", file=sys.stderr, flush=True)
-        raise SystemExit(exc.exit_code) from None
+    args = argv[1:]
+    timeout = None
+    if "--timeout" in args:
+        at = args.index("--timeout")
+        timeout = float(args[at + 1])
+        del args[at : at + 2]
+    accept_new = "--accept-new-host-key" in args
+    args = [arg for arg in args if arg != "--accept-new-host-key"]
+    boxes = [(Host(**json.loads(args[i])), Path(args[i + 1])) for i in range(0, len(args), 2)]
+    asyncio.run(_main(boxes, accept_new, timeout))
 
 
 if __name__ == "__main__":

@@ -288,14 +288,18 @@ def gpu_cells(gpu: Gpu) -> tuple[str, str, str, str, str]:
 _DELIVERY_STYLE = {"sent": "green", "pending": "yellow", "expired": "red", "failed": "red"}
 
 
-def alert_lines(alerts: list[Alert], verbose: bool, out: Output) -> None:
-    """`tfrun alerts`: per alert its time, rule and summary, then how each delivery went."""
+def alert_lines(alerts: list[Alert], verbose: bool, out: Output, where: Optional[list[str]] = None) -> None:
+    """`tfrun alerts`: per alert its time, rule and summary, then how each delivery went. `where`, over a
+    pool: each alert's job address (HOST:ID), or its host for a box's own alert, before its summary."""
     if not alerts:
         out.write("no alerts", style="dim")
         return
     lines: list[Union[Styled, str]] = []
-    for alert in alerts:
-        lines.append(Styled(f"{when(alert.at)}  ") + Styled(f"{alert.rule:<10} ", "bold") + alert.summary)
+    for i, alert in enumerate(alerts):
+        line = Styled(f"{when(alert.at)}  ") + Styled(f"{alert.rule:<10} ", "bold")
+        if where is not None:
+            line.append(f"{where[i]}  ", "cyan")
+        lines.append(line + alert.summary)
         if not alert.deliveries:
             lines.append(Styled("    not sent: no notify URL configured", "dim"))
         for delivery in alert.deliveries:

@@ -100,6 +100,15 @@ def _client_keys(host: Host) -> dict[str, Any]:
     return {"client_keys": [str(path)], "ignore_encrypted": True}
 
 
+def _why(exc: BaseException) -> str:
+    """Why a connect failed, as ssh says it: `Connection refused`, not asyncio's `Connect call failed
+    ('10.0.0.2', 22)` (the address is in the message already)."""
+    code = getattr(exc, "errno", None)
+    if code:
+        return os.strerror(code)
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
 async def _connect(
     destination: str,
     what: str,
@@ -127,8 +136,7 @@ async def _connect(
     except asyncssh.Error as exc:
         raise TfrunError(f"ssh to {what} failed: {exc.reason}", EXIT_DAEMON) from None
     except (OSError, TimeoutError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        raise TfrunError(f"cannot connect to {what}: {reason}", EXIT_DAEMON) from None
+        raise TfrunError(f"cannot connect to {what}: {_why(exc)}", EXIT_DAEMON) from None
     if tunnel is not None:
         conn.set_tunnel(tunnel)  # closing the box's connection closes the way to it
     return conn
@@ -244,6 +252,14 @@ class SocketCache:
         return entry if isinstance(entry, dict) else {}
 
     def put(self, key: str, **values: Any) -> None:
+        """Merge `values` into the file as it is now: a keeper connecting to several boxes at once learns of
+        each in turn, and must not write back what it read before the others were learnt."""
+        try:
+            now = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            now = None
+        if isinstance(now, dict):
+            self.data = {**self.data, **now}
         self.data[key] = {**self.get(key), **values}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f"hosts.{os.getpid()}.tmp")

@@ -16,83 +16,121 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from tfrun.client import render
 from tfrun.client.plot import sparkline
 from tfrun.protocol.channel import Channel
+from tfrun.protocol.jobs import Job
 from tfrun.protocol.watching import Top, TopReply
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
+    from rich.live import Live
+    from rich.table import Table
+    from rich.text import Text
 
 
 def frame(reply: TopReply, width: int) -> RenderableType:
     """One screen: a header, the jobs with their GPUs and last loss, the GPUs with their load."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     header = Text(f"tfrun top — {reply.host}  ", style="bold")
     header.append(time.strftime("%H:%M:%S"), style="dim")
-    states: dict[str, int] = {}
-    for job in reply.jobs:
-        states[job.state] = states.get(job.state, 0) + 1
-    header.append("   " + ", ".join(f"{n} {state}" for state, n in sorted(states.items())), style="dim")
-    rows = []
-    for job in reply.jobs:
-        losses = reply.losses.get(str(job.id), [])
-        rows.append(
-            (
-                Text(str(job.id)),
-                Text(job.name or "-"),
-                Text(job.state, style=render.STATE_STYLE.get(job.state, "")),
-                Text(",".join(job.gpus) or ("-" if not job.gpus_requested else f"({job.gpus_requested})")),
-                Text(render.duration(render.runtime(job))),
-                Text(f"{losses[-1]:.4g}" if losses else "-"),
-                Text(sparkline(losses), style="cyan"),
-                Text(job.waiting or render.command_line(job), style="dim" if job.waiting else ""),
-            )
-        )
-    jobs = Table(box=None, pad_edge=False, header_style="bold")
-    headers = ("ID", "NAME", "STATE", "GPUS", "RUNTIME", "LOSS", "TREND")
-    widths = [min(24, max([len(column), *(row[i].cell_len for row in rows)])) for i, column in enumerate(headers)]
-    for column, column_width in zip(headers, widths):
-        jobs.add_column(column, no_wrap=True, width=column_width, justify="right" if column == "LOSS" else "left")
-    # The command gives way to a narrow terminal: it gets what the other columns leave.
-    jobs.add_column("COMMAND", no_wrap=True, overflow="ellipsis", max_width=max(10, width - sum(widths) - 2 * 8))
-    for row in rows:
-        jobs.add_row(*row)
-    parts: list[RenderableType] = [header, Text(""), jobs if reply.jobs else Text("no jobs", style="dim")]
+    header.append("   " + state_counts(reply.jobs), style="dim")
+    rows = [[Text(str(job.id)), *job_cells(job, reply.losses.get(str(job.id), []))] for job in reply.jobs]
+    parts: list[RenderableType] = [
+        header,
+        Text(""),
+        jobs_table(("ID",), rows, width) if rows else Text("no jobs", style="dim"),
+    ]
     if reply.gpus:
-        gpus = Table(box=None, pad_edge=False, header_style="bold")
-        for column in ("GPU", "NAME", "MEMORY", "USE", "JOB"):
-            gpus.add_column(column, no_wrap=True)
-        for gpu in reply.gpus:
-            gpus.add_row(*(Text(cell) for cell in render.gpu_cells(gpu)))  # Text: a name is not markup
-        parts += [Text(""), gpus]
+        parts += [Text(""), gpus_table((), [list(render.gpu_cells(gpu)) for gpu in reply.gpus])]
     parts += [Text(""), Text("q: quit", style="dim")]
     return Group(*parts)
 
 
+def state_counts(jobs: Sequence[Job]) -> str:
+    """`2 queued, 1 running`: the header's summary of the jobs shown."""
+    states: dict[str, int] = {}
+    for job in jobs:
+        states[job.state] = states.get(job.state, 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+
+
+def job_cells(job: Job, losses: Sequence[float]) -> list[Text]:
+    """A job's cells after the ones that name it (its id, or its host and address): NAME to TREND, then
+    COMMAND (or why it waits)."""
+    from rich.text import Text
+
+    return [
+        Text(job.name or "-"),
+        Text(job.state, style=render.STATE_STYLE.get(job.state, "")),
+        Text(",".join(job.gpus) or ("-" if not job.gpus_requested else f"({job.gpus_requested})")),
+        Text(render.duration(render.runtime(job))),
+        Text(f"{losses[-1]:.4g}" if losses else "-"),
+        Text(sparkline(losses), style="cyan"),
+        Text(job.waiting or render.command_line(job), style="dim" if job.waiting else ""),
+    ]
+
+
+def jobs_table(first: tuple[str, ...], rows: list[list[Text]], width: int) -> Table:
+    """The jobs, `first` naming the columns before NAME; the command gives way to a narrow terminal: it gets
+    what the other columns leave."""
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    headers = (*first, "NAME", "STATE", "GPUS", "RUNTIME", "LOSS", "TREND")
+    widths = [min(24, max([len(column), *(row[i].cell_len for row in rows)])) for i, column in enumerate(headers)]
+    for column, column_width in zip(headers, widths):
+        table.add_column(column, no_wrap=True, width=column_width, justify="right" if column == "LOSS" else "left")
+    table.add_column("COMMAND", no_wrap=True, overflow="ellipsis",
+                     max_width=max(10, width - sum(widths) - 2 * (len(headers) + 1)))  # fmt: skip
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def gpus_table(first: tuple[str, ...], rows: list[list[str]]) -> Table:
+    """The GPUs with their memory, load and job, `first` naming the columns before GPU."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in (*first, "GPU", "NAME", "MEMORY", "USE", "JOB"):
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))  # Text: a name is not markup
+    return table
+
+
 async def show(channel: Channel, console: Console, interval: float, once: bool) -> None:
     """Draw frames until `q`, Ctrl-C or SIGTERM; with `once`, print one frame and return."""
-    from rich.live import Live
-
     request = Top()
     if once:
         console.print(frame(await channel.ask(request), console.width))
         return
+    with live_screen(console) as (live, stop):
+        while not stop.is_set():
+            live.update(frame(await channel.ask(request), console.width), refresh=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+
+@contextlib.contextmanager
+def live_screen(console: Console) -> Iterator[tuple[Live, asyncio.Event]]:
+    """The alternate screen to draw frames on, and the event that `q`, Ctrl-C or SIGTERM sets; shared by the
+    one-box view and the pool's (client/fleettop.py)."""
+    from rich.live import Live
+
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     with _keys(loop, stop), Live(console=console, screen=True, auto_refresh=False) as live:
-        while not stop.is_set():
-            live.update(frame(await channel.ask(request), console.width), refresh=True)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+        yield live, stop
 
 
 @contextlib.contextmanager

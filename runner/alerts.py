@@ -117,10 +117,16 @@ class Alerts:
         self.config = config
         self.store = store
         self.outbox = outbox
-        self.host = socket.gethostname()
+        self._hostname = socket.gethostname()
         self._watches: dict[int, Watch] = {}
         self._settings: dict[int, Settings] = {}
         self._gpu_high_since: dict[int, float] = {}
+
+    @property
+    def host(self) -> str:
+        """The box's name in every alert, test message and `tfrun top`: the config's `name` (read again on a
+        reload), else the machine's hostname, which in a fleet of containers is often a meaningless id."""
+        return self.config.name or self._hostname
 
     def reconfigure(self, config: Config) -> None:
         """Use a config read again: each job's settings are worked out afresh at its next look, so the

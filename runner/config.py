@@ -8,6 +8,7 @@ default_gpus = 1                       # GPUs a job gets without --gpus (default
 max_cpu_jobs = 4                       # CPU-only jobs running at once (default: no cap)
 max_blob_bytes = "20GB"                # cap on uploaded contents kept (default: none); oldest unneeded go first
 blob_grace = "1h"                      # an uploaded content younger than this is never collected
+name = "box2"                          # the box's name in alerts and `tfrun top` (default: the hostname)
 
 [alerts]
 rules = ["oom", "spike=2", "stall=30m", "failed", "done", "lost", "gpu-memory=90%"]  # the default: all
@@ -41,6 +42,7 @@ else:  # pragma: no cover - exercised on the 3.9 and 3.10 the daemon supports
 DEFAULT_COOLDOWN_S = 15 * 60.0
 DEFAULT_EXPIRE_S = 24 * 3600.0
 DEFAULT_GPU_MEMORY_FOR_S = 60.0
+MAX_BOX_NAME = 64
 
 
 class ConfigError(Exception):
@@ -71,6 +73,7 @@ KEYS: dict[str, Key] = {
     "max_cpu_jobs": Key(COUNT, "now"),
     "max_blob_bytes": Key(STRING, "after the next submit"),  # a size: "20GB", "500MB"
     "blob_grace": Key(DURATION, "now"),
+    "name": Key(STRING, "now, to every alert and test message"),
     "alerts.rules": Key(STRINGS, "to jobs submitted from now on (the gpu-memory rule: now)"),
     "alerts.cooldown": Key(DURATION, "now"),
     "alerts.expire": Key(DURATION, "to alerts recorded from now on"),
@@ -108,6 +111,7 @@ class Config:
     max_cpu_jobs: int = 0  # 0: no cap
     max_blob_bytes: int = 0  # 0: no cap on the uploaded contents kept (runner/housekeeping.py)
     blob_grace: float = BLOB_GRACE_S  # an uploaded content younger than this is never collected
+    name: Optional[str] = None  # the box's name in alerts; None: the machine's hostname
     sources: dict[str, str] = field(default_factory=dict)  # key -> "config.toml", or the variable that set it
 
     @classmethod
@@ -163,6 +167,7 @@ class Config:
             max_cpu_jobs=_count(raw, "max_cpu_jobs", where) or 0,
             max_blob_bytes=_size(raw, "max_blob_bytes", where),
             blob_grace=_seconds(raw, "blob_grace", BLOB_GRACE_S, f"{where}:"),
+            name=_box_name(raw, where),
             sources=_sources(raw),
         )
 
@@ -190,6 +195,19 @@ def _devices(raw: dict[str, Any], where: str) -> Optional[list[str]]:
     if not isinstance(value, list) or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
         raise ConfigError(f"{where}: gpus must be a list of device indices or UUIDs")
     return [str(v) for v in value]
+
+
+def _box_name(raw: dict[str, Any], where: str) -> Optional[str]:
+    """The box's own name for its alerts: in a fleet the hostname is often a container's id, which says
+    nothing in a message. Checked as a job name is (1 to 64 printable characters, no spaces; no ':' either,
+    which ends a host's name in a job address), since it stands in one-line summaries and headers."""
+    value = _string(raw, "name", where)
+    if value is not None and (
+        not 1 <= len(value) <= MAX_BOX_NAME or any(c.isspace() or not c.isprintable() or c == ":" for c in value)
+    ):
+        rule = f"1 to {MAX_BOX_NAME} printable characters, no spaces or ':'"
+        raise ConfigError(f"{where}: name {value[:70]!r} cannot name the box: {rule}")
+    return value
 
 
 def _count(raw: dict[str, Any], key: str, where: str) -> Optional[int]:

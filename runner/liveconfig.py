@@ -48,8 +48,11 @@ def effective(daemon: Daemon) -> list[Setting]:
         "alerts.gpu_memory_for": format_duration(config.gpu_memory_for),
         "alerts.metric_patterns": list(config.metric_patterns),
         "blob_grace": format_duration(config.blob_grace),
+        "name": daemon.alerts.host,
     }
     default = {"gpus": "default: those NVML sees"} if config.gpus is None else {}
+    if config.name is None:
+        default["name"] = "default: the hostname"
     values = {name: shown[name] if name in shown else getattr(config, name.rpartition(".")[2], None) for name in KEYS}
     return [
         Setting(name, json.dumps(values[name], default=str), config.sources.get(name) or default.get(name, "default"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import json
 import os
@@ -197,9 +198,15 @@ AllowStreamLocalForwarding {"yes" if forwarding else "no"}
 LogLevel ERROR
 {setenv}"""
         )
+        self.config = config
+        self.start()
+
+    def start(self) -> None:
+        """Start sshd: at first, and again after `stop`, on the same address, port, keys and config."""
         Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation needs it; the service would make it
-        inside = ["ip", "netns", "exec", netns] if netns else []  # execs sshd: proc.pid is sshd's
-        self.proc = subprocess.Popen([*inside, "/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE)
+        inside = ["ip", "netns", "exec", self.netns] if self.netns else []  # execs sshd: proc.pid is sshd's
+        command = [*inside, "/usr/sbin/sshd", "-D", "-e", "-f", str(self.config)]
+        self.proc: subprocess.Popen[bytes] = subprocess.Popen(command, stderr=subprocess.PIPE)
         wait_for(self._listening, timeout=20, what="sshd to listen")
 
     def _listening(self) -> bool:
@@ -222,9 +229,37 @@ LogLevel ERROR
         return ["ssh", "-p", str(self.port), "-i", str(self.user_key), "-o", "BatchMode=yes",
                 "-o", f"UserKnownHostsFile={known_hosts}", f"root@{self.address}"]  # fmt: skip
 
-    def stop(self) -> None:
+    def sessions(self) -> set[int]:
+        """The sshd's per-connection processes (its children): one for each SSH connection it holds."""
+        found = set()
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                    if int(stat[stat.rfind(")") + 2 :].split()[1]) == self.proc.pid:
+                        found.add(int(entry))
+        return found
+
+    def stop(self, sessions: bool = False) -> None:
+        """Stop listening. A connection already made lives on in its own process, as it does when an sshd
+        service is stopped; `sessions`: end those too (SIGKILL), as when the box itself goes down."""
+        held: set[int] = set()
+        if sessions and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)  # no new connection while its children are found and ended
+            held = self.sessions()
+            for pid in held:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.proc.terminate()
+            self.proc.send_signal(signal.SIGCONT)  # not reaped yet (no wait since the poll): still sshd's pid
         self.proc.terminate()
         self.proc.wait(timeout=20)
+        for pid in held:
+            wait_for(functools.partial(_gone, pid), what=f"sshd session {pid} to end")
+
+
+def _gone(pid: int) -> bool:
+    return not alive(pid)
 
 
 def free_port() -> int:

@@ -1,121 +1,68 @@
-"""Many boxes as one (client/fleet.py): three boxes, each a real sshd on 127.0.0.1 with a daemon of its own
-(its TFRUN_HOME, one fake GPU: TFRUN_GPUS=0), all three in one client config and pool `gpu`. Placement, the
-merged `ps`, job addresses (HOST:ID) and what a dead box costs, through the real commands."""
+"""Many boxes as one (client/fleet.py): three boxes, each a real sshd with a daemon of its own (its TFRUN_HOME,
+one fake GPU: TFRUN_GPUS=0), all three in one client config and pool `gpu` (tests/fleetbox.py). Placement, the
+merged `ps`, job addresses (HOST:ID) and what a dead box costs, through the real commands.
+
+Placement, `ps --host all` and addresses run in both layouts of the fleet: "direct" (three sshd on 127.0.0.1)
+and "jump" (issue 18: the client and box1's and box2's sshd on 127.0.0.1 of a network namespace of the test's
+own; box3 in a namespace reachable only through a fourth sshd, the bastion's, as `hosts add --jump` names it).
+In the jump layout, box3 is the box placement must pick and the one whose job is followed and cancelled by
+address, so each goes through the bastion."""
 
 from __future__ import annotations
 
+import functools
 import getpass
 import json
-import shlex
+import os
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import TFRUN, Sshd, Tfrun, keepers_of, wait_for, write_script
+from conftest import Sshd, Tfrun, keepers_of, serving_daemon, wait_for
+from fleetbox import BOXES, Fleet, fleet_fixture, jobs_ended_fixture  # noqa: F401 - the fixtures fleet, jobs_ended
 
-BOXES = ("box1", "box2", "box3")
-
-
-@dataclass
-class Fleet:
-    client: Tfrun
-    sshd: dict[str, Sshd]
-    homes: dict[str, Path]
-    script: str  # a job that prints its argument, then waits until gates/ARG exists
-    gates: Path
-
-    def add(self, name: str, destination: str, pools: list[str], home: Path, key: Path) -> None:
-        """Write host `name` into the client's config, as `hosts add` would, through it."""
-        self.client.ok("hosts", "add", name, destination, "--identity-file", str(key),
-                       "--tfrund", shlex.join([sys.executable, "-m", "tfrun.runner"]),
-                       "--env", f"TFRUN_HOME={home}", "--env", "TFRUN_GPUS=0",
-                       *(arg for pool in pools for arg in ("--pool", pool)))  # fmt: skip
-
-    def submit(self, *args: str) -> subprocess.CompletedProcess[str]:
-        result = self.client.run("submit", *args)
-        assert result.returncode == 0, result.stderr
-        return result
-
-    def running(self, address: str) -> None:
-        wait_for(lambda: json.loads(self.client.ok("status", "--json", address))["state"] == "running",
-                 what=f"{address} to run")  # fmt: skip
+BOTH_LAYOUTS = pytest.mark.parametrize("fleet", ["direct", "jump"], indirect=True)
+DIRECT = pytest.mark.parametrize("fleet", ["direct"], indirect=True)  # one fleet, shared with BOTH_LAYOUTS'
+JUMP = pytest.mark.parametrize("fleet", ["jump"], indirect=True)
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    if not Path("/usr/sbin/sshd").exists():
-        pytest.skip("openssh-server is not installed (.ci/run installs it)")
-    root = tmp_path_factory.mktemp("fleet")
-    client = Tfrun(root / "client-state", client_home=root / "client-home")
-    servers = {name: Sshd(root / f"sshd-{name}") for name in BOXES}
-    ssh_dir = client.client_home / ".ssh"
-    ssh_dir.mkdir(mode=0o700)
-    (ssh_dir / "known_hosts").write_text("".join(server.known_hosts_line for server in servers.values()))
-    gates = root / "gates"
-    gates.mkdir()
-    project = root / "project"
-    project.mkdir()
-    script = write_script(project, "job.py", "import os, sys, time\nprint('job', sys.argv[1], flush=True)\n"
-                          f"while not os.path.exists(os.path.join({str(gates)!r}, sys.argv[1])):\n"
-                          "    time.sleep(0.1)\n")  # fmt: skip
-    fleet = Fleet(client, servers, {name: root / f"home-{name}" for name in BOXES}, str(script), gates)
-    for name, server in servers.items():
-        fleet.add(name, f"{getpass.getuser()}@127.0.0.1:{server.port}", ["gpu"], fleet.homes[name], server.user_key)
-    for name in BOXES:  # each daemon started once, with no fleet timeout to race
-        client.ok("ps", "--host", name)
-    yield fleet
-    for home in fleet.homes.values():
-        Tfrun(home).cleanup()
-    client.cleanup()  # the keepers: they carry the client's TFRUN_HOME
-    for server in servers.values():
-        server.stop()
-
-
-@pytest.fixture
-def jobs_ended(fleet: Fleet) -> Iterator[None]:
-    """Each test leaves every box with its GPU free: its jobs are cancelled at its end."""
-    yield
-    for name in BOXES:
-        fleet.client.run("cancel", "--all", "--host", name)
-
-
+@BOTH_LAYOUTS
 def test_placement_picks_the_box_with_a_free_gpu_then_the_one_freed(fleet: Fleet, jobs_ended: None) -> None:
-    for name in ("box1", "box3"):
-        job = fleet.submit("--host", name, "--gpus", "1", fleet.script, f"busy-{name}").stdout.strip()
-        fleet.running(f"{name}:{job}")
+    free = fleet.jumped or "box2"  # the jump layout: only the box behind the bastion has a free GPU
+    for name in BOXES:
+        if name != free:
+            job = fleet.submit("--host", name, "--gpus", "1", fleet.script, f"busy-{name}").stdout.strip()
+            fleet.running(f"{name}:{job}")
     placed = fleet.submit("--host", "gpu", "--gpus", "1", fleet.script, "first")
-    assert "tfrun: placed on box2 (1 of 1 GPUs free)" in placed.stderr
+    assert f"tfrun: placed on {free} (1 of 1 GPUs free)" in placed.stderr
     first = placed.stdout.strip()
-    assert first.startswith("box2:")
+    assert first.startswith(f"{free}:")
     fleet.running(first)
 
     dry = fleet.client.run("submit", "--host", "gpu", "--gpus", "1", "--dry-run", fleet.script, "never")
     assert dry.returncode == 0, dry.stderr
     assert [line.split(":")[0] for line in dry.stdout.splitlines()[:3]] == list(BOXES)
-    assert "box2: 0 of 1 GPUs free, 1 running, 0 queued" in dry.stdout
+    assert f"{free}: 0 of 1 GPUs free, 1 running, 0 queued" in dry.stdout
     assert "would place on box1: no box can start it now" in dry.stdout  # equal queues: by name
 
     (fleet.gates / "first").touch()
     assert fleet.client.run("wait", first).returncode == 0
     placed = fleet.submit("--host", "gpu", "--gpus", "1", "--json", fleet.script, "second")
     record = json.loads(placed.stdout)
-    assert (record["host"], record["address"]) == ("box2", f"box2:{record['id']}")
-    assert "placed on box2" in placed.stderr
+    assert (record["host"], record["address"]) == (free, f"{free}:{record['id']}")
+    assert f"placed on {free}" in placed.stderr
     never = [job for name in BOXES for job in json.loads(fleet.client.ok("ps", "-a", "--json", "--host", name))
              if job["args"] == ["never"]]  # fmt: skip
     assert never == []  # the dry run submitted nothing
 
 
+@BOTH_LAYOUTS
 def test_ps_over_all_hosts_lists_each_job_once_with_its_host(fleet: Fleet, jobs_ended: None) -> None:
     ids = {name: fleet.submit("--host", name, fleet.script, f"ps-{name}").stdout.strip() for name in BOXES}
     # A second name for box1's daemon (after box1 in name order): its jobs are still listed once, as box1's.
-    box1 = fleet.sshd["box1"]
-    fleet.add("box1-alias", f"{getpass.getuser()}@127.0.0.1:{box1.port}", [], fleet.homes["box1"], box1.user_key)
+    fleet.add("box1-alias", fleet.destination("box1"), [], fleet.homes["box1"], fleet.sshd["box1"].user_key)
     try:
         listed = json.loads(fleet.client.ok("ps", "--host", "all", "--json"))
         mine = [(job["host"], job["address"]) for job in listed if job["args"][0].startswith("ps-")]
@@ -129,31 +76,32 @@ def test_ps_over_all_hosts_lists_each_job_once_with_its_host(fleet: Fleet, jobs_
         fleet.client.ok("hosts", "remove", "box1-alias")
 
 
+@BOTH_LAYOUTS
 def test_job_addresses_need_no_host(fleet: Fleet, jobs_ended: None) -> None:
-    followed = fleet.submit("--host", "box2", fleet.script, "follow").stdout.strip()
-    follow = subprocess.Popen([*TFRUN, "logs", "-f", f"box2:{followed}"], env=fleet.client.env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    status = fleet.client.ok("status", f"box2:{followed}")
-    assert status.splitlines()[0].split() == ["id", f"box2:{followed}"]
+    far = fleet.jumped or "box2"  # the jump layout: the box behind the bastion
+    followed = fleet.submit("--host", far, fleet.script, "follow").stdout.strip()
+    follow = fleet.popen("logs", "-f", f"{far}:{followed}", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    status = fleet.client.ok("status", f"{far}:{followed}")
+    assert status.splitlines()[0].split() == ["id", f"{far}:{followed}"]
     (fleet.gates / "follow").touch()
     out, err = follow.communicate(timeout=60)
     assert (follow.returncode, out) == (0, "job follow\n"), err
 
-    cancelled = fleet.submit("--host", "box2", fleet.script, "cancel").stdout.strip()
-    result = fleet.client.run("cancel", f"box2:{cancelled}")
+    cancelled = fleet.submit("--host", far, fleet.script, "cancel").stdout.strip()
+    result = fleet.client.run("cancel", f"{far}:{cancelled}")
     assert result.returncode == 0, result.stderr
-    assert json.loads(fleet.client.ok("status", "--json", f"box2:{cancelled}"))["state"] == "cancelled"
+    assert json.loads(fleet.client.ok("status", "--json", f"{far}:{cancelled}"))["state"] == "cancelled"
 
     fleet.client.env["TFRUN_HOST"] = "box1"  # a standing default: an address overrules it
     try:
-        assert fleet.client.ok("status", f"box2:{followed}").splitlines()[0].split() == ["id", f"box2:{followed}"]
+        assert fleet.client.ok("status", f"{far}:{followed}").splitlines()[0].split() == ["id", f"{far}:{followed}"]
     finally:
         del fleet.client.env["TFRUN_HOST"]
     unknown = fleet.client.run("status", "nosuch:3")  # no host nosuch: a job name, on the default host
     assert (unknown.returncode, unknown.stderr) == (3, "tfrun: error: no job 'nosuch:3' on box1\n")
-    both = fleet.client.run("status", "--host", "box1", f"box2:{followed}")
+    both = fleet.client.run("status", "--host", "box1", f"{far}:{followed}")
     assert both.returncode == 2
-    assert both.stderr == f"tfrun: error: --host box1 but job box2:{followed} is on box2: give one or the other\n"
+    assert both.stderr == f"tfrun: error: --host box1 but job {far}:{followed} is on {far}: give one or the other\n"
     pool = fleet.client.run("cancel", "--host", "gpu", "3")
     assert (pool.returncode, pool.stderr.count("\n")) == (2, 1)
     assert "gpu is a pool: cancel needs one host (--host NAME) or a job address HOST:ID" in pool.stderr
@@ -162,6 +110,7 @@ def test_job_addresses_need_no_host(fleet: Fleet, jobs_ended: None) -> None:
     assert "gpu is a pool (members: box1, box2, box3): a job address names one host" in pooled.stderr
 
 
+@DIRECT
 def test_a_dead_box_is_skipped_within_the_timeout(fleet: Fleet, tmp_path: Path) -> None:
     """box4's sshd is stopped (a refused port); box5 takes the connection but never says a word (a box that
     hangs): each costs at most TFRUN_FLEET_TIMEOUT and a line on stderr, and no keeper is left behind."""
@@ -197,6 +146,57 @@ def test_a_dead_box_is_skipped_within_the_timeout(fleet: Fleet, tmp_path: Path) 
         silent.close()
         for name in ("box4", "box5"):
             fleet.client.ok("hosts", "remove", name)
+
+
+@JUMP
+def test_the_box_behind_the_bastion_is_reached_only_through_it(fleet: Fleet) -> None:
+    """Each daemon runs in its box's namespace (started through SSH): box1's and box2's in the client's, box3's
+    in one that the client cannot reach: without the jump, a connection to box3 fails at once."""
+    for name in BOXES:
+        daemon = wait_for(functools.partial(serving_daemon, fleet.homes[name]), what=f"{name}'s daemon")
+        assert os.readlink(f"/proc/{daemon}/ns/net") == f"net:[{fleet.namespaces[name].inode}]", name
+    box3 = fleet.jumped
+    assert box3 is not None
+    hosts = json.loads(fleet.client.ok("hosts", "list", "--json"))["hosts"]
+    assert [hosts[name].get("jump") for name in BOXES] == [None, None, fleet.jump]
+    fleet.add("box3-direct", fleet.destination(box3), [], fleet.homes[box3], fleet.sshd[box3].user_key)
+    try:
+        started = time.monotonic()
+        direct = fleet.client.run("ps", "--host", "box3-direct", timeout=60)
+        assert time.monotonic() - started < 10, "no route: refused at once, not after a timeout"
+        assert direct.returncode == 125, direct.stderr
+        assert f"cannot connect to {fleet.destination(box3)}: Network is unreachable" in direct.stderr
+    finally:
+        fleet.client.ok("hosts", "remove", "box3-direct")
+
+
+@JUMP
+def test_a_stopped_bastion_costs_box3_one_note_within_the_timeout(fleet: Fleet, jobs_ended: None) -> None:
+    """The bastion's sshd stopped, with the connections through it (as when the jump host goes down): a pool
+    verb lists box1's and box2's jobs and names box3 once, within TFRUN_FLEET_TIMEOUT; box3 is back with it."""
+    assert fleet.bastion is not None and fleet.jumped is not None
+    ids = {name: fleet.submit("--host", name, fleet.script, f"down-{name}").stdout.strip() for name in BOXES}
+    fleet.bastion.stop(sessions=True)
+    fleet.client.env["TFRUN_FLEET_TIMEOUT"] = "2s"
+    try:
+        for argv in (["ps", "--host", "gpu", "--json"], ["submit", "--host", "gpu", "--dry-run", fleet.script, "x"]):
+            started = time.monotonic()
+            result = fleet.client.run(*argv, timeout=60)
+            took = time.monotonic() - started
+            assert result.returncode == 0, result.stderr
+            assert took < 2 + 8, f"{argv[0]} took {took:.1f}s"  # the timeout, and a slow machine's start-up
+            [note] = result.stderr.splitlines()
+            assert note.startswith(f"tfrun: {fleet.jumped} skipped: cannot connect to jump host {fleet.jump}"), note
+            assert "Traceback" not in result.stderr
+            if argv[0] == "ps":
+                listed = [job["address"] for job in json.loads(result.stdout) if job["args"][0].startswith("down-")]
+                assert sorted(listed) == [f"{name}:{ids[name]}" for name in ("box1", "box2")]
+        assert fleet.client.ok("status", f"box1:{ids['box1']}").splitlines()[0].split() == ["id", f"box1:{ids['box1']}"]
+    finally:
+        del fleet.client.env["TFRUN_FLEET_TIMEOUT"]
+        fleet.bastion.start()  # same port, keys and authorized key: the fleet as it was for the next test
+    listed = json.loads(fleet.client.ok("ps", "--host", "all", "--json"))
+    assert f"{fleet.jumped}:{ids[fleet.jumped]}" in [job["address"] for job in listed]
 
 
 def test_pool_and_host_names_are_checked_when_added(tmp_path: Path) -> None:

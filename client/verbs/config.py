@@ -20,9 +20,10 @@ def config_verb(ctx: click.Context, as_json: bool) -> None:
     not the file (the default, or a TFRUN_* variable in tfrund's environment); notify URLs with their
     secrets masked.
 
-    Every change applies without a restart, and says from when: notify, gpus, max_cpu_jobs and the alert
-    cooldown at once (notify for the alerts of jobs already running too); job_python, checkpoint_root,
-    default_gpus and the alert rules for jobs submitted from then on. Only what tfrund reads from its
+    Every change applies without a restart, and says from when: notify, gpus, max_cpu_jobs, name (the box's
+    name in its alerts and top; default its hostname) and the alert cooldown at once (notify for the alerts
+    of jobs already running too); job_python, checkpoint_root, default_gpus and the alert rules for jobs
+    submitted from then on. Only what tfrund reads from its
     environment at start (TFRUN_HOME: its state and socket; the TFRUN_* overrides) needs `tfrund stop`.
 
     \b
@@ -31,6 +32,7 @@ def config_verb(ctx: click.Context, as_json: bool) -> None:
       tfrun config set notify 'mailtos://me:app-password@smtp.example.com?to=me@example.com'
       tfrun config set alerts.rules oom failed stall=1h
       tfrun config set max_cpu_jobs 2
+      tfrun config --host box2 set name box2      box2's alerts say "on box2", not its container's id
       tfrun config unset max_cpu_jobs             back to its default
       tfrun config reload                         after editing config.toml by hand (or: kill -HUP tfrund)
     """

@@ -1,5 +1,6 @@
-"""`tfrun pools`, and the pool side of `ps --host POOL` and `submit --host POOL`: many boxes as one, each
-member asked at once with a short wait (client/fleet.py), placement by client/placement.py."""
+"""`tfrun pools`, and the pool side of `ps`, `submit`, `top`, `alerts` and `notify-test` given `--host POOL`:
+many boxes as one, each member asked at once with a short wait (client/fleet.py), placement by
+client/placement.py, top's view by client/fleettop.py. Jobs are named by their addresses, HOST:ID."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.client.lines import Styled
 from tfrun.client.placement import Figures, choose
-from tfrun.constants import EXIT_DAEMON, EXIT_OK
+from tfrun.constants import EXIT_DAEMON, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from tfrun.protocol.jobs import Job, ListJobs
-from tfrun.protocol.watching import Top, TopReply
+from tfrun.protocol.watching import ListAlerts, NotifyReport, NotifyTest, Top, TopReply
 
 
 def _wait() -> float:
@@ -96,10 +97,12 @@ def ps_pool(name: str, members: list[Host], show_all: bool, quiet: bool, as_json
         render.pool_job_table(jobs, cli.output(), f"pool {name} ({len(answers)} of {len(members)} hosts)")
 
 
-def _record(job: Job) -> dict[str, Any]:
+def _record(item: Any) -> dict[str, Any]:
+    """A reply's dataclass (a job, an alert, a delivery) as a JSON record."""
     import dataclasses
 
-    return dataclasses.asdict(job)
+    found: dict[str, Any] = dataclasses.asdict(item)
+    return found
 
 
 def place(name: str, members: list[Host], gpus: Optional[int], dry_run: bool) -> Host:
@@ -121,3 +124,59 @@ def place(name: str, members: list[Host], gpus: Optional[int], dry_run: bool) ->
     click.echo(f"tfrun: placed on {chosen.host.label} ({chosen.free} of {chosen.total} GPUs free"
                + ("" if chosen.starts_now(gpus) else f", {chosen.queued} queued") + ")", err=True)  # fmt: skip
     return chosen.host
+
+
+def top_pool(name: str, members: list[Host], interval: float, once: bool) -> None:
+    """`tfrun top --host POOL`: client/fleettop.py's view of every member."""
+    from tfrun.client import fleettop
+
+    wait, accept_new = _wait(), _accept_new()
+    cli.run(fleettop.show(name, members, cli.console(), interval, once, wait, accept_new))
+
+
+def alerts_pool(members: list[Host], last: int, verbose: bool, as_json: bool) -> None:
+    """`tfrun alerts --host POOL`: the newest `last` of every member's alerts, merged by time, each naming its
+    job by address."""
+    request = ListAlerts(limit=last)
+    answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), request, _wait(), _accept_new())))
+    merged = [(a.host.label, alert) for a in answers if a.reply for alert in a.reply.alerts]
+    merged = sorted(merged, key=lambda pair: pair[1].at)[-last:]  # stable: ties keep the members' order
+    where = [host if alert.job_id is None else f"{host}:{alert.job_id}" for host, alert in merged]
+    if as_json:
+        records = [{**_record(alert), "host": host, "address": address if alert.job_id is not None else None}
+                   for (host, alert), address in zip(merged, where)]  # fmt: skip
+        click.echo(render.to_json(records))
+    else:
+        render.alert_lines([alert for _, alert in merged], verbose, cli.output(), where)
+
+
+def notify_test_pool(members: list[Host], url: Optional[str], as_json: bool) -> int:
+    """`tfrun notify-test --host POOL`: every member sends at once; a line (or a JSON record) per member,
+    and the exit code: 1 if any member failed, refused or did not answer."""
+    if not members:  # `all` with no hosts: nothing was tested, which is no success
+        cli.fail("no hosts to test: add one with tfrun hosts add NAME user@host", EXIT_USAGE)
+    answers = cli.run(fleet.ask_all(fleet.distinct(members), NotifyTest(url=url), _wait(), _accept_new()))
+    records = [_notify_record(answer) for answer in answers]
+    if as_json:
+        click.echo(render.to_json(records))
+    for record in [] if as_json else records:
+        if record["ok"]:
+            click.echo(f"{record['host']}: sent to " + ", ".join(r["target"] for r in record["results"]))
+        elif not record["reachable"]:
+            click.echo(f"tfrun: {record['host']}: unreachable ({record['error']})", err=True)
+        elif "results" not in record:
+            click.echo(f"tfrun: {record['host']}: not tested: {record['error']}", err=True)
+        else:
+            said = [f"sent to {r['target']}" if r["state"] == "sent" else f"not sent to {r['target']}: {r['error']}"
+                    for r in record["results"]]  # fmt: skip
+            click.echo(f"tfrun: {record['host']}: " + "; ".join(said), err=True)
+    return EXIT_OK if all(record["ok"] for record in records) else EXIT_FAILURE
+
+
+def _notify_record(answer: fleet.Answer[NotifyReport]) -> dict[str, Any]:
+    """One member's notify-test, as --json prints it: reachable, ok, and its results or why there are none."""
+    record: dict[str, Any] = {"host": answer.host.label, "reachable": answer.reply is not None or answer.refused}
+    if answer.reply is None:
+        return {**record, "ok": False, "error": answer.skipped}
+    results = [_record(result) for result in answer.reply.results]
+    return {**record, "ok": all(r["state"] == "sent" for r in results), "results": results}

@@ -50,14 +50,31 @@ def gpus(as_json: bool) -> None:
 
 
 @click.command()
-@cli.host_options
+@cli.pool_options
 @click.option("-d", "--interval", type=click.FloatRange(0.2, 3600), default=1.0, show_default=True, metavar="SECONDS",
               help="Time between two frames.")  # fmt: skip
 @click.option("--once", is_flag=True, help="Print one frame and exit (for scripts, or a terminal that is not one).")
 def top(interval: float, once: bool) -> None:
     """A live view of the box: its unfinished and last ended jobs with their state, GPUs, runtime, last
     loss and its trend, and its GPUs with their memory, load and job. Redrawn in place every second;
-    `q` or Ctrl-C quits. Works the same over SSH."""
+    `q` or Ctrl-C quits. Works the same over SSH.
+
+    With --host POOL (or all): every member's jobs and GPUs in one view, each job as HOST:ID. Each member
+    is asked on its own, for at most TFRUN_FLEET_TIMEOUT (default 5s): one that does not answer is marked
+    unreachable, one that stops answering keeps its last view, marked stale, and neither holds up the rest.
+
+    \b
+    Examples:
+      tfrun top                        this box (or the default host), live
+      tfrun top --host gpu             every member of pool gpu, live
+      tfrun top --host all --once      every host, one frame, for a script
+    """
+    pooled = cli.pool()
+    if pooled is not None:
+        from tfrun.client.verbs import fleet
+
+        fleet.top_pool(*pooled, interval, once)
+        return
     from tfrun.client.top import show
 
     cli.run(cli.client().session(lambda channel: show(channel, cli.console(), interval, once)))
@@ -67,7 +84,7 @@ def top(interval: float, once: bool) -> None:
 
 
 @click.command()
-@cli.host_options
+@cli.pool_options
 @click.argument("job", required=False, shell_complete=cli.complete_jobs)
 @click.option("-n", "--last", type=click.IntRange(1, MAX_ALERTS), default=20, show_default=True, metavar="N",
               help="Show the newest N alerts.")  # fmt: skip
@@ -78,8 +95,28 @@ def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
 
     Each alert is stored on the box before it is sent, then delivered to the daemon's notify URLs (its
     config.toml) and the job's --notify URLs, retried with backoff for a day while a server is down.
-    URLs are shown with their secrets masked."""
+    URLs are shown with their secrets masked.
 
+    With --host POOL (or all): every member's alerts merged by time, the newest N of them, each job named
+    by its address (HOST:ID); --json gives each alert its `host` (and `address`). A member that does not
+    answer within TFRUN_FLEET_TIMEOUT is named on stderr and left out. An alert names its box by the
+    daemon's `name` setting (tfrun config --host box2 set name box2), else by its hostname.
+
+    \b
+    Examples:
+      tfrun alerts                     the newest 20 alerts of this box (or the default host)
+      tfrun alerts box2:14 --verbose   job 14 of host box2, each message whole
+      tfrun alerts --host gpu -n 50    the newest 50 of every member of pool gpu
+    """
+    pooled = cli.pool()
+    if pooled is not None:
+        from tfrun.client.verbs import fleet
+
+        if job is not None:
+            cli.fail(f"{pooled[0]} is a pool: give JOB as an address HOST:ID (without --host), or leave it out",
+                     EXIT_USAGE)  # fmt: skip
+        fleet.alerts_pool(pooled[1], last, verbose, as_json)
+        return
     found = cli.ask(ListAlerts(job=job, limit=last)).alerts
     if as_json:
         click.echo(render.to_json(found))
@@ -88,7 +125,7 @@ def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
 
 
 @click.command("notify-test")
-@cli.host_options
+@cli.pool_options
 @click.argument("url", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result per URL.")
 def notify_test(url: Optional[str], as_json: bool) -> None:
@@ -97,8 +134,23 @@ def notify_test(url: Optional[str], as_json: bool) -> None:
 
     A URL apprise cannot use is refused with what is wrong with it (exit 2), e.g. `mailto://HOST?to=ADDR`:
     "needs a sender: add from=ADDRESS"; a slack:// short of a token; an unknown service. Secrets in URLs
-    are never shown."""
+    are never shown.
 
+    With --host POOL (or all): every member sends at once, and says in one line how it went (`box1: sent
+    to json://...`; failures on stderr, `tfrun: box3: unreachable (...)`); --json gives one record per
+    member. Exits 1 if any member failed, refused or did not answer within TFRUN_FLEET_TIMEOUT.
+
+    \b
+    Examples:
+      tfrun notify-test                            each notify URL of the box's config
+      tfrun notify-test 'json://hooks.local/tfrun'  that URL, from the box
+      tfrun notify-test --host gpu                 every member of pool gpu, a line each
+    """
+    pooled = cli.pool()
+    if pooled is not None:
+        from tfrun.client.verbs import fleet
+
+        sys.exit(fleet.notify_test_pool(pooled[1], url, as_json))
     results = cli.ask(NotifyTest(url=url)).results
     if as_json:
         click.echo(render.to_json(results))
