@@ -234,6 +234,9 @@ def _string(table: dict[str, Any], key: str, path: Path) -> Optional[str]:
     return value
 
 
+MAX_CLIENT_DURATION_S = 365 * 86400
+
+
 def duration(value: Any, where: str) -> float:
     """Seconds from a duration as people write it (`90s`, `5m`, `1h`) or a plain number of seconds."""
     seconds = value
@@ -244,6 +247,8 @@ def duration(value: Any, where: str) -> float:
                 seconds = float(value)
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
         raise TfrunError(f"{where} must be a duration such as 90s, 5m or 1h, not {value!r}", EXIT_USAGE)
+    if seconds > MAX_CLIENT_DURATION_S:  # a timer that long is a typo, and the OS's timers overflow on some
+        raise TfrunError(f"{where} must be at most 365d, not {value!r}", EXIT_USAGE)
     return float(seconds)
 
 

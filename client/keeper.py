@@ -127,6 +127,9 @@ class _Batch:
         except OSError as exc:  # the runtime folder cannot be made, or Python cannot start
             for path in self.wants:
                 self._report(path, f"cannot start the connection keeper: {exc.strerror or exc}")
+        except Exception as exc:  # anything else is still one line per box, never a task's traceback at exit
+            for path in self.wants:
+                self._report(path, f"cannot start the connection keeper: {exc}")
         finally:
             if self._open.get(key) is self:
                 del self._open[key]

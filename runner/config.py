@@ -9,6 +9,7 @@ max_cpu_jobs = 4                       # CPU-only jobs running at once (default:
 max_blob_bytes = "20GB"                # cap on uploaded contents kept (default: none); oldest unneeded go first
 blob_grace = "1h"                      # an uploaded content younger than this is never collected
 name = "box2"                          # the box's name in alerts and `tfrun top` (default: the hostname)
+executor = "local"                     # "slurm": submit jobs with sbatch ([slurm]; runner/slurm/); restart to change
 
 [alerts]
 rules = ["oom", "spike=2", "stall=30m", "failed", "done", "lost", "gpu-memory=90%"]  # the default: all
@@ -16,6 +17,12 @@ cooldown = "15m"        # one message per job and rule in this long: one inciden
 expire = "24h"          # keep retrying a delivery this long, then give up (it stays in `tfrun alerts`)
 gpu_memory_for = "1m"   # gpu-memory fires when a GPU stays above its threshold this long
 metric_patterns = ['val_f1=(?P<val_f1>[0-9.]+)']   # more metrics to read from every job's log
+
+[slurm]                 # with executor = "slurm" (runner/slurm/settings.py)
+partition = "gpu"       # sbatch --partition (default: the cluster's default)
+account = "ml"          # sbatch --account
+time = "4:00:00"        # the default time limit (Slurm's form, or 2h); never unlimited
+sbatch_options = ["--qos=normal"]   # added to every sbatch; tfrun's own options are refused
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from tfrun.duration import parse_duration
 from tfrun.paths import Layout
 from tfrun.runner import rules
 from tfrun.runner.metrics import LogMetrics, PatternError
+from tfrun.runner.slurm import settings as slurm_settings
 from tfrun.sizes import parse_size
 
 if sys.version_info >= (3, 11):
@@ -74,12 +82,18 @@ KEYS: dict[str, Key] = {
     "max_blob_bytes": Key(STRING, "after the next submit"),  # a size: "20GB", "500MB"
     "blob_grace": Key(DURATION, "now"),
     "name": Key(STRING, "now, to every alert and test message"),
+    "executor": Key(STRING, "when tfrund restarts"),
     "alerts.rules": Key(STRINGS, "to jobs submitted from now on (the gpu-memory rule: now)"),
     "alerts.cooldown": Key(DURATION, "now"),
     "alerts.expire": Key(DURATION, "to alerts recorded from now on"),
     "alerts.gpu_memory_for": Key(DURATION, "now"),
     "alerts.metric_patterns": Key(STRINGS, "to jobs started from now on"),
+    "slurm.partition": Key(STRING, "to jobs started from now on"),
+    "slurm.account": Key(STRING, "to jobs started from now on"),
+    "slurm.time": Key(STRING, "to jobs started from now on"),
+    "slurm.sbatch_options": Key(STRINGS, "to jobs started from now on"),
 }
+EXECUTORS = ("local", "slurm")
 
 
 def schema() -> tomltext.Schema:
@@ -112,6 +126,8 @@ class Config:
     max_blob_bytes: int = 0  # 0: no cap on the uploaded contents kept (runner/housekeeping.py)
     blob_grace: float = BLOB_GRACE_S  # an uploaded content younger than this is never collected
     name: Optional[str] = None  # the box's name in alerts; None: the machine's hostname
+    executor: str = "local"  # where jobs run: "local" (a shim each, here) or "slurm" (sbatch)
+    slurm: slurm_settings.SlurmSettings = field(default_factory=slurm_settings.SlurmSettings)
     sources: dict[str, str] = field(default_factory=dict)  # key -> "config.toml", or the variable that set it
 
     @classmethod
@@ -168,6 +184,8 @@ class Config:
             max_blob_bytes=_size(raw, "max_blob_bytes", where),
             blob_grace=_seconds(raw, "blob_grace", BLOB_GRACE_S, f"{where}:"),
             name=_box_name(raw, where),
+            executor=_executor(raw, text, where),
+            slurm=_slurm(raw, text, where),
             sources=_sources(raw),
         )
 
@@ -182,6 +200,21 @@ def _sources(raw: dict[str, Any]) -> dict[str, str]:
         elif leaf in (raw.get(table, {}) if table else raw):
             found[name] = "config.toml"
     return found
+
+
+def _executor(raw: dict[str, Any], text: str, where: str) -> str:
+    value = _string(raw, "executor", where) or "local"
+    if value not in EXECUTORS:
+        line = tomltext.line_of(text, ("executor",))
+        raise ConfigError(f"{where}{f' line {line}' if line else ''}: executor must be one of {', '.join(EXECUTORS)}")
+    return value
+
+
+def _slurm(raw: dict[str, Any], text: str, where: str) -> slurm_settings.SlurmSettings:
+    try:
+        return slurm_settings.parse(raw.get("slurm", {}), text, where)
+    except slurm_settings.SettingsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _devices(raw: dict[str, Any], where: str) -> Optional[list[str]]:

@@ -36,6 +36,7 @@ from tfrun.runner.lifecycle import Lifecycle
 from tfrun.runner.loggrowth import LogGrowth
 from tfrun.runner.outbox import Outbox
 from tfrun.runner.scheduler import Scheduler
+from tfrun.runner.slurm.executor import SlurmExecutor
 from tfrun.runner.store import Store
 from tfrun.runner.supervisor import Supervisor
 
@@ -118,7 +119,12 @@ class Daemon:
         self.config = config
         self.store = store
         self.lifecycle = Lifecycle(store, layout.jobs_dir, lambda: self.config.checkpoint_root)
-        self.executor = LocalExecutor(layout, device_ids(config.gpus))
+        # Chosen once, at start (`executor` applies when tfrund restarts); [slurm] is read at each launch.
+        self.executor: Union[LocalExecutor, SlurmExecutor] = (
+            SlurmExecutor(lambda: self.config.slurm)
+            if config.executor == "slurm"
+            else LocalExecutor(layout, device_ids(config.gpus))
+        )
         self.supervisor = Supervisor(store, self.lifecycle, self.executor)
         self.blobs = BlobStore(layout.blobs_dir)
         self.spares = Spares(layout.spares_dir, self.blobs)
@@ -173,7 +179,8 @@ class Daemon:
         self.config = config
         self.alerts.reconfigure(config)
         self.outbox.cooldown, self.outbox.expire = config.cooldown, config.expire
-        self.executor.devices = device_ids(config.gpus)
+        if isinstance(self.executor, LocalExecutor):
+            self.executor.devices = device_ids(config.gpus)
         self.in_background(self.scheduler.run_pass())
 
     def _reload_on_hangup(self) -> None:

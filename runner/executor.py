@@ -14,7 +14,12 @@ lifecycle (runner/lifecycle.py). The interface is shaped for a batch system as m
   the end comes through `poll`, unless the job never started, which ends at once;
 - `reconcile` is the first look after a daemon start, which may find jobs ended or gone while no daemon ran;
 - `resume` starts again a queued job whose launch a dead daemon recorded but may not have made;
-- `resources` is what the scheduler may give jobs (the devices; a Slurm partition's would be its own).
+- `resources` is what the scheduler may give jobs (the devices); `places_jobs` says the executor's own
+  scheduler places jobs instead (Slurm: every queued job is handed over at once, with no devices of tfrun's);
+- `failed_to_start` says why a job handed over is still queued, or None where that is normal (Slurm: it
+  waits in Slurm's queue, and its start comes through `poll`).
+
+runner/slurm/executor.py is the Slurm one (`executor = "slurm"` in config.toml).
 
 LocalExecutor learns everything from the job's folder (shim.json, exit.json) and from /proc: the daemon
 is never a job's parent, which is what lets a job outlive the daemon and a new daemon pick up where the
@@ -100,14 +105,19 @@ class Executor(Protocol):
     def cancel(self, row: JobRow, grace: float) -> Optional[Ended]:
         """Ask the job to stop, killed after `grace`; its end if it never started (it ends now), else None."""
 
-    def failed_to_start(self, row: JobRow) -> str:
-        """Why a job that `launch` handed over is still queued once it returned."""
+    def failed_to_start(self, row: JobRow) -> Optional[str]:
+        """Why a job that `launch` handed over is still queued once it returned (it failed); None if it
+        waits in a queue of the executor's own (a batch system's), to start later."""
 
     def forget(self, job_id: int) -> None:
         """The job's end is recorded: drop what was kept to learn of it."""
 
     def resources(self) -> list[str]:
         """The devices that jobs may be given."""
+
+    def places_jobs(self) -> bool:
+        """Whether the executor's own scheduler places jobs (Slurm): then the daemon's scheduler hands every
+        job over as soon as its `--after` jobs allow, with no devices, and keeps no GPU count or CPU cap."""
 
 
 class LocalExecutor:
@@ -268,6 +278,9 @@ class LocalExecutor:
 
     def resources(self) -> list[str]:
         return self.devices
+
+    def places_jobs(self) -> bool:
+        return False  # the scheduler gives each job its devices
 
 
 def tty_socket(layout: Layout, job_id: int) -> Path:

@@ -49,6 +49,11 @@ def effective(daemon: Daemon) -> list[Setting]:
         "alerts.metric_patterns": list(config.metric_patterns),
         "blob_grace": format_duration(config.blob_grace),
         "name": daemon.alerts.host,
+        "executor": config.executor,
+        "slurm.partition": config.slurm.partition,
+        "slurm.account": config.slurm.account,
+        "slurm.time": config.slurm.time,
+        "slurm.sbatch_options": list(config.slurm.sbatch_options),
     }
     default = {"gpus": "default: those NVML sees"} if config.gpus is None else {}
     if config.name is None:

@@ -10,6 +10,10 @@ Jobs without GPUs wait only for the cap on concurrent CPU-only jobs (`max_cpu_jo
 job submitted `--after` others waits until they have all succeeded; if one did not, it fails, saying which.
 
 A pass runs whenever a job is submitted or ends and when the daemon starts; passes never overlap.
+
+Where the executor places jobs itself (Slurm: `Executor.places_jobs`), GPUs and CPU slots are its business:
+every queued job is handed over as soon as its `--after` jobs allow, in priority order, with no devices
+(Slurm sets CUDA_VISIBLE_DEVICES from the job's --gres), and no job waits here for a GPU.
 """
 
 from __future__ import annotations
@@ -130,6 +134,9 @@ class Scheduler:
             for listed in sorted(self._waiting(), key=lambda r: (-r.spec.priority, r.id)):
                 row = self.store.get(listed.id)  # as it is now: starting others awaits, and it may be cancelled
                 if row is None or not _waiting(row) or self._held_by_dependencies(row):
+                    continue
+                if self.supervisor.executor.places_jobs():
+                    await self._start_on(row, [])
                     continue
                 need = row.spec.gpus
                 if need:

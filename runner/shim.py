@@ -11,6 +11,10 @@ period from cancel.json, then SIGKILLs what is left. The shim owns that timer, s
 middle of a cancel does not stop the escalation. Descendants that leave the group (setsid, double fork)
 are still found: the shim is their subreaper.
 
+`python -m tfrun.runner.shim --batch JOB_DIR` is the same shim as a Slurm batch script's process
+(runner/slurm/): no fork (the allocation ends with the batch script), the allocation's environment under
+the launch record's, and a SIGTERM without cancel.json (Slurm's, before a time limit) recorded as such.
+
 Standard library only, and no more of it than needed: it starts once per job.
 """
 
@@ -58,6 +62,8 @@ class Shim:
         self.deadline: Optional[float] = None  # when to SIGKILL what is left
         self.killed = False
         self.cancelled = False
+        self.batch = False  # run as a Slurm batch script (`--batch`), not forked away from a daemon
+        self.stopped = False  # (batch) stopped by Slurm's SIGTERM, not by a tfrun cancel
         self.log_fd = -1
         self.index_fd = -1
         self.indexed = 0  # the log's size at the last index record
@@ -135,7 +141,8 @@ class Shim:
         self.next_tick = 0.0
         self._index()  # the last bytes, before exit.json says there will be no more
         code, sig = _decode(self.status if self.status is not None else 0)
-        self._write_exit(code=code, sig=sig, started=self.started_at)
+        stopped = "stopped by Slurm (SIGTERM): its time limit was near, or it was preempted" if self.stopped else None
+        self._write_exit(code=code, sig=sig, started=self.started_at, error=stopped)
 
     def _index(self) -> None:
         """Once per INDEX_INTERVAL_S: if the log grew, note its new size and the time (runner/logindex.py)."""
@@ -152,9 +159,14 @@ class Shim:
             pass  # a full disk, say: the index only loses precision; the job must not suffer for it
 
     def _cancel(self) -> None:
-        if self.cancelled:
+        if self.cancelled or self.stopped:
             return
-        self.cancelled = True
+        if self.batch and not os.path.exists(os.path.join(self.job_dir, jobdir.CANCEL)):
+            # Not tfrun's cancel (which writes cancel.json first): Slurm's own SIGTERM, before its time limit
+            # (--signal=B:TERM@grace) or a preemption. The job fails, saying so; the grace holds all the same.
+            self.stopped = True
+        else:
+            self.cancelled = True
         self._signal_all(signal.SIGTERM)
         self.deadline = time.time() + self._grace()
 
@@ -236,12 +248,26 @@ def _decode(status: int) -> tuple[int, Optional[int]]:
 
 
 def main(argv: list[str]) -> None:
-    job_dir = argv[1]
+    """`shim JOB_DIR`: fork away from the daemon (LocalExecutor). `shim --batch JOB_DIR`: stay in the
+    foreground, as the batch script's own process (runner/slurm/): the allocation lives exactly as long as
+    this process, so it must not fork away, and the job's environment is the allocation's (SLURM_*, the
+    CUDA_VISIBLE_DEVICES Slurm chose) with the launch record's on top."""
+    batch = argv[1] == "--batch" if len(argv) > 2 else False
+    job_dir = argv[2] if batch else argv[1]
     launch = jobdir.read_launch(os.path.join(job_dir, jobdir.LAUNCH))
     if launch is None:
         raise SystemExit(f"tfrun shim: no {jobdir.LAUNCH} in {job_dir}")
     # Block the signals we handle before forking, so none is lost between here and sigtimedwait.
     signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+    if batch:
+        launch["env"] = {**os.environ, **launch["env"]}
+        _become_subreaper()
+        shim = Shim(job_dir, launch)
+        shim.batch = True
+        shim.start()
+        shim.run()
+        # The job's own code, so that Slurm's accounting (COMPLETED, FAILED) tells the truth too.
+        raise SystemExit(_decode(shim.status if shim.status is not None else 0)[0])
     ready_r, ready_w = os.pipe()
     if os.fork() > 0:
         # The daemon's child: report whether the job started, then exit so the daemon can reap us.

@@ -53,8 +53,10 @@ class Supervisor:
         """Record what became of a job just handed over: running, ended already, or failed to start."""
         crash_point("start-spawned")
         row = self._apply_all(row, self.executor.poll([row]))
-        if row.state == JobState.QUEUED:  # handed over, and yet it did not start
-            self.mark_failed(row, self.executor.failed_to_start(row))
+        if row.state == JobState.QUEUED:  # handed over, and yet it did not start: failed, or in a batch queue
+            why = self.executor.failed_to_start(row)
+            if why is not None:
+                self.mark_failed(row, why)
 
     async def resume_queued(self) -> None:
         """At daemon start: launch jobs accepted by a daemon that died before starting them."""

@@ -200,3 +200,19 @@ def test_submit_after_a_job_id_beyond_sqlites_integers_is_no_job(tf: Tfrun, proj
     assert result.returncode == 3, result.stderr
     one_line_error(result.stderr, f"--after: no job '1{'0' * 30}'")
     assert tf.jobs() == []
+
+
+@pytest.mark.parametrize(
+    ("variable", "args"),
+    [("TFRUN_FLEET_TIMEOUT", ["ps", "--host", "all"]), ("TFRUN_RECONNECT_TIMEOUT", ["wait", "1"])],
+)
+def test_a_timeout_longer_than_a_year_is_refused_in_one_line(tf: Tfrun, variable: str, args: list[str]) -> None:
+    """A timer of 10^23 days overflowed the OS's time_t deep in the keeper's start (a traceback, then a
+    skipped box); every client duration is checked where it is read."""
+    tf.env[variable] = "100000000000000000000000d"
+    try:
+        result = tf.run(*args)
+    finally:
+        del tf.env[variable]
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"tfrun: error: {variable} must be at most 365d, not '100000000000000000000000d'\n"

@@ -111,7 +111,7 @@ def _resources(daemon: Daemon, req: Submit) -> tuple[int, tuple[int, ...]]:
     """What the job waits for besides its turn: its GPUs, the jobs it runs after (by id); checked."""
     devices = daemon.scheduler.devices
     gpus = daemon.scheduler.default_gpus() if req.gpus is None else req.gpus
-    if gpus > len(devices):
+    if gpus > len(devices) and not daemon.executor.places_jobs():  # Slurm checks its own GPUs
         has = f"has {len(devices)} ({', '.join(devices)})" if devices else "has none"
         raise invalid(f"the job asks for {gpus} GPU(s) and this box {has}")
     after = []

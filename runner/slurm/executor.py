@@ -1,0 +1,351 @@
+"""SlurmExecutor: jobs submitted with one `sbatch --parsable` each, run by tfrun's own shim in the batch
+script, so the output file, exit.json, metrics, the exit-code contract and the cancel grace are exactly
+as on a box (runner/shim.py `--batch`: the shim stays in the foreground, since the allocation ends with
+the batch script).
+
+Slurm places jobs: `places_jobs()` tells the scheduler to hand every queued job over at once (after its
+`--after` jobs), with no devices of tfrun's; the job asks for `--gres=gpu:N` and Slurm sets its
+CUDA_VISIBLE_DEVICES. `max_cpu_jobs` and tfrun's GPU bookkeeping do not apply.
+
+In the job's folder: `slurm.sh` (the batch script), `slurm.json` (SlurmRecord: the Slurm id, written
+atomically before launch returns; or why sbatch refused the job), `slurm-ID.out` (the batch script's own
+output, named by tfrun's id: Slurm's ids restart when its state is wiped).
+
+What a job did is learnt from its folder (shim.json: it runs; exit.json: how it ended, exactly) and from
+Slurm (one `squeue` for all jobs, at most every POLL_INTERVAL_S and backing off when it is slow or fails;
+`sacct` for those squeue no longer lists). A failed answer is no change; a job absent from both is lost
+only after MISSING_GRACE_S of answers without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional, TypedDict
+
+import tfrun
+from tfrun.protocol.fields import JobState
+from tfrun.runner import jobdir
+from tfrun.runner.executor import Change, Ended, Started
+from tfrun.runner.job import JobRow
+from tfrun.runner.slurm import states
+from tfrun.runner.slurm.commands import AccountedJob, QueuedJob, Slurm, SlurmError
+from tfrun.runner.slurm.settings import SlurmSettings
+
+if TYPE_CHECKING:
+    from tfrun.runner.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
+
+log = logging.getLogger("tfrund")
+
+RECORD = "slurm.json"
+SCRIPT = "slurm.sh"
+POLL_INTERVAL_S = 1.0  # squeue at most this often (the monitor looks every 0.2 s)
+MAX_BACKOFF_S = 30.0
+SLOW_S = 2.0  # an squeue slower than this doubles the interval
+MISSING_GRACE_S = 60.0
+SETTLE_S = 10.0  # an exit record this old ends the job even if Slurm has not said it ended
+KILL_AFTER_S = 10.0  # past the grace, a cancelled job still listed is scancelled outright
+SIGNAL_MARGIN_S = 5  # the shim's SIGTERM comes this much before the grace's SIGKILL would pass the time limit
+_TFRUN_PARENT = str(Path(tfrun.__file__).resolve().parent.parent)
+_ALLOCATION_PREFIXES = ("SLURM_", "SLURMD_", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES")
+
+
+class SlurmRecord(TypedDict, total=False):
+    """slurm.json: the Slurm id once sbatch gave it, or sbatch's refusal; a cancel's escalation time."""
+
+    slurm_id: str
+    submitted_at: float
+    error: str
+    kill_at: float  # scancel outright if it still runs then (a tfrun cancel's grace has passed)
+
+
+def sbatch_args(row: JobRow, settings: SlurmSettings, grace: float) -> list[str]:
+    """sbatch's options for a job: tfrun's own first, the config's extras (checked at load never to touch
+    them) last, the batch script after them."""
+    job_dir = Path(row.job_dir)
+    args = [
+        "--parsable",
+        f"--job-name=tfrun-{row.id}",
+        f"--output={job_dir / f'slurm-{row.id}.out'}",
+        "--open-mode=append",
+        f"--chdir={job_dir}",
+        f"--signal=B:TERM@{int(grace + 0.999) + SIGNAL_MARGIN_S}",
+    ]
+    if row.spec.gpus:
+        args.append(f"--gres=gpu:{row.spec.gpus}")
+    for flag, value in (("partition", settings.partition), ("account", settings.account), ("time", settings.time)):
+        if value:
+            args.append(f"--{flag}={value}")
+    return [*args, *settings.sbatch_options, str(job_dir / SCRIPT)]
+
+
+def batch_script(job_dir: Path) -> str:
+    """The batch script: tfrun's shim in the foreground, as LocalExecutor starts it (`python -S -m`)."""
+    command = [sys.executable, "-S", "-m", "tfrun.runner.shim", "--batch", str(job_dir)]
+    return (
+        "#!/bin/sh\n"
+        "# tfrun's shim runs the job, records its end in exit.json and owns the cancel grace (runner/shim.py)\n"
+        f"PYTHONPATH={shlex.quote(_TFRUN_PARENT)} exec {shlex.join(command)}\n"
+    )
+
+
+def launch_env(env: dict[str, str]) -> dict[str, str]:
+    """The launch record's environment: the allocation's own variables (its SLURM_*, the GPUs Slurm chose)
+    come from the allocation, never from the daemon's environment."""
+    return {k: v for k, v in env.items() if not k.startswith(_ALLOCATION_PREFIXES)}
+
+
+class SlurmExecutor:
+    """Jobs on a Slurm cluster, this daemon on its login node (shared filesystem for TFRUN_HOME)."""
+
+    def __init__(self, settings: Callable[[], SlurmSettings], slurm: Optional[Slurm] = None) -> None:
+        self.settings = settings  # the config's as it is now: a reload applies to jobs launched after it
+        self.slurm = slurm or Slurm()
+        self._next_poll = 0.0
+        self._interval = POLL_INTERVAL_S
+        self._missing_since: dict[int, float] = {}
+
+    # -- handing jobs over --------------------------------------------------------------------------------
+
+    async def launch(self, row: JobRow, env: dict[str, str], grace: float) -> None:
+        """Write the launch record and the batch script, submit, and record the Slurm id (or the refusal)."""
+        job_dir = Path(row.job_dir)
+        if row.spec.tty:
+            _write_record(job_dir, {"error": "--tty jobs do not run on Slurm (yet)"})
+            return
+        launch: LaunchRecord = {
+            "command": list(row.spec.command),
+            "cwd": str(job_dir / jobdir.WORK),
+            "env": launch_env(env),
+            "grace": grace,
+        }
+        jobdir.write_json(job_dir / jobdir.LAUNCH, launch)
+        (job_dir / SCRIPT).write_text(batch_script(job_dir))
+        await self._submit(row, grace)
+
+    async def _submit(self, row: JobRow, grace: float) -> None:
+        args = sbatch_args(row, self.settings(), grace)
+        loop = asyncio.get_running_loop()
+        try:
+            slurm_id = await loop.run_in_executor(None, self.slurm.submit, args)
+        except SlurmError as exc:
+            found = await loop.run_in_executor(None, self._submitted, row)  # a timeout may hide a submit
+            if found is None:
+                log.warning("job %d: sbatch refused it: %s", row.id, exc)
+                _write_record(Path(row.job_dir), {"error": str(exc)})
+                return
+            slurm_id = found
+        _write_record(Path(row.job_dir), {"slurm_id": slurm_id, "submitted_at": time.time()})
+        log.info("job %d: submitted to Slurm as job %s", row.id, slurm_id)
+
+    def _submitted(self, row: JobRow) -> Optional[str]:
+        """The Slurm id of the job's submission if Slurm has one (its work dir is the job's folder)."""
+        try:
+            queue = self.slurm.queue()
+        except SlurmError:
+            return None
+        return next((j.slurm_id for j in queue.values() if j.work_dir == row.job_dir), None)
+
+    async def resume(self, row: JobRow) -> bool:
+        """A queued job whose launch was recorded: submitted already (its id stored, or found in squeue by
+        its folder), or submitted now; False if its launch record was never written."""
+        job_dir = Path(row.job_dir)
+        if _read_record(job_dir) or not (job_dir / jobdir.LAUNCH).exists():
+            return bool(_read_record(job_dir))
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(None, self._submitted, row)
+        if found is not None:
+            _write_record(job_dir, {"slurm_id": found, "submitted_at": time.time()})
+            return True
+        launch: Optional[LaunchRecord] = jobdir.read_launch(job_dir / jobdir.LAUNCH)
+        grace = launch.get("grace", 10.0) if launch else 10.0
+        if not (job_dir / SCRIPT).exists():
+            (job_dir / SCRIPT).write_text(batch_script(job_dir))
+        log.info("job %d: submitting it (accepted before the last daemon stopped)", row.id)
+        await self._submit(row, float(grace))
+        return True
+
+    def failed_to_start(self, row: JobRow) -> Optional[str]:
+        """sbatch's refusal; None for a job Slurm holds: it waits in Slurm's queue, still `queued`."""
+        record = _read_record(Path(row.job_dir))
+        if record.get("slurm_id"):
+            return None
+        return f"sbatch refused it: {record.get('error', 'no Slurm id was recorded')}"
+
+    def places_jobs(self) -> bool:
+        return True
+
+    def resources(self) -> list[str]:
+        """None of tfrun's: Slurm gives each job its GPUs (--gres)."""
+        return []
+
+    # -- learning how jobs are doing ----------------------------------------------------------------------
+
+    def poll(self, rows: Sequence[JobRow]) -> list[tuple[int, Change]]:
+        """One squeue for all jobs (unless backing off), sacct for those it no longer lists, then each job's
+        folder. Without an answer from Slurm, only what the folders say for sure (a start) is reported."""
+        return self._look(rows, force=False)
+
+    def reconcile(self, rows: Sequence[JobRow]) -> list[tuple[int, Change]]:
+        """The same look as poll, now, whatever the backoff."""
+        return self._look(rows, force=True)
+
+    def _look(self, rows: Sequence[JobRow], force: bool) -> list[tuple[int, Change]]:
+        tracked = [(row, _read_record(Path(row.job_dir))) for row in rows]
+        tracked = [(row, record) for row, record in tracked if record.get("slurm_id")]
+        if not tracked:
+            return []
+        queue: Optional[dict[str, QueuedJob]] = None
+        accounted: dict[str, AccountedJob] = {}
+        if force or time.monotonic() >= self._next_poll:
+            queue = self._queue()
+            missing = [r["slurm_id"] for _, r in tracked if queue is not None and r["slurm_id"] not in queue]
+            accounted = (self.slurm.accounting(missing) or {}) if missing else {}
+        changes: list[tuple[int, Change]] = []
+        for row, record in tracked:
+            try:
+                changes.extend((row.id, c) for c in self._check(row, record, queue, accounted))
+            except Exception:
+                log.exception("job %d: check failed", row.id)
+        return changes
+
+    def _queue(self) -> Optional[dict[str, QueuedJob]]:
+        """squeue's answer, or None; the next one is due after the interval, doubled while slow or failing."""
+        began = time.monotonic()
+        try:
+            queue: Optional[dict[str, QueuedJob]] = self.slurm.queue()
+        except SlurmError as exc:
+            log.warning("squeue: %s; no change assumed, asking again in %.0fs", exc, self._interval * 2)
+            queue = None
+        took = time.monotonic() - began
+        ok = queue is not None and took < SLOW_S
+        self._interval = POLL_INTERVAL_S if ok else min(MAX_BACKOFF_S, self._interval * 2)
+        self._next_poll = time.monotonic() + self._interval
+        return queue
+
+    def _check(
+        self,
+        row: JobRow,
+        record: SlurmRecord,
+        queue: Optional[dict[str, QueuedJob]],
+        accounted: dict[str, AccountedJob],
+    ) -> list[Change]:
+        """One job: Slurm's state (if this look asked), then its folder, read after Slurm's answer so that an
+        end Slurm saw is never read before the exit record the shim wrote first."""
+        slurm_id = record["slurm_id"]
+        job_dir = Path(row.job_dir)
+        listed = queue.get(slurm_id) if queue is not None else None
+        acct = accounted.get(slurm_id)
+        state = listed.state if listed else (acct.state if acct else None)
+        phase = states.phase(state) if state else None
+        exit_record = _exit_record(job_dir)
+        shim = _shim_record(job_dir)
+        cancel_requested = (job_dir / jobdir.CANCEL).exists()
+        started_at = row.started_at or (shim or {}).get("started_at")
+        if phase is not None or queue is None:
+            self._missing_since.pop(row.id, None)
+        changes: list[Change] = []
+        if row.state == JobState.QUEUED and (shim is not None or phase == "running") and exit_record is None:
+            changes.append(Started(None, None, None, None, started_at or time.time()))
+        if phase == "final":
+            slurm_exit = states.exit_code(acct.exit_code) if acct else (None, None)
+            ran = shim is not None or row.state != JobState.QUEUED
+            why = listed.reason if listed else ""
+            return [*changes, states.end_of(state, exit_record, cancel_requested, started_at, slurm_exit, ran, why)]
+        if exit_record is not None:
+            ended_at = exit_record.get("ended_at")
+            settled = not isinstance(ended_at, (int, float)) or time.time() - ended_at > SETTLE_S
+            if settled or (queue is not None and phase is None):
+                return [*changes, states.end_of(None, exit_record, cancel_requested, started_at)]
+        elif queue is not None and phase is None:  # listed by neither squeue nor sacct
+            since = self._missing_since.setdefault(row.id, time.monotonic())
+            if time.monotonic() - since > MISSING_GRACE_S:
+                return [*changes, states.end_of(None, None, cancel_requested, started_at)]
+        self._escalate(row, record)
+        return changes
+
+    def _escalate(self, row: JobRow, record: SlurmRecord) -> None:
+        """A cancelled job still running past its grace: scancel it outright (Slurm's TERM, KILL)."""
+        kill_at = record.get("kill_at")
+        if kill_at is not None and time.time() >= kill_at:
+            try:
+                self.slurm.cancel(record["slurm_id"])
+                _write_record(Path(row.job_dir), {**record, "kill_at": time.time() + KILL_AFTER_S})
+            except SlurmError as exc:
+                log.warning("job %d: scancel: %s", row.id, exc)
+
+    # -- cancelling ---------------------------------------------------------------------------------------
+
+    def cancel(self, row: JobRow, grace: float) -> Optional[Ended]:
+        """A job Slurm has not started is scancelled and ends now. A running one: cancel.json (its grace),
+        then SIGTERM to the batch script alone, i.e. tfrun's shim, which stops the job within the grace;
+        if it is still listed KILL_AFTER_S past the grace, it is scancelled outright."""
+        job_dir = Path(row.job_dir)
+        request: CancelRequest = {"grace": grace, "requested_at": time.time()}
+        jobdir.write_json(job_dir / jobdir.CANCEL, request)
+        record = _read_record(job_dir)
+        slurm_id = record.get("slurm_id")
+        if not slurm_id:
+            return Ended(JobState.CANCELLED, finished_at=time.time(), reason="cancelled before it started")
+        try:
+            if row.state == JobState.QUEUED and _shim_record(job_dir) is None:
+                self.slurm.cancel(slurm_id)
+                return Ended(JobState.CANCELLED, finished_at=time.time(), reason="cancelled before it started")
+            self.slurm.signal_batch(slurm_id, "TERM")
+            _write_record(job_dir, {**record, "kill_at": time.time() + grace + KILL_AFTER_S})
+        except SlurmError as exc:
+            log.warning("job %d: cancel: %s; scancel again at the next look", row.id, exc)
+            _write_record(job_dir, {**record, "kill_at": time.time()})
+        return None
+
+    def forget(self, job_id: int) -> None:
+        self._missing_since.pop(job_id, None)
+
+
+def _write_record(job_dir: Path, record: SlurmRecord) -> None:
+    """slurm.json, atomically (a temporary file, fsynced, renamed over)."""
+    tmp = job_dir / f".{RECORD}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(record))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, job_dir / RECORD)
+
+
+def _read_record(job_dir: Path) -> SlurmRecord:
+    try:
+        data = json.loads((job_dir / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    record: SlurmRecord = {}
+    if isinstance(data.get("slurm_id"), str):
+        record["slurm_id"] = data["slurm_id"]
+    if isinstance(data.get("error"), str):
+        record["error"] = data["error"]
+    for key in ("submitted_at", "kill_at"):
+        if isinstance(data.get(key), (int, float)):
+            record[key] = float(data[key])
+    return record
+
+
+def _exit_record(job_dir: Path) -> Optional[ExitRecord]:
+    try:
+        return jobdir.read_exit(job_dir / jobdir.EXIT)
+    except ValueError:
+        return None  # being written by another writer, or damaged: Slurm's state decides
+
+
+def _shim_record(job_dir: Path) -> Optional[ShimRecord]:
+    try:
+        return jobdir.read_shim(job_dir / jobdir.SHIM)
+    except ValueError:
+        return None

@@ -1,0 +1,230 @@
+"""The Slurm executor (issue 19, first slice): its pure parts (state mapping, sbatch's options, the [slurm]
+table), then a real tfrund with `executor = "slurm"` on the real single-node cluster (tests/slurmcluster.py):
+submit, wait and its exit code, logs, cancel, ps while pending and running, GPUs from Slurm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import Tfrun, wait_for, write_script
+from slurmcluster import SlurmCluster, slurm_fixture  # noqa: F401 (a fixture)
+
+from tfrun.constants import EXIT_LOST
+from tfrun.paths import Layout
+from tfrun.protocol.fields import JobState
+from tfrun.runner.config import Config, ConfigError
+from tfrun.runner.job import JobRow, JobSpec
+from tfrun.runner.slurm import states
+from tfrun.runner.slurm.commands import Features
+from tfrun.runner.slurm.executor import batch_script, launch_env, sbatch_args
+from tfrun.runner.slurm.settings import SlurmSettings, refused, slurm_time_limit
+
+# -- the state mapping ------------------------------------------------------------------------------------
+
+
+def test_phases_of_slurm_states() -> None:
+    assert states.phase("PENDING") == "pending" and states.phase("REQUEUED") == "pending"
+    assert states.phase("RUNNING") == "running" and states.phase("COMPLETING") == "running"
+    assert states.phase("CANCELLED by 0") == "final" and states.phase("OUT_OF_MEMORY") == "final"
+    assert states.phase("SOMETHING_NEW") == "unknown"
+
+
+def test_an_exit_record_is_exact_and_slurm_adds_what_the_shim_cannot_know() -> None:
+    record = {"exit_code": 3, "signal": None, "started_at": 1.0, "finished_at": 2.0, "cancelled": False}
+    failed = states.end_of("COMPLETED", record, cancel_requested=False)  # type: ignore[arg-type]
+    assert (failed.state, failed.exit_code) == (JobState.FAILED, 3)
+    ok = states.end_of("FAILED", {**record, "exit_code": 0}, False)  # type: ignore[arg-type]
+    assert ok.state == JobState.SUCCEEDED
+    cancelled = states.end_of("COMPLETED", {**record, "exit_code": 143, "cancelled": True}, True)  # type: ignore[arg-type]
+    assert cancelled.state == JobState.CANCELLED
+    oom = states.end_of("OUT_OF_MEMORY", {**record, "exit_code": 137}, False)  # type: ignore[arg-type]
+    assert (oom.state, oom.exit_code, oom.reason) == (JobState.FAILED, 137, "out of memory")
+    timeout = states.end_of("TIMEOUT", {**record, "exit_code": 0}, False)  # type: ignore[arg-type]
+    assert timeout.state == JobState.FAILED and timeout.exit_code == 1 and "time limit" in str(timeout.reason)
+    for lost in ("NODE_FAIL", "PREEMPTED"):
+        ended = states.end_of(lost, record, False)  # type: ignore[arg-type]
+        assert (ended.state, ended.exit_code) == (JobState.LOST, EXIT_LOST)
+
+
+def test_without_an_exit_record_slurm_is_all_there_is() -> None:
+    assert states.end_of("CANCELLED by 0", None, False).state == JobState.CANCELLED
+    assert states.end_of("COMPLETED", None, True).state == JobState.CANCELLED  # tfrun asked
+    oom = states.end_of("OUT_OF_MEMORY", None, False, slurm_exit=(None, None))
+    assert (oom.state, oom.reason) == (JobState.FAILED, "out of memory")
+    failed = states.end_of("FAILED", None, False, slurm_exit=states.exit_code("3:0"))
+    assert (failed.state, failed.exit_code) == (JobState.FAILED, 3)
+    gone = states.end_of(None, None, False)
+    assert gone.state == JobState.LOST and "no longer knows" in str(gone.reason)
+    assert states.exit_code("0:9") == (137, 9) and states.exit_code("") == (None, None)
+
+
+# -- sbatch's options, the batch script, the [slurm] table ------------------------------------------------
+
+
+def _row(tmp_path: Path, gpus: int = 0) -> JobRow:
+    spec = JobSpec(script="train.py", args=(), command=("python3", "train.py"), env={}, gpus=gpus)
+    return JobRow(
+        id=7,
+        name=None,
+        spec=spec,
+        state=JobState.QUEUED,
+        job_dir=str(tmp_path / "7"),
+        checkpoint_dir="/c",
+        created_at=0.0,
+    )
+
+
+def test_sbatch_options_put_tfruns_own_first_and_the_extras_last(tmp_path: Path) -> None:
+    settings = SlurmSettings(partition="gpu", account="ml", time="60", sbatch_options=["--qos=high"])
+    args = sbatch_args(_row(tmp_path, gpus=2), settings, grace=10.0)
+    job_dir = tmp_path / "7"
+    assert args[:6] == ["--parsable", "--job-name=tfrun-7", f"--output={job_dir}/slurm-7.out", "--open-mode=append",
+                        f"--chdir={job_dir}", "--signal=B:TERM@15"]  # fmt: skip
+    assert args[6:] == ["--gres=gpu:2", "--partition=gpu", "--account=ml", "--time=60", "--qos=high",
+                        f"{job_dir}/slurm.sh"]  # fmt: skip
+    assert not any(a.startswith("--gres") for a in sbatch_args(_row(tmp_path), SlurmSettings(), 10.0))
+    script = batch_script(job_dir)
+    assert script.startswith("#!/bin/sh\n") and f"-S -m tfrun.runner.shim --batch {job_dir}" in script
+    assert "exec " in script  # the shim is the batch script's process: scancel --batch reaches it
+
+
+def test_the_allocations_variables_are_the_allocations() -> None:
+    env = {"PATH": "/bin", "SLURM_JOB_ID": "1", "CUDA_VISIBLE_DEVICES": "0", "TFRUN_JOB_ID": "7"}
+    assert launch_env(env) == {"PATH": "/bin", "TFRUN_JOB_ID": "7"}
+
+
+def test_time_limits_are_finite() -> None:
+    assert slurm_time_limit("4:00:00") == "4:00:00" and slurm_time_limit("1-12") == "1-12"
+    assert slurm_time_limit("2h") == "120" and slurm_time_limit("90s") == "2"
+    for never in ("UNLIMITED", "infinite", "0", "0:00:00", "soon"):
+        assert slurm_time_limit(never) is None, never
+
+
+def test_extra_options_may_not_touch_tfruns_own() -> None:
+    for option in ("--output=x", "-o", "--out=x", "--job-name=a", "-Jx", "--signal=USR1@5", "--chdir=/",
+                   "--time=UNLIMITED", "-t", "--partition=a", "--gres=gpu:1", "--array=1-3", "--wrap=x"):  # fmt: skip
+        assert refused(option), option
+    for option in ("--qos=high", "--constraint=a100", "--exclusive", "--mem=8G", "--nice=10"):
+        assert refused(option) is None, option
+
+
+def test_the_slurm_table_is_checked_at_load_naming_the_line(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    text = 'executor = "slurm"\n[slurm]\npartition = "gpu"\ntime = "2h"\nsbatch_options = ["--qos=a"]\n'
+    config = Config.parse(text, layout)
+    assert config.executor == "slurm" and config.slurm == SlurmSettings("gpu", None, "120", ["--qos=a"])
+    assert Config.parse("", layout).executor == "local"
+    bad = {
+        'executor = "k8s"\n': "line 1: executor must be one of local, slurm",
+        '[slurm]\n\nsbatch_options = ["-o/x"]\n': "line 3: [slurm] sbatch_options cannot hold '-o/x'",
+        '[slurm]\ntime = "UNLIMITED"\n': "line 2: [slurm] time 'UNLIMITED' is not a time limit",
+        '[slurm]\nqueue = "x"\n': "line 2: unknown key 'queue' in [slurm]",
+    }
+    for text, expected in bad.items():
+        with pytest.raises(ConfigError, match=None) as caught:
+            Config.parse(text, layout)
+        assert expected in str(caught.value), (text, str(caught.value))
+
+
+def test_features_by_version() -> None:
+    features = Features.parse("slurm-wlm 22.05.8\n")
+    assert features.version == (22, 5, 8) and features.supported and features.gpus_flag
+    assert not Features.parse("slurm 17.02.1").supported
+
+
+# -- on the real cluster ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def on_slurm(tf: Tfrun, slurm: SlurmCluster) -> Tfrun:
+    """A tfrund (started on demand by the client) that submits to the session's cluster."""
+    tf.home.mkdir(parents=True, exist_ok=True)
+    (tf.home / "config.toml").write_text(f'executor = "slurm"\n[slurm]\npartition = "{slurm.partition}"\ntime = "10"\n')
+    tf.env["SLURM_CONF"] = slurm.env["SLURM_CONF"]
+    tf.env["PATH"] = f"{tf.env.get('PATH', '')}:{slurm.env['PATH']}"
+    return tf
+
+
+def _slurm_id(tf: Tfrun, job: int) -> str:
+    record = wait_for(lambda: json.loads((tf.job_dir(job) / "slurm.json").read_text() or "{}"), what="slurm.json")
+    return str(record["slurm_id"])
+
+
+def test_submit_wait_logs_and_exit_codes_on_slurm(on_slurm: Tfrun, slurm: SlurmCluster, project: Path) -> None:
+    tf = on_slurm
+    write_script(project, "hello.py", "import os\nprint('hello from', os.environ['SLURM_JOB_ID'], flush=True)\n")
+    write_script(project, "three.py", "import sys\nprint('failing', flush=True)\nsys.exit(3)\n")
+    ok = tf.submit(str(project / "hello.py"))
+    three = tf.submit(str(project / "three.py"))
+    assert tf.run("wait", str(ok), timeout=90).returncode == 0
+    slurm_id = _slurm_id(tf, ok)
+    assert f"hello from {slurm_id}" in tf.log(ok).decode()
+    assert tf.job(ok)["state"] == "succeeded"
+    assert tf.run("wait", str(three), timeout=90).returncode == 3
+    job = tf.job(three)
+    assert (job["state"], job["exit_code"]) == ("failed", 3) and b"failing" in tf.log(three)
+    assert (tf.job_dir(ok) / f"slurm-{ok}.out").exists()  # named by tfrun's id
+    assert slurm.wait_final(int(_slurm_id(tf, three)))[0] == "FAILED"  # the shim exits with the job's code
+
+
+def test_ps_shows_pending_then_running_and_cancel_ends_it_cancelled(
+    on_slurm: Tfrun,
+    slurm: SlurmCluster,
+    project: Path,
+    tmp_path: Path,
+) -> None:
+    tf = on_slurm
+    gate = tmp_path / "go"
+    wait = f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.1)\n"
+    write_script(project, "wait.py", wait)
+    write_script(project, "loop.py", "import time\nprint('looping', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+    # Both fake GPUs for the first job: the second waits in Slurm's queue (pending), queued in tfrun.
+    first = tf.submit("--gpus", str(slurm.gpus_per_node), str(project / "wait.py"))
+    second = tf.submit("--gpus", "1", str(project / "loop.py"))
+    wait_for(lambda: tf.job(first)["state"] == "running", timeout=60, what="the first job to run")
+    assert slurm.squeue_state(int(_slurm_id(tf, second))) == "PENDING"
+    assert tf.job(second)["state"] == "queued"
+    states_shown = {j["id"]: j["state"] for j in tf.jobs()}
+    assert states_shown[first] == "running" and states_shown[second] == "queued"
+    gate.touch()
+    assert tf.run("wait", str(first), timeout=90).returncode == 0
+    wait_for(lambda: b"looping" in tf.log(second), timeout=60, what="the second job to run")
+    wait_for(lambda: tf.job(second)["state"] == "running", timeout=30, what="running")
+    assert "CUDA_VISIBLE_DEVICES" not in json.loads((tf.job_dir(second) / "spec.json").read_text())["env"]
+    result = tf.run("cancel", "--grace", "2", str(second), timeout=60)
+    assert result.returncode == 0, result.stderr
+    job = wait_for(lambda: (j := tf.job(second))["state"] != "running" and j, timeout=30, what="the cancel")
+    assert job["state"] == "cancelled", job
+
+
+def test_a_job_slurm_cannot_run_fails_saying_why(on_slurm: Tfrun, slurm: SlurmCluster, project: Path) -> None:
+    tf = on_slurm
+    write_script(project, "never.py", "print('never')\n")
+    job = tf.submit("--gpus", str(slurm.gpus_per_node + 1), str(project / "never.py"))  # more than the node has
+    assert tf.run("wait", str(job), timeout=60).returncode != 0
+    ended = tf.job(job)
+    assert ended["state"] == "failed" and "Slurm could not run it: FAILED" in ended["reason"], ended
+
+
+def test_cancel_of_a_pending_job_ends_it_at_once(
+    on_slurm: Tfrun, slurm: SlurmCluster, project: Path, tmp_path: Path
+) -> None:
+    tf = on_slurm
+    gate = tmp_path / "go"
+    write_script(
+        project, "hold.py", f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.1)\n"
+    )
+    write_script(project, "never.py", "print('never')\n")
+    holder = tf.submit("--gpus", str(slurm.gpus_per_node), str(project / "hold.py"))
+    job = tf.submit("--gpus", "1", str(project / "never.py"))
+    slurm_id = int(_slurm_id(tf, job))
+    wait_for(lambda: slurm.squeue_state(slurm_id) == "PENDING", timeout=30, what="pending")
+    assert tf.run("cancel", str(job), timeout=30).returncode == 0
+    ended = tf.job(job)
+    assert ended["state"] == "cancelled" and ended["reason"] == "cancelled before it started", ended
+    wait_for(lambda: slurm.squeue_state(slurm_id) in (None, "CANCELLED"), timeout=30, what="scancel")
+    gate.touch()
+    assert tf.run("wait", str(holder), timeout=60).returncode == 0
+    assert tf.log(job) == b""
