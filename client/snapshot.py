@@ -117,7 +117,8 @@ def scan(root: Path, local: bool) -> Snapshot:
     snapshot = Snapshot(root)
     real_root = root.resolve()
     try:
-        _walk(str(root), "", _parent_ignores(root).below(str(root)), snapshot, real_root, local)
+        walk = _Walk(snapshot, real_root, local, _daemon_home())
+        walk.folder(str(root), "", _parent_ignores(root).below(str(root)))
     except OSError as exc:
         raise TfrunError(f"cannot read {exc.filename or root}: {exc.strerror or exc}", EXIT_USAGE) from None
     if any((folder / ".git").exists() for folder in (root, *root.parents)):  # no git process outside git
@@ -125,35 +126,67 @@ def scan(root: Path, local: bool) -> Snapshot:
     return snapshot
 
 
-def _walk(folder: str, prefix: str, ignores: _Ignores, snapshot: Snapshot, real_root: Path, local: bool) -> None:
-    """Add `folder` (whose entries are named `prefix` + name in the snapshot) and everything below it."""
-    with os.scandir(folder) as it:
-        children = sorted(it, key=lambda e: e.name)
-    for child in children:
-        st = child.stat(follow_symlinks=False)
-        is_dir = stat.S_ISDIR(st.st_mode)
-        if (is_dir and child.name in SKIPPED_DIRS) or ignores.ignored(child.path, is_dir):
-            continue
-        relative = prefix + child.name
-        if _unsendable(relative):
-            snapshot.skipped.append(relative)
-            continue
-        if is_dir:
-            snapshot.entries.append(FileEntry(relative, "dir", mode=stat.S_IMODE(st.st_mode)))
-            _walk(child.path, relative + "/", ignores.below(child.path), snapshot, real_root, local)
-        elif stat.S_ISLNK(st.st_mode):
-            target = _link_target(Path(child.path), real_root, local)
-            snapshot.entries.append(FileEntry(relative, "symlink", target=target))
-        elif stat.S_ISREG(st.st_mode):
-            snapshot.paths[relative] = child.path
-            snapshot.entries.append(FileEntry(relative, "file", mode=stat.S_IMODE(st.st_mode), size=st.st_size))
-        else:
-            snapshot.skipped.append(relative)  # FIFOs, sockets, devices: reading one could block forever
+class _Walk:
+    """One scan's walk: what it adds to, and what it never enters (the local daemon's home: a work dir that holds
+    TFRUN_HOME would send tfrun's own database and logs, written to while they are read)."""
+
+    def __init__(self, snapshot: Snapshot, real_root: Path, local: bool, home: Optional[tuple[int, int]]) -> None:
+        self.snapshot = snapshot
+        self.real_root = real_root
+        self.local = local
+        self.home = home
+
+    def folder(self, folder: str, prefix: str, ignores: _Ignores) -> None:
+        """Add `folder` (whose entries are named `prefix` + name in the snapshot) and everything below it."""
+        snapshot = self.snapshot
+        with os.scandir(folder) as it:
+            children = sorted(it, key=lambda e: e.name)
+        for child in children:
+            st = child.stat(follow_symlinks=False)
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if (is_dir and child.name in SKIPPED_DIRS) or ignores.ignored(child.path, is_dir):
+                continue
+            if is_dir and (st.st_dev, st.st_ino) == self.home:
+                continue
+            relative = prefix + child.name
+            if _unsendable(relative):
+                snapshot.skipped.append(relative)
+                continue
+            if is_dir:
+                snapshot.entries.append(FileEntry(relative, "dir", mode=stat.S_IMODE(st.st_mode)))
+                self.folder(child.path, relative + "/", ignores.below(child.path))
+            elif stat.S_ISLNK(st.st_mode):
+                target = _link_target(Path(child.path), self.real_root, self.local)
+                snapshot.entries.append(FileEntry(relative, "symlink", target=target))
+            elif stat.S_ISREG(st.st_mode):
+                snapshot.paths[relative] = child.path
+                snapshot.entries.append(FileEntry(relative, "file", mode=stat.S_IMODE(st.st_mode), size=st.st_size))
+            else:
+                snapshot.skipped.append(relative)  # FIFOs, sockets, devices: reading one could block forever
+
+
+def _daemon_home() -> Optional[tuple[int, int]]:
+    """The local TFRUN_HOME's (device, inode), if it exists: the folder a snapshot never enters."""
+    from tfrun.paths import Layout
+
+    try:
+        info = os.stat(Layout.from_env().home)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _unsendable(relative: str) -> bool:
     """A name the snapshot skips: one with a newline cannot be sent (NUL cannot be in a name at all)."""
     return "\n" in relative or "\0" in relative
+
+
+def _same_folder(path: str, home: Optional[tuple[int, int]]) -> bool:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return (info.st_dev, info.st_ino) == home
 
 
 def why_not_sent(root: Path, relative: str) -> str:
@@ -166,6 +199,8 @@ def why_not_sent(root: Path, relative: str) -> str:
         path, is_dir = os.path.join(folder, part), depth < len(parts)
         if is_dir and part in SKIPPED_DIRS:
             return f"{relative}: it is inside {part}/, which is never sent"
+        if is_dir and _same_folder(path, _daemon_home()):
+            return f"{relative}: it is inside {part}/, tfrun's own home (TFRUN_HOME), which is never sent"
         ignore_file = ignores.ignored_by(path, is_dir)
         if ignore_file is not None:
             return f"{relative} is ignored by {ignore_file}, so it would not be sent"

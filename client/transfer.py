@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import sys
 import time
@@ -79,7 +80,7 @@ async def upload(
         nonlocal frames
         sent = 0
         for batch in _packs(small, sizes):
-            contents = [_read(snapshot, digest) for digest in batch]
+            contents = [_checked(snapshot, digest, _read(snapshot, digest)) for digest in batch]
             data = b"".join(contents)
             await channel.send(PutBlobs(batch, [len(c) for c in contents], data))
             frames += 1
@@ -88,9 +89,13 @@ async def upload(
         for digest in large:
             with open(_source(snapshot, digest), "rb") as f:
                 offset = 0
+                hashing = hashlib.sha256()
                 while True:
                     data = f.read(FILE_CHUNK_BYTES)
                     last = len(data) < FILE_CHUNK_BYTES
+                    hashing.update(data)
+                    if last and hashing.hexdigest() != digest:
+                        raise _changed(snapshot, digest)
                     await channel.send(PutBlob(digest, offset, last, data))
                     offset += len(data)
                     sent += len(data)
@@ -136,6 +141,22 @@ def _source(snapshot: Snapshot, digest: str) -> str:
 def _read(snapshot: Snapshot, digest: str) -> bytes:
     with open(_source(snapshot, digest), "rb") as f:
         return f.read()
+
+
+def _checked(snapshot: Snapshot, digest: str, content: bytes) -> bytes:
+    """`content`, if it is still what the snapshot named: a file written to while a submit sends it (a log in
+    the work dir, a daemon's own files) would otherwise be refused by the daemon as bytes of an unknown file."""
+    if hashlib.sha256(content).hexdigest() != digest:
+        raise _changed(snapshot, digest)
+    return content
+
+
+def _changed(snapshot: Snapshot, digest: str) -> TfrunError:
+    """The one line for a file whose content changed between the snapshot and its upload."""
+    path = next((rel for rel, local in snapshot.paths.items() if local == snapshot.sources.get(digest)), digest[:12])
+    return TfrunError(
+        f"{path} changed while it was being sent; submit again, or leave it out with a .tfrunignore line", EXIT_USAGE
+    )
 
 
 async def pull(channel: Channel, job: str, paths: list[str], dest: Path) -> tuple[int, int]:

@@ -249,3 +249,49 @@ def test_a_resubmit_patches_the_spare_copy_and_every_job_still_gets_its_own(tf: 
     assert unchanged.stat().st_mtime < made, "the unchanged files came from the spare, not from a fresh copy"
     assert (tf.job_dir(first) / "work" / "pkg0" / "mod0.py").read_text().count("the job wrote this") == 1
     assert (tf.job_dir(first) / "work" / "gone" / "inner.txt").read_text() == "inner", "job 1 kept its own copy"
+
+
+def test_a_work_dir_that_holds_tfrun_home_does_not_send_it(tmp_path: Path) -> None:
+    """Submitting a script from a folder that holds the daemon's own home (`~/train.py` with TFRUN_HOME under
+    ~) sent tfrun's database and logs, which the daemon writes while they are read: the submit failed with
+    "content of 1e6a34cdd7ff does not match its digest". The snapshot never enters TFRUN_HOME."""
+    work = tmp_path / "work"
+    work.mkdir()
+    tf = Tfrun(work / "tfrun-home", client_home=tmp_path / "client-home")
+    try:
+        write_script(work, "run.py", "import os; print(sorted(os.listdir('.')))\n")
+        (work / "data.txt").write_text("kept\n")
+        job = tf.submit(str(work / "run.py"))
+        tf.ok("wait", str(job))
+        assert tf.log(job).decode().strip() == "['data.txt', 'run.py']"
+    finally:
+        tf.cleanup()
+
+
+@pytest.mark.parametrize("size", [100, 600 << 10], ids=["packed", "chunked"])
+def test_a_file_that_changes_while_it_is_sent_is_named_in_one_line(tf: Tfrun, project: Path, size: int) -> None:
+    """A file written to between the snapshot and its upload (a log in the work dir) is named, with what to
+    do, instead of the daemon's refusal of bytes that do not match their digest; nothing is submitted."""
+    from tfrun.client.errors import TfrunError
+    from tfrun.client.snapshot import scan
+    from tfrun.client.transfer import upload
+
+    tf.daemon("start")
+    (project / "grow.log").write_bytes(b"x" * size)
+    snapshot = scan(project, local=True)
+    snapshot.hash(lambda n: None)
+    (project / "grow.log").write_bytes(b"y" * size)  # the same size, other bytes: only the content tells
+
+    async def send() -> str:
+        channel = await Channel.connect_unix(str(Layout(tf.home).socket))
+        try:
+            await upload(channel, snapshot)
+        except TfrunError as exc:
+            return exc.message
+        finally:
+            channel.close()
+        return "sent"
+
+    message = asyncio.run(send())
+    assert message == "grow.log changed while it was being sent; submit again, or leave it out with a .tfrunignore line"
+    assert json.loads(tf.ok("ps", "-a", "--json")) == []
