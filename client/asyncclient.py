@@ -213,6 +213,9 @@ class AsyncClient:
         after: Sequence[Ref] = (),
         max_restarts: int = 0,
         tty: bool = False,
+        partition: Optional[str] = None,
+        time: Optional[str] = None,
+        nodes: Optional[int] = None,
         alerts: Sequence[str] = (),
         no_alerts: Sequence[str] = (),
         notify: Sequence[str] = (),
@@ -248,6 +251,9 @@ class AsyncClient:
             priority=priority,
             after=[str(job) for job in after],
             tty=tty,
+            partition=partition,
+            time=time,
+            nodes=nodes,
             submission_id=uuid.uuid4().hex,  # the same in every retry: a daemon that took it once returns that job
         )
         with self._where():  # a job named by `after` that does not exist

@@ -102,7 +102,7 @@ class Executor(Protocol):
     def reconcile(self, rows: Sequence[JobRow]) -> list[tuple[int, Change]]:
         """At daemon start: `poll`, for jobs that may have changed while no daemon watched them."""
 
-    def cancel(self, row: JobRow, grace: float) -> Optional[Ended]:
+    async def cancel(self, row: JobRow, grace: float) -> Optional[Ended]:
         """Ask the job to stop, killed after `grace`; its end if it never started (it ends now), else None."""
 
     def failed_to_start(self, row: JobRow) -> Optional[str]:
@@ -263,7 +263,7 @@ class LocalExecutor:
 
     # -- cancelling, resources ----------------------------------------------------------------------------
 
-    def cancel(self, row: JobRow, grace: float) -> Optional[Ended]:
+    async def cancel(self, row: JobRow, grace: float) -> Optional[Ended]:
         """SIGTERM the job through its shim, which SIGKILLs it after `grace`."""
         job_dir = Path(row.job_dir)
         request: CancelRequest = {"grace": grace, "requested_at": time.time()}

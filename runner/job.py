@@ -41,9 +41,13 @@ class JobSpec:
     after: tuple[int, ...] = ()  # ids of the jobs that must succeed before it starts
     tty: bool = False  # runs in a tmux session (`tfrun attach`)
     restart_of: Optional[int] = None  # the job it runs again
+    partition: Optional[str] = None  # Slurm: sbatch --partition (None: the [slurm] table's)
+    time_limit: Optional[str] = None  # Slurm: sbatch --time, in Slurm's form (None: the [slurm] table's)
+    nodes: Optional[int] = None  # Slurm: sbatch --nodes (1 for now)
 
     def to_json(self) -> str:
-        """The spec as stored: the keys in the order tfrund always wrote them, `restart_of` only where set."""
+        """The spec as stored: the keys in the order tfrund always wrote them, `restart_of` and the Slurm
+        options only where set."""
         data: dict[str, Any] = {
             "source": self.source,
             "script": self.script,
@@ -62,6 +66,9 @@ class JobSpec:
         }
         if self.restart_of is not None:
             data["restart_of"] = self.restart_of
+        for key in ("partition", "time_limit", "nodes"):  # only where set: older tfrunds read the rest as always
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
         return json.dumps(data)
 
     def rerun(self, of: int, max_restarts: Optional[int] = None) -> JobSpec:

@@ -166,7 +166,7 @@ class Supervisor:
         row = self.store.get(row.id) or row
         if row.final:
             return row
-        ended = self.executor.cancel(row, grace)
+        ended = await self.executor.cancel(row, grace)
         if ended is not None:  # it never started
             self._end(row, ended)
         return await self.wait_final(row.id)

@@ -230,13 +230,14 @@ LogLevel ERROR
                 "-o", f"UserKnownHostsFile={known_hosts}", f"root@{self.address}"]  # fmt: skip
 
     def sessions(self) -> set[int]:
-        """The sshd's per-connection processes (its children): one for each SSH connection it holds."""
+        """The sshd's live per-connection processes (its children, zombies left out): one for each SSH
+        connection it holds."""
         found = set()
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     stat = Path(f"/proc/{entry}/stat").read_text()
-                    if int(stat[stat.rfind(")") + 2 :].split()[1]) == self.proc.pid:
+                    if int(stat[stat.rfind(")") + 2 :].split()[1]) == self.proc.pid and alive(int(entry)):
                         found.add(int(entry))
         return found
 

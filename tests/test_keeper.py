@@ -52,19 +52,6 @@ class Boxes:
             wait_for(lambda: not alive(pid), what="a keeper to die")  # noqa: B023
 
 
-def sshd_sessions(sshd: Sshd) -> list[int]:
-    """The per-connection processes of a test sshd (its children)."""
-    children = []
-    for entry in os.listdir("/proc"):
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
-        except OSError:
-            continue
-        if stat and int(stat[stat.rfind(")") + 2 :].split()[1]) == sshd.proc.pid and alive(int(entry)):
-            children.append(int(entry))
-    return children
-
-
 @pytest.fixture(scope="module")
 def boxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boxes]:
     if not Path("/usr/sbin/sshd").exists():
@@ -119,7 +106,7 @@ def test_a_dropped_connection_is_made_again_alone(boxes: Boxes) -> None:
     assert "3 of 3 hosts" in boxes.listed()[0]
     before = set(keepers_of(boxes.client))
     held = {name: boxes.held(name) for name in BOXES}
-    for pid in sshd_sessions(boxes.sshd["box2"]):
+    for pid in sorted(boxes.sshd["box2"].sessions()):
         os.kill(pid, signal.SIGKILL)
     wait_for(lambda: len(list(boxes.sockets.glob("*.sock"))) == 2, what="box2's keeper to let go of its socket")
     assert set(keepers_of(boxes.client)) == before, "the process goes on serving the other boxes"

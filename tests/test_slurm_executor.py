@@ -5,6 +5,9 @@ submit, wait and its exit code, logs, cancel, ps while pending and running, GPUs
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ from tfrun.runner.job import JobRow, JobSpec
 from tfrun.runner.slurm import states
 from tfrun.runner.slurm.commands import Features
 from tfrun.runner.slurm.executor import batch_script, launch_env, sbatch_args
-from tfrun.runner.slurm.settings import SlurmSettings, refused, slurm_time_limit
+from tfrun.runner.slurm.settings import SettingsError, SlurmSettings, job_options, nice, refused, slurm_time_limit
 
 # -- the state mapping ------------------------------------------------------------------------------------
 
@@ -63,8 +66,8 @@ def test_without_an_exit_record_slurm_is_all_there_is() -> None:
 # -- sbatch's options, the batch script, the [slurm] table ------------------------------------------------
 
 
-def _row(tmp_path: Path, gpus: int = 0) -> JobRow:
-    spec = JobSpec(script="train.py", args=(), command=("python3", "train.py"), env={}, gpus=gpus)
+def _row(tmp_path: Path, gpus: int = 0, **options: object) -> JobRow:
+    spec = JobSpec(script="train.py", args=(), command=("python3", "train.py"), env={}, gpus=gpus, **options)  # type: ignore[arg-type]
     return JobRow(
         id=7,
         name=None,
@@ -88,6 +91,25 @@ def test_sbatch_options_put_tfruns_own_first_and_the_extras_last(tmp_path: Path)
     script = batch_script(job_dir)
     assert script.startswith("#!/bin/sh\n") and f"-S -m tfrun.runner.shim --batch {job_dir}" in script
     assert "exec " in script  # the shim is the batch script's process: scancel --batch reaches it
+
+
+def test_a_jobs_own_slurm_options_win_over_the_configs(tmp_path: Path) -> None:
+    settings = SlurmSettings(partition="gpu", time="60")
+    row = _row(tmp_path, partition="debug", time_limit="5", nodes=1, priority=-7)
+    args = sbatch_args(row, settings, grace=10.0)
+    assert args[6:-1] == ["--nodes=1", "--nice=7", "--partition=debug", "--time=5"]
+    assert not any(a.startswith("--nice") for a in sbatch_args(_row(tmp_path, priority=5), settings, 10.0))
+    assert nice(-3) == 3 and nice(0) is None and nice(4) is None  # a negative nice needs a Slurm operator
+    assert job_options("debug", "2h", 1) == ("debug", "120") and job_options(None, None, None) == (None, None)
+    for bad in (
+        ("a b", None, None),
+        ("-x", None, None),
+        (None, "UNLIMITED", None),
+        (None, "soon", None),
+        (None, None, 2),
+    ):
+        with pytest.raises(SettingsError):
+            job_options(*bad)  # type: ignore[arg-type]
 
 
 def test_the_allocations_variables_are_the_allocations() -> None:
@@ -228,3 +250,55 @@ def test_cancel_of_a_pending_job_ends_it_at_once(
     gate.touch()
     assert tf.run("wait", str(holder), timeout=60).returncode == 0
     assert tf.log(job) == b""
+
+
+def test_ps_answers_while_squeue_hangs(on_slurm: Tfrun, slurm: SlurmCluster, project: Path, tmp_path: Path) -> None:
+    """squeue runs off the event loop: a hung one (a fake squeue that sleeps first) never stalls the daemon."""
+    tf = on_slurm
+    fake, hang, hung = tmp_path / "fakebin", tmp_path / "hang", tmp_path / "hung"
+    fake.mkdir()
+    real = shutil.which("squeue", path=slurm.env["PATH"])
+    (fake / "squeue").write_text(f'#!/bin/sh\nif [ -e {hang} ]; then touch {hung}; sleep 8; fi\nexec {real} "$@"\n')
+    (fake / "squeue").chmod(0o755)
+    tf.env["PATH"] = f"{fake}:{tf.env['PATH']}"
+    write_script(project, "loop.py", "import time\nprint('looping', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+    job = tf.submit("--gpus", "0", str(project / "loop.py"))
+    wait_for(lambda: tf.job(job)["state"] == "running", timeout=60, what="running")
+    hang.touch()
+    wait_for(hung.exists, timeout=30, what="a hung squeue")
+    for _ in range(2):
+        began = time.monotonic()
+        result = tf.run("ps", timeout=30)
+        assert result.returncode == 0 and time.monotonic() - began < 2.5, (time.monotonic() - began, result)
+        assert tf.job(job)["state"] == "running"  # no answer is no change
+    os.unlink(hang)
+    assert tf.run("cancel", "--grace", "1", str(job), timeout=60).returncode == 0
+
+
+def test_partition_and_time_reach_sbatch(on_slurm: Tfrun, slurm: SlurmCluster, project: Path) -> None:
+    tf = on_slurm
+    write_script(project, "hello.py", "print('hello')\n")
+    job = tf.submit("--partition", slurm.partition, "--time", "5", "--gpus", "0", str(project / "hello.py"))
+    assert tf.run("wait", str(job), timeout=90).returncode == 0
+    slurm_id = _slurm_id(tf, job)
+    fields = f"sacct -X -n -P -j {slurm_id} --format=Partition,Timelimit"
+    shown = wait_for(lambda: (out := slurm.ok(fields).strip()).strip("|") and out, timeout=30, what="sacct's record")
+    assert shown == f"{slurm.partition}|00:05:00", shown
+    bad = tf.submit("--partition", "nosuchpartition", "--gpus", "0", str(project / "hello.py"))
+    assert tf.run("wait", str(bad), timeout=60).returncode != 0
+    ended = tf.job(bad)
+    assert ended["state"] == "failed" and "Invalid partition name" in ended["reason"], ended
+    refused_nodes = tf.run("submit", "--nodes", "2", str(project / "hello.py"))
+    assert refused_nodes.returncode != 0 and "only 1 node" in refused_nodes.stderr
+    assert len(refused_nodes.stderr.strip().splitlines()) == 1, refused_nodes.stderr
+    refused_time = tf.run("submit", "--time", "UNLIMITED", str(project / "hello.py"))
+    assert refused_time.returncode != 0 and "not a time limit" in refused_time.stderr
+
+
+def test_slurm_options_are_refused_on_a_local_daemon(tf: Tfrun, project: Path) -> None:
+    write_script(project, "hello.py", "print('hello')\n")
+    for option in (["--partition", "x"], ["--time", "5"]):
+        result = tf.run("submit", *option, str(project / "hello.py"))
+        assert result.returncode != 0 and "only on a Slurm host" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert tf.jobs() == []

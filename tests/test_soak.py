@@ -19,7 +19,6 @@ from conftest import (
     TFRUN,
     Sshd,
     Tfrun,
-    alive,
     keepers_of,
     kill_and_await_successor,
     open_fds,
@@ -128,19 +127,6 @@ def test_twenty_daemon_kills_lose_no_job_no_byte_and_no_exit_code(tf: Tfrun, pro
     print(f"soak: {KILLS} daemon kills in {time.monotonic() - started:.1f}s")
 
 
-def _sshd_sessions(sshd: Sshd) -> list[int]:
-    """The per-connection processes of the test sshd (its children)."""
-    children = []
-    for entry in os.listdir("/proc"):
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
-        except OSError:
-            continue
-        if stat and int(stat[stat.rfind(")") + 2 :].split()[1]) == sshd.proc.pid and alive(int(entry)):
-            children.append(int(entry))
-    return children
-
-
 def _client_sockets(pid: int, own: set[str]) -> set[str]:
     return {target for target in open_fds(pid) if target.startswith("socket:")} - own
 
@@ -161,7 +147,7 @@ def test_twenty_ssh_sessions_cut_lose_no_byte_and_no_exit_code(
     for cut in range(KILLS):
         wait_for(lambda: len(_client_sockets(daemon, own)) >= _live_clients(jobs), what="the clients to connect")
         cut_off = _client_sockets(daemon, own)
-        victims = keepers_of(tf) if cut % 2 == 0 else _sshd_sessions(sshd)
+        victims = keepers_of(tf) if cut % 2 == 0 else sorted(sshd.sessions())
         assert victims, "the clients reach the box through a keeper and an sshd session"
         for pid in victims:
             os.kill(pid, signal.SIGKILL)

@@ -123,7 +123,7 @@ def test_a_follower_whose_connection_is_cut_by_the_server_resumes_without_gap(
     job_id = box.submit(str(project / "job.py"))
     follower = subprocess.Popen([*TFRUN, "logs", "-f", str(job_id)], env=box.env, stdout=-1, stderr=-1)
     wait_for(lambda: b"before 299" in box.log(job_id), what="output")
-    sessions = _sshd_sessions(sshd)
+    sessions = sorted(sshd.sessions())
     assert sessions, "the follower holds an SSH session"
     for pid in sessions:
         os.kill(pid, signal.SIGKILL)
@@ -131,20 +131,6 @@ def test_a_follower_whose_connection_is_cut_by_the_server_resumes_without_gap(
     out, err = follower.communicate(timeout=120)
     assert follower.returncode == 0, err
     assert out == (box.job_dir(job_id) / "output.log").read_bytes()
-
-
-def _sshd_sessions(sshd: Sshd) -> list[int]:
-    """The per-connection processes of the test sshd (its children)."""
-    children = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rfind(")") + 2 :].split()[1]) == sshd.proc.pid and alive(int(entry)):
-                children.append(int(entry))
-    return children
 
 
 def _set_host(tf: Tfrun, **changes: str) -> None:

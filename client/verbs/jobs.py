@@ -64,11 +64,18 @@ def _snapshot_notes(snap: Snapshot) -> None:
               "it waits until N are free. Default: the daemon's default_gpus, else 1 if the box has GPUs.")  # fmt: skip
 @click.option("--priority", type=click.IntRange(-MAX_PRIORITY, MAX_PRIORITY), default=0, metavar="P",
               help="Among waiting jobs, higher P starts first (default 0); equal ones start in the order they "
-              "were submitted.")  # fmt: skip
+              "were submitted. On Slurm, a negative P is sbatch --nice=-P (a negative nice needs a Slurm "
+              "operator, so P >= 0 is nice 0).")  # fmt: skip
 @click.option("--after", "after", multiple=True, metavar="JOB[,JOB...]", help="Start only once these jobs have "
               "succeeded; if one fails, is cancelled or lost, this job fails without starting.")  # fmt: skip
 @click.option("--tty", is_flag=True, help="Run it in a tmux session on the box that `tfrun attach JOB` opens (for "
               "breakpoint() or input()); its output still goes to its log.")  # fmt: skip
+@click.option("--partition", metavar="P", help="Slurm hosts only: the partition to submit to (sbatch --partition; "
+              "default: the host's [slurm] partition, else the cluster's default).")  # fmt: skip
+@click.option("--time", "time_limit", metavar="T", help="Slurm hosts only: the job's time limit in Slurm's forms "
+              "(60, 4:00:00, 1-12) or 2h (sbatch --time; default: the host's [slurm] time)")  # fmt: skip
+@click.option("--nodes", type=click.IntRange(min=1), metavar="N", help="Slurm hosts only: nodes for the job "
+              "(sbatch --nodes); only 1 for now, until multi-node TF_CONFIG exists.")  # fmt: skip
 @click.option("--alert", "alerts", multiple=True, metavar="RULE[=VALUE][,...]", help="Turn on or tune alert rules "
               "for this job: oom, spike[=FACTOR], stall[=TIME], failed, done, lost (e.g. --alert stall=10m); all "
               "are on unless the daemon's config says otherwise.")  # fmt: skip
@@ -98,6 +105,9 @@ def submit(
     priority: int,
     after: tuple[str, ...],
     tty: bool,
+    partition: Optional[str],
+    time_limit: Optional[str],
+    nodes: Optional[int],
     alerts: tuple[str, ...],
     no_alerts: tuple[str, ...],
     notify: tuple[str, ...],
@@ -147,6 +157,8 @@ def submit(
 
     if name is not None and validate_name(name):
         raise click.BadParameter(str(validate_name(name)), param_hint="--name")
+    if nodes is not None and nodes > 1:
+        raise click.UsageError("--nodes: only 1 node for now (multi-node TF_CONFIG is not supported yet)")
     env = cli.parse_env(env_pairs)
     args = _script_args(script, args)
     pool = cli.pool()
@@ -179,6 +191,9 @@ def submit(
             priority=priority,
             after=_split(after),
             tty=tty,
+            partition=partition,
+            time=time_limit,
+            nodes=nodes,
             on_snapshot=_snapshot_notes,
             confirm=UploadQuestion(config.confirm_upload_bytes(config.load()), yes, where),
         )

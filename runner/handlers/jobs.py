@@ -37,6 +37,8 @@ from tfrun.runner.metrics import LogMetrics
 from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.outbox import diagnose, masked, usable
 from tfrun.runner.scheduler import SnapshotError, snapshot_files
+from tfrun.runner.slurm import settings as slurm_settings
+from tfrun.runner.slurm.executor import SlurmExecutor
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -77,6 +79,7 @@ async def _new_job(daemon: Daemon, req: Submit, sid: Optional[str] = None) -> Jo
     script = _check_submit(daemon, req)
     command = _command(daemon, req, script)
     gpus, after = _resources(daemon, req)  # checked after the command, as they always were
+    partition, time_limit = _slurm_options(daemon, req)
     spec = JobSpec(
         source=req.source,
         script=str(script),
@@ -92,6 +95,9 @@ async def _new_job(daemon: Daemon, req: Submit, sid: Optional[str] = None) -> Jo
         priority=req.priority,
         after=after,
         tty=req.tty,
+        partition=partition,
+        time_limit=time_limit,
+        nodes=req.nodes,
     )
     alert_rules = _alert_rules(daemon, req)
     with daemon.store.transaction():
@@ -123,6 +129,18 @@ def _resources(daemon: Daemon, req: Submit) -> tuple[int, tuple[int, ...]]:
     if req.tty and shutil.which("tmux") is None:
         raise invalid("--tty needs tmux on the box (apt-get install tmux)")
     return gpus, tuple(after)
+
+
+def _slurm_options(daemon: Daemon, req: Submit) -> tuple[Optional[str], Optional[str]]:
+    """The job's --partition and --time (as sbatch takes it), checked; refused on a box that is no Slurm host."""
+    given = [flag for flag, value in (("--partition", req.partition), ("--time", req.time), ("--nodes", req.nodes))
+             if value is not None]  # fmt: skip
+    if given and not isinstance(daemon.executor, SlurmExecutor):
+        raise invalid(f"{', '.join(given)}: only on a Slurm host (this daemon runs jobs itself)")
+    try:
+        return slurm_settings.job_options(req.partition, req.time, req.nodes)
+    except slurm_settings.SettingsError as exc:
+        raise invalid(str(exc)) from None
 
 
 def _alert_rules(daemon: Daemon, req: Submit) -> dict[str, Optional[float]]:

@@ -12,8 +12,10 @@ atomically before launch returns; or why sbatch refused the job), `slurm-ID.out`
 output, named by tfrun's id: Slurm's ids restart when its state is wiped).
 
 What a job did is learnt from its folder (shim.json: it runs; exit.json: how it ended, exactly) and from
-Slurm (one `squeue` for all jobs, at most every POLL_INTERVAL_S and backing off when it is slow or fails;
-`sacct` for those squeue no longer lists). A failed answer is no change; a job absent from both is lost
+Slurm (one `squeue` for all jobs, at most every snapshot.POLL_INTERVAL_S and backing off when it is slow or fails;
+`sacct` for those squeue no longer lists), asked in a thread of its own (runner/slurm/snapshot.py): `poll`
+answers from the latest answer at once, and `cancel` runs scancel in a worker thread, so a slurmctld that
+hangs never stalls the daemon. A failed or missing answer is no change; a job absent from both is lost
 only after MISSING_GRACE_S of answers without it.
 """
 
@@ -37,7 +39,8 @@ from tfrun.runner.executor import Change, Ended, Started
 from tfrun.runner.job import JobRow
 from tfrun.runner.slurm import states
 from tfrun.runner.slurm.commands import AccountedJob, QueuedJob, Slurm, SlurmError
-from tfrun.runner.slurm.settings import SlurmSettings
+from tfrun.runner.slurm.settings import SlurmSettings, nice
+from tfrun.runner.slurm.snapshot import Watcher, in_thread
 
 if TYPE_CHECKING:
     from tfrun.runner.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
@@ -46,9 +49,6 @@ log = logging.getLogger("tfrund")
 
 RECORD = "slurm.json"
 SCRIPT = "slurm.sh"
-POLL_INTERVAL_S = 1.0  # squeue at most this often (the monitor looks every 0.2 s)
-MAX_BACKOFF_S = 30.0
-SLOW_S = 2.0  # an squeue slower than this doubles the interval
 MISSING_GRACE_S = 60.0
 SETTLE_S = 10.0  # an exit record this old ends the job even if Slurm has not said it ended
 KILL_AFTER_S = 10.0  # past the grace, a cancelled job still listed is scancelled outright
@@ -67,8 +67,9 @@ class SlurmRecord(TypedDict, total=False):
 
 
 def sbatch_args(row: JobRow, settings: SlurmSettings, grace: float) -> list[str]:
-    """sbatch's options for a job: tfrun's own first, the config's extras (checked at load never to touch
-    them) last, the batch script after them."""
+    """sbatch's options for a job: tfrun's own first (the job's --partition and --time over the config's;
+    its --priority as --nice, see settings.nice), the config's extras (checked at load never to touch them)
+    last, the batch script after them."""
     job_dir = Path(row.job_dir)
     args = [
         "--parsable",
@@ -78,9 +79,16 @@ def sbatch_args(row: JobRow, settings: SlurmSettings, grace: float) -> list[str]
         f"--chdir={job_dir}",
         f"--signal=B:TERM@{int(grace + 0.999) + SIGNAL_MARGIN_S}",
     ]
-    if row.spec.gpus:
-        args.append(f"--gres=gpu:{row.spec.gpus}")
-    for flag, value in (("partition", settings.partition), ("account", settings.account), ("time", settings.time)):
+    spec = row.spec
+    if spec.gpus:
+        args.append(f"--gres=gpu:{spec.gpus}")
+    if spec.nodes:
+        args.append(f"--nodes={spec.nodes}")
+    niceness = nice(spec.priority)
+    if niceness is not None:
+        args.append(f"--nice={niceness}")
+    partition, time_limit = spec.partition or settings.partition, spec.time_limit or settings.time
+    for flag, value in (("partition", partition), ("account", settings.account), ("time", time_limit)):
         if value:
             args.append(f"--{flag}={value}")
     return [*args, *settings.sbatch_options, str(job_dir / SCRIPT)]
@@ -108,8 +116,7 @@ class SlurmExecutor:
     def __init__(self, settings: Callable[[], SlurmSettings], slurm: Optional[Slurm] = None) -> None:
         self.settings = settings  # the config's as it is now: a reload applies to jobs launched after it
         self.slurm = slurm or Slurm()
-        self._next_poll = 0.0
-        self._interval = POLL_INTERVAL_S
+        self.watcher = Watcher(self.slurm)  # squeue and sacct, in a thread of their own
         self._missing_since: dict[int, float] = {}
 
     # -- handing jobs over --------------------------------------------------------------------------------
@@ -202,12 +209,10 @@ class SlurmExecutor:
         tracked = [(row, record) for row, record in tracked if record.get("slurm_id")]
         if not tracked:
             return []
-        queue: Optional[dict[str, QueuedJob]] = None
-        accounted: dict[str, AccountedJob] = {}
-        if force or time.monotonic() >= self._next_poll:
-            queue = self._queue()
-            missing = [r["slurm_id"] for _, r in tracked if queue is not None and r["slurm_id"] not in queue]
-            accounted = (self.slurm.accounting(missing) or {}) if missing else {}
+        ids = [record["slurm_id"] for _, record in tracked]
+        snapshot = self.watcher.now(ids) if force else self.watcher.take(ids)
+        queue = snapshot.queue if snapshot is not None else None
+        accounted = snapshot.accounted if snapshot is not None else {}
         changes: list[tuple[int, Change]] = []
         for row, record in tracked:
             try:
@@ -215,20 +220,6 @@ class SlurmExecutor:
             except Exception:
                 log.exception("job %d: check failed", row.id)
         return changes
-
-    def _queue(self) -> Optional[dict[str, QueuedJob]]:
-        """squeue's answer, or None; the next one is due after the interval, doubled while slow or failing."""
-        began = time.monotonic()
-        try:
-            queue: Optional[dict[str, QueuedJob]] = self.slurm.queue()
-        except SlurmError as exc:
-            log.warning("squeue: %s; no change assumed, asking again in %.0fs", exc, self._interval * 2)
-            queue = None
-        took = time.monotonic() - began
-        ok = queue is not None and took < SLOW_S
-        self._interval = POLL_INTERVAL_S if ok else min(MAX_BACKOFF_S, self._interval * 2)
-        self._next_poll = time.monotonic() + self._interval
-        return queue
 
     def _check(
         self,
@@ -272,21 +263,21 @@ class SlurmExecutor:
         return changes
 
     def _escalate(self, row: JobRow, record: SlurmRecord) -> None:
-        """A cancelled job still running past its grace: scancel it outright (Slurm's TERM, KILL)."""
+        """A cancelled job still running past its grace: scancel it outright (Slurm's TERM, KILL), in a
+        thread; asked again KILL_AFTER_S later while it is still listed."""
         kill_at = record.get("kill_at")
         if kill_at is not None and time.time() >= kill_at:
-            try:
-                self.slurm.cancel(record["slurm_id"])
-                _write_record(Path(row.job_dir), {**record, "kill_at": time.time() + KILL_AFTER_S})
-            except SlurmError as exc:
-                log.warning("job %d: scancel: %s", row.id, exc)
+            _write_record(Path(row.job_dir), {**record, "kill_at": time.time() + KILL_AFTER_S})
+            slurm_id = record["slurm_id"]
+            in_thread(f"scancel {slurm_id}", lambda: self.slurm.cancel(slurm_id))
 
     # -- cancelling ---------------------------------------------------------------------------------------
 
-    def cancel(self, row: JobRow, grace: float) -> Optional[Ended]:
+    async def cancel(self, row: JobRow, grace: float) -> Optional[Ended]:
         """A job Slurm has not started is scancelled and ends now. A running one: cancel.json (its grace),
         then SIGTERM to the batch script alone, i.e. tfrun's shim, which stops the job within the grace;
-        if it is still listed KILL_AFTER_S past the grace, it is scancelled outright."""
+        if it is still listed KILL_AFTER_S past the grace, it is scancelled outright. scancel runs in a
+        worker thread: the event loop never waits for Slurm."""
         job_dir = Path(row.job_dir)
         request: CancelRequest = {"grace": grace, "requested_at": time.time()}
         jobdir.write_json(job_dir / jobdir.CANCEL, request)
@@ -294,11 +285,12 @@ class SlurmExecutor:
         slurm_id = record.get("slurm_id")
         if not slurm_id:
             return Ended(JobState.CANCELLED, finished_at=time.time(), reason="cancelled before it started")
+        loop = asyncio.get_running_loop()
         try:
             if row.state == JobState.QUEUED and _shim_record(job_dir) is None:
-                self.slurm.cancel(slurm_id)
+                await loop.run_in_executor(None, self.slurm.cancel, slurm_id)
                 return Ended(JobState.CANCELLED, finished_at=time.time(), reason="cancelled before it started")
-            self.slurm.signal_batch(slurm_id, "TERM")
+            await loop.run_in_executor(None, self.slurm.signal_batch, slurm_id, "TERM")
             _write_record(job_dir, {**record, "kill_at": time.time() + grace + KILL_AFTER_S})
         except SlurmError as exc:
             log.warning("job %d: cancel: %s; scancel again at the next look", row.id, exc)

@@ -42,6 +42,7 @@ PROTECTED: dict[str, tuple[Optional[str], str]] = {
 }
 _UNLIMITED = ("unlimited", "infinite")
 # Slurm's time forms: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]].
+_PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SLURM_TIME = re.compile(r"^(?:\d+-\d+(?::\d+){0,2}|\d+(?::\d+){0,2})$")
 
 
@@ -101,6 +102,28 @@ def slurm_time_limit(text: str) -> Optional[str]:
     if seconds is None or seconds <= 0:
         return None
     return str(max(1, -(-int(seconds) // 60)))  # whole minutes, rounded up
+
+
+def job_options(
+    partition: Optional[str], time: Optional[str], nodes: Optional[int]
+) -> tuple[Optional[str], Optional[str]]:
+    """A submit's --partition, --time (as sbatch takes it) and --nodes, checked; SettingsError says why not."""
+    if partition is not None and not _PARTITION.match(partition):
+        raise SettingsError(f"--partition {partition!r} is not a partition name (letters, digits, - _ .)")
+    limit = None
+    if time is not None:
+        limit = slurm_time_limit(time)
+        if limit is None:
+            raise SettingsError(f"--time {time!r} is not a time limit: use Slurm's form (60, 4:00:00, 1-12) or 2h")
+    if nodes is not None and nodes != 1:
+        raise SettingsError("--nodes: only 1 node for now (multi-node TF_CONFIG is not supported yet)")
+    return partition, limit
+
+
+def nice(priority: int) -> Optional[int]:
+    """sbatch --nice for a job's --priority: higher priority, lower nice. A negative priority P is nice -P;
+    0 and above are nice 0 (Slurm's default: a negative nice needs a Slurm operator), so None."""
+    return -priority if priority < 0 else None
 
 
 def refused(option: str) -> Optional[str]:

@@ -95,6 +95,11 @@ class Submit(Request[JobReply]):
     priority: Annotated[int, Range(-MAX_PRIORITY, MAX_PRIORITY)] = 0  # among waiting jobs, higher starts first
     after: list[JobRef] = field(default_factory=list)  # jobs (ids or names) that must succeed before it starts
     tty: bool = False  # run it in a tmux session on the box that `tfrun attach` opens
+    # Slurm hosts only (a local daemon refuses them): sbatch --partition, --time (Slurm's forms or 2h), --nodes
+    # (1 until multi-node TF_CONFIG exists). None: the [slurm] table's, else Slurm's default.
+    partition: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None
+    time: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None
+    nodes: Optional[Offset] = None
     # The client's own id for this submit (a uuid4): the same id again gets the job the first one made, so a
     # client whose daemon died before answering can send it again without running the job twice.
     submission_id: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None

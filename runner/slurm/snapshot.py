@@ -1,0 +1,103 @@
+"""Slurm's answers off the daemon's event loop: one `squeue` (and `sacct` for the jobs it no longer lists)
+at a time, in a thread of its own, so that a slurmctld that hangs (each command has a 15 s timeout) never
+stalls the daemon. The executor's look hands out each answer once (`take`) and starts the next one when it
+is due: at most every POLL_INTERVAL_S, the interval doubled (up to MAX_BACKOFF_S) while squeue is slow or
+fails. No answer yet, or a failed one, is no answer at all: never proof that a job ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from tfrun.runner.slurm.commands import AccountedJob, QueuedJob, Slurm, SlurmError
+
+log = logging.getLogger("tfrund")
+
+POLL_INTERVAL_S = 1.0  # squeue at most this often (the monitor looks every 0.2 s)
+MAX_BACKOFF_S = 30.0
+SLOW_S = 2.0  # an squeue slower than this doubles the interval
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """squeue's answer (every job it lists) and sacct's for the asked jobs squeue did not list."""
+
+    queue: dict[str, QueuedJob]
+    accounted: dict[str, AccountedJob] = field(default_factory=dict)
+
+
+class Watcher:
+    """Takes snapshots in the background, one at a time; `take` hands each out once."""
+
+    def __init__(self, slurm: Slurm) -> None:
+        self.slurm = slurm
+        self._lock = threading.Lock()
+        self._fresh: Optional[Snapshot] = None
+        self._busy = False
+        self._next = 0.0
+        self._interval = POLL_INTERVAL_S
+
+    def take(self, slurm_ids: Sequence[str]) -> Optional[Snapshot]:
+        """The snapshot taken since the last call, if any; never waits. Starts the next one (sacct asked
+        about `slurm_ids` squeue does not list) if it is due and none is being taken."""
+        with self._lock:
+            fresh, self._fresh = self._fresh, None
+            start = not self._busy and time.monotonic() >= self._next
+            self._busy = self._busy or start
+        if start:
+            ids = list(slurm_ids)
+            threading.Thread(target=self._refresh, args=(ids,), name="tfrund-squeue", daemon=True).start()
+        return fresh
+
+    def now(self, slurm_ids: Sequence[str]) -> Optional[Snapshot]:
+        """A snapshot taken now, waiting for it (at daemon start, before any client is served)."""
+        return self._ask(list(slurm_ids))
+
+    def _refresh(self, slurm_ids: list[str]) -> None:
+        snapshot = None
+        try:
+            snapshot = self._ask(slurm_ids)
+        except Exception:
+            log.exception("squeue: the look failed")
+        finally:
+            with self._lock:
+                self._busy = False
+                if snapshot is not None:
+                    self._fresh = snapshot
+
+    def _ask(self, slurm_ids: list[str]) -> Optional[Snapshot]:
+        """squeue, then sacct for the jobs it does not list; None if squeue failed. The next one is due after
+        the interval, doubled while slow or failing."""
+        began = time.monotonic()
+        try:
+            queue: Optional[dict[str, QueuedJob]] = self.slurm.queue()
+        except SlurmError as exc:
+            log.warning("squeue: %s; no change assumed, asking again in %.0fs", exc, self._interval * 2)
+            queue = None
+        took = time.monotonic() - began
+        ok = queue is not None and took < SLOW_S
+        self._interval = POLL_INTERVAL_S if ok else min(MAX_BACKOFF_S, self._interval * 2)
+        self._next = time.monotonic() + self._interval
+        if queue is None:
+            return None
+        missing = [i for i in slurm_ids if i not in queue]
+        return Snapshot(queue, (self.slurm.accounting(missing) or {}) if missing else {})
+
+
+def in_thread(name: str, work: Callable[[], None]) -> None:
+    """Run `work` in a thread of its own, logging its failure (a Slurm command the loop must not wait for)."""
+
+    def run() -> None:
+        try:
+            work()
+        except SlurmError as exc:
+            log.warning("%s: %s", name, exc)
+        except Exception:
+            log.exception("%s failed", name)
+
+    threading.Thread(target=run, name=f"tfrund-{name}", daemon=True).start()
