@@ -98,8 +98,9 @@ def split_address(ref: str, cfg: ClientConfig) -> tuple[Optional[str], str]:
     """(host, job) from a job address `box2:12` or `box2:train`; (None, ref) when the part before the first
     ':' is neither a configured host nor `local`: `a:b` stays a job name on the default host."""
     host, sep, job = ref.partition(":")
-    if sep and job and config.pool_members(host, cfg) is not None:  # `gpu:3`: which member's job 3?
-        names = ", ".join(member.label for member in config.pool_members(host, cfg) or []) or "none"
+    members = config.pool_members(host, cfg) if sep and job else None
+    if members is not None:  # `gpu:3`: which member's job 3?
+        names = ", ".join(member.label for member in members) or "none"
         raise TfrunError(f"{host} is a pool (members: {names}): a job address names one host, HOST:ID", EXIT_USAGE)
     if not sep or (host not in cfg.hosts and host != config.LOCAL):
         return None, ref

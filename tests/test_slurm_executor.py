@@ -104,6 +104,9 @@ def test_a_jobs_own_slurm_options_win_over_the_configs(tmp_path: Path) -> None:
     for bad in (
         ("a b", None, None),
         ("-x", None, None),
+        ("gpu\n", None, None),  # a trailing newline would ride along into sbatch's argument
+        ("²", None, None),
+        (None, "60\n:", None),
         (None, "UNLIMITED", None),
         (None, "soon", None),
         (None, None, 2),

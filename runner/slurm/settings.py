@@ -41,9 +41,9 @@ PROTECTED: dict[str, tuple[Optional[str], str]] = {
     "--gpus": ("-G", "tfrun asks for the job's --gpus"),
 }
 _UNLIMITED = ("unlimited", "infinite")
+_PARTITION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # whole: `$` would let "gpu\n" by
 # Slurm's time forms: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]].
-_PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_SLURM_TIME = re.compile(r"^(?:\d+-\d+(?::\d+){0,2}|\d+(?::\d+){0,2})$")
+_SLURM_TIME = re.compile(r"\d+-\d+(?::\d+){0,2}|\d+(?::\d+){0,2}")
 
 
 class SettingsError(ValueError):
@@ -96,7 +96,7 @@ def slurm_time_limit(text: str) -> Optional[str]:
     text = text.strip()
     if text.lower() in _UNLIMITED:
         return None
-    if _SLURM_TIME.match(text):
+    if _SLURM_TIME.fullmatch(text):
         return text if any(c not in "0:-" for c in text) else None  # 0 is "no limit" to Slurm
     seconds = parse_duration(text)
     if seconds is None or seconds <= 0:
@@ -108,7 +108,7 @@ def job_options(
     partition: Optional[str], time: Optional[str], nodes: Optional[int]
 ) -> tuple[Optional[str], Optional[str]]:
     """A submit's --partition, --time (as sbatch takes it) and --nodes, checked; SettingsError says why not."""
-    if partition is not None and not _PARTITION.match(partition):
+    if partition is not None and not _PARTITION.fullmatch(partition):
         raise SettingsError(f"--partition {partition!r} is not a partition name (letters, digits, - _ .)")
     limit = None
     if time is not None:
