@@ -11,7 +11,8 @@ verb asks every member concurrently) are handed to ONE process (`_Batch`), so a 
 boxes starts one Python that imports asyncssh, not ten. Each box still has its own socket, connection, idle
 clock and end: a connection idle for ten minutes, or one that drops, is let go (its socket removed, the next
 verb for that box starts a keeper process for it alone) while the process serves the others, and the process
-exits with its last connection. The simplest design that keeps one verb's boxes together: no process is
+exits with its last connection. Each box's keeper also takes `tfrun forward`'s connections, on a socket of
+their own beside the protocol's (client/forward.py). The simplest design that keeps one verb's boxes together: no process is
 shared across verbs or callers, so nothing needs a control protocol, and every property of one keeper per box
 holds per socket. A per-user process for every box is not used: it would have to open connections for callers
 whose HOME, agent and ~/.ssh differ from its own (asyncssh reads them process-wide).
@@ -41,6 +42,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
+from tfrun.client.forward import forward_path, pump, serve_forward
 from tfrun.client.keepertrust import socket_path
 from tfrun.constants import EXIT_DAEMON
 from tfrun.protocol.channel import Channel
@@ -233,6 +235,10 @@ class Keeper:
 
     async def serve(self, path: Path, ready: Callable[[], None]) -> None:
         self.unusable = asyncio.Event()  # set when the SSH connection can no longer open channels
+        forwards = forward_path(path)
+        forwards.unlink(missing_ok=True)
+        forward_server = await asyncio.start_unix_server(self._forward, path=str(forwards))
+        os.chmod(forwards, 0o600)
         server = await asyncio.start_unix_server(self._client, path=str(path))
         os.chmod(path, 0o600)
         ready()
@@ -244,7 +250,9 @@ class Keeper:
                     break
         finally:
             server.close()
+            forward_server.close()
             path.unlink(missing_ok=True)
+            forwards.unlink(missing_ok=True)
             self.conn.close()
             for task in ended:
                 task.cancel()
@@ -262,7 +270,7 @@ class Keeper:
                 # serving it, so that the next verb (this one, retrying) starts a keeper afresh.
                 self.unusable.set()
                 raise
-            await asyncio.gather(_pump(reader, remote_writer), _pump(remote_reader, writer))
+            await asyncio.gather(pump(reader, remote_writer), pump(remote_reader, writer))
         except Exception:  # a failed channel ends this client's connection
             pass
         finally:
@@ -270,15 +278,17 @@ class Keeper:
             self.active -= 1
             self.last_used = time.monotonic()
 
-
-async def _pump(source: Any, sink: Any) -> None:
-    try:
-        while data := await source.read(1 << 16):
-            sink.write(data)
-            await sink.drain()
-    finally:
-        with contextlib.suppress(Exception):  # already closed: nothing left to tell it
-            sink.write_eof()
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One `tfrun forward` connection: a direct-tcpip channel to a port on the box (client/forward.py).
+        It counts as use, so the keeper does not idle out under a browser's open connection."""
+        self.active += 1
+        try:
+            await serve_forward(self.conn, reader, writer)
+        except Exception:  # a failed channel ends this forward only
+            pass
+        finally:
+            self.active -= 1
+            self.last_used = time.monotonic()
 
 
 class _Reporter:

@@ -59,6 +59,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
            "metrics) and its records (events, alerts)."),
     "prune": ("housekeeping", "prune", "Remove ended jobs in bulk, as `tfrun rm` does, and collect the uploaded "
               "contents no job needs."),
+    "forward": ("services", "forward", "Forward LOCAL_PORT on this machine to BOX_PORT on the box, through tfrun's SSH "
+                "connection to it, until Ctrl-C."),
     "df": ("housekeeping", "df", "What tfrun's folders take on the box: job folders, their logs, uploaded contents "
            "(blobs), spare snapshots, checkpoints, the database; sizes on disk, as `du` counts them."),
 }

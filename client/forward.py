@@ -1,0 +1,180 @@
+"""`tfrun forward`: a local TCP port that reaches a port on the box, through the SSH connection tfrun holds.
+
+Each connection made to the local port gets an SSH channel of its own to 127.0.0.1:BOX_PORT on the box
+(direct-tcpip, what `ssh -L` asks for), so a service that listens on the box's loopback only (TensorBoard,
+Jupyter, an HTTP server) is reachable from here and from nowhere else. The local port listens on 127.0.0.1
+only: a forwarded service is the user's, not the network's.
+
+With the connection keeper (client/keeper.py) the channels ride the keeper's connection: a verb that stays
+for hours then holds no SSH connection of its own, and a dropped connection is opened again by the next
+keeper. The keeper serves forwards on a socket beside its protocol socket (`forward_path`); a client writes
+`PORT\\n`, reads `ok\\n` or `error WHY\\n`, then the bytes flow. Without the keeper (TFRUN_SSH_PERSIST=0) this
+process opens the SSH connection itself and keeps it for as long as it forwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from tfrun.client.config import Host
+from tfrun.client.errors import TfrunError
+from tfrun.constants import EXIT_DAEMON, EXIT_USAGE
+
+# A tunnel: the box port's byte streams (reader, writer), or TfrunError saying why there is none.
+Opener = Callable[[int], Awaitable[tuple[Any, Any]]]
+_HEADER_LIMIT = 16  # "65535\n" and some room: a forward request is a port and nothing else
+
+
+def forward_path(keeper_socket: Path) -> Path:
+    """Where a keeper serving `keeper_socket` takes forward requests."""
+    return keeper_socket.with_suffix(".fwd")
+
+
+async def serve_forward(conn: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The keeper's side of one forward request: read the port, open the channel on `conn`, say how it went,
+    then pump both ways until either side closes."""
+    import asyncssh
+
+    try:
+        line = await reader.readline()
+        text = line.decode(errors="replace").strip()
+        if len(line) > _HEADER_LIMIT or not text.isdigit() or not 0 < int(text) < 65536:
+            writer.write(b"error not a port\n")
+            return
+        try:
+            remote_reader, remote_writer = await conn.open_connection("127.0.0.1", int(text))
+        except asyncssh.ChannelOpenError as exc:
+            writer.write(f"error {' '.join(refusal(exc).split())}\n".encode())
+            return
+        writer.write(b"ok\n")
+        await asyncio.gather(pump(reader, remote_writer), pump(remote_reader, writer))
+    finally:
+        writer.close()
+
+
+def refusal(exc: Any) -> str:
+    """What a refused direct-tcpip channel means, in the words a user acts on."""
+    import asyncssh
+
+    if exc.code == asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED:
+        return "the box's sshd refuses port forwarding (AllowTcpForwarding no, or a restricted key)"
+    return exc.reason or "the box refused the connection"
+
+
+async def pump(source: Any, sink: Any) -> None:
+    """Copy `source` to `sink` until its end, then end `sink`'s writing side (half-close, as TCP does)."""
+    try:
+        while data := await source.read(1 << 16):
+            sink.write(data)
+            await sink.drain()
+    except (ConnectionError, OSError):
+        pass  # the other side went away: closing below tells the rest
+    finally:
+        with contextlib.suppress(Exception):  # already closed: nothing left to tell it
+            sink.write_eof()
+
+
+def keeper_opener(host: Host, accept_new: bool) -> Opener:
+    """Tunnels through the box's keeper, starting one (again) whenever none answers: a keeper idles out or its
+    connection drops, and a forward that stays for a day must outlive both."""
+    from tfrun.client import keeper
+    from tfrun.client.keepertrust import socket_path
+
+    path = forward_path(socket_path(host, accept_new))
+
+    async def open_tunnel(port: int) -> tuple[Any, Any]:
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            channel = await keeper.connect(host, accept_new)  # starts the keeper, or says why it cannot
+            channel.close()
+            reader, writer = await asyncio.open_unix_connection(str(path))
+        writer.write(f"{port}\n".encode())
+        answer = (await reader.readline()).decode(errors="replace").strip()
+        if answer != "ok":
+            writer.close()
+            raise TfrunError(answer.removeprefix("error ") or "the connection keeper closed the forward", EXIT_DAEMON)
+        return reader, writer
+
+    return open_tunnel
+
+
+async def direct_opener(host: Host, accept_new: bool) -> tuple[Opener, Callable[[], None]]:
+    """Tunnels on an SSH connection of this process's own (no keeper), and how to close it."""
+    import asyncssh
+
+    from tfrun.client import ssh
+
+    conn = await ssh.open_ssh(host, accept_new)
+
+    async def open_tunnel(port: int) -> tuple[Any, Any]:
+        try:
+            return await conn.open_connection("127.0.0.1", port)
+        except asyncssh.ChannelOpenError as exc:
+            raise TfrunError(refusal(exc), EXIT_DAEMON) from None
+
+    return open_tunnel, conn.close
+
+
+class Forward:
+    """A listening local port whose every connection is tunnelled to BOX_PORT on the box."""
+
+    def __init__(self, open_tunnel: Opener, box_port: int, warn: Callable[[str], None]) -> None:
+        self.open_tunnel = open_tunnel
+        self.box_port = box_port
+        self.warn = warn  # one line on stderr: a connection that could not be tunnelled, and why
+
+    async def probe(self) -> Optional[str]:
+        """Try one tunnel before listening: a box that refuses forwarding fails the verb now (TfrunError); one
+        where nothing listens on the port yet is only a warning (a service may be starting)."""
+        try:
+            _, writer = await self.open_tunnel(self.box_port)
+        except TfrunError as exc:
+            if "refuses port forwarding" in exc.message:
+                raise
+            return exc.message
+        writer.close()
+        return None
+
+    async def listen(self, local_port: int) -> asyncio.Server:
+        """Listen on 127.0.0.1:`local_port` (0: any free port); TfrunError if that port is taken."""
+        try:
+            return await asyncio.start_server(self._connection, "127.0.0.1", local_port)
+        except OSError as exc:  # asyncio's message wraps the errno's words in its own: say the errno's alone
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise TfrunError(f"cannot listen on 127.0.0.1:{local_port}: {why}", EXIT_USAGE) from None
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            remote_reader, remote_writer = await self.open_tunnel(self.box_port)
+        except TfrunError as exc:
+            self.warn(f"a connection to box port {self.box_port} failed: {exc.message}")
+            writer.close()
+            return
+        except OSError as exc:
+            self.warn(f"a connection to box port {self.box_port} failed: {exc.strerror or exc}")
+            writer.close()
+            return
+        try:
+            await asyncio.gather(pump(reader, remote_writer), pump(remote_reader, writer))
+        finally:
+            writer.close()
+            remote_writer.close()
+
+
+def local_port_for(box_port: int) -> int:
+    """The local port to use when none is given: the box's own number when it is free here (a URL that reads
+    the same on both sides), else any free port."""
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", box_port))
+        except OSError:
+            return 0
+    return box_port
