@@ -12,10 +12,12 @@ boxes starts one Python that imports asyncssh, not ten. Each box still has its o
 clock and end: a connection idle for ten minutes, or one that drops, is let go (its socket removed, the next
 verb for that box starts a keeper process for it alone) while the process serves the others, and the process
 exits with its last connection. Each box's keeper also takes `tfrun forward`'s connections, on a socket of
-their own beside the protocol's (client/forward.py). The simplest design that keeps one verb's boxes together: no process is
-shared across verbs or callers, so nothing needs a control protocol, and every property of one keeper per box
-holds per socket. A per-user process for every box is not used: it would have to open connections for callers
-whose HOME, agent and ~/.ssh differ from its own (asyncssh reads them process-wide).
+their own beside the protocol's (client/forward.py).
+
+The simplest design that keeps one verb's boxes together: no process is shared across verbs or callers, so
+nothing needs a control protocol, and every property of one keeper per box holds per socket. A per-user
+process for every box is not used: it would have to open connections for callers whose HOME, agent and ~/.ssh
+differ from its own (asyncssh reads them process-wide).
 
 A keeper serves only callers who would have opened the same connection themselves: each socket is named by
 the box and by everything that decides trust (client/keepertrust.py), and the process is started with the
