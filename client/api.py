@@ -6,6 +6,7 @@ on an event loop of its own, for plain scripts:
     c = tfrun.Client("box")                  # a configured host, or user@host[:port]; None: this machine
     j = c.submit("train.py", args=["--lr", "0.1"], gpus=1)
     j.wait(); j.metrics(); list(j.logs())
+    tasks = c.submit_array("train.py", [("lr", ["0.1", "0.01"])])   # an array: a job a value
 
 Each call opens its own connection (the keeper holds an SSH link warm between calls), so a client object
 holds nothing open but its event loop. Failures are exceptions, one line each: `TfrunError` (with the exit
@@ -69,6 +70,14 @@ class Client:
     def submit(self, script: str, args: Sequence[str] = (), **options: Any) -> JobHandle:
         """Run `script` with `args` as a detached job; the options are `AsyncClient.submit`'s."""
         return JobHandle(self, self._run(self.core.submit(script, args, **options)).job)
+
+    def submit_array(
+        self, script: str, array: Sequence[tuple[str, Sequence[str]]], args: Sequence[str] = (), **options: Any
+    ) -> list[JobHandle]:
+        """Run `script` as an array, a job each combination of the values: `array=[("lr", ["0.1", "0.01"])]`
+        is `tfrun submit --array lr=0.1,0.01`. A handle on each task, by index."""
+        done = self._run(self.core.submit(script, args, array=array, **options))
+        return [JobHandle(self, job) for job in done.tasks]
 
     def job(self, job: Ref) -> JobHandle:
         """A handle on a job that exists (by id or name)."""

@@ -12,7 +12,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar, Union
 
@@ -25,7 +25,7 @@ from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.jobs import Attach, Cancel, CancelResult, GetJob, Job, ListJobs, Restart, Wait
 from tfrun.protocol.logs import LogEnd
-from tfrun.protocol.submit import Submit
+from tfrun.protocol.submit import ArrayAxis, Submit, SubmitArray
 from tfrun.protocol.watching import Alert, GetMetrics, Gpu, ListAlerts, ListGpus, MetricSample
 from tfrun.protocol.wire import ProtocolError, Request
 
@@ -46,10 +46,11 @@ class NoSuchJob(RemoteError):
 class Submitted:
     """What a submit did: the job, and what its upload sent (contents the daemon held already are not sent)."""
 
-    job: Job
+    job: Job  # of an array, its first task
     files: int  # contents in the snapshot
     files_sent: int
     bytes_sent: int
+    tasks: list[Job] = field(default_factory=list)  # of an array (submit --array), every task by index
 
 
 class AsyncClient:
@@ -220,13 +221,16 @@ class AsyncClient:
         no_alerts: Sequence[str] = (),
         notify: Sequence[str] = (),
         metric_patterns: Sequence[str] = (),
+        array: Sequence[tuple[str, Sequence[str]]] = (),
         on_snapshot: Callable[[Snapshot], None] = lambda snapshot: None,
         confirm: Optional[Callable[[int, int], None]] = None,
     ) -> Submitted:
         """Run `script` with `args` as a detached job, from a snapshot of its work dir (`workdir`, else the
         script's folder), as `tfrun submit` does; the options are submit's. `on_snapshot` sees the snapshot
         before it is hashed; `confirm(files, bytes)` hears what the upload will send and may stop it by
-        raising. Runs its job once: a daemon that goes away before answering gets the same submit again."""
+        raising. Runs its job once: a daemon that goes away before answering gets the same submit again.
+        `array`: (key, values) pairs, as `--array KEY=V1,V2,...` gives them (tfrun/arrays.py): a job each
+        combination of their values, all in `Submitted.tasks`."""
         snap, relative = _snapshot(script, workdir, self.target.local, on_snapshot)
         if python is None and self.target.host is not None:
             python = self.target.host.python
@@ -256,8 +260,9 @@ class AsyncClient:
             nodes=nodes,
             submission_id=uuid.uuid4().hex,  # the same in every retry: a daemon that took it once returns that job
         )
+        axes = [ArrayAxis(key, list(values)) for key, values in array]
         with self._where():  # a job named by `after` that does not exist
-            return await _send(self, snap, request, confirm)
+            return await _send(self, snap, SubmitArray(request, axes) if axes else request, confirm)
 
 
 def _snapshot(
@@ -283,7 +288,10 @@ def _snapshot(
 
 
 async def _send(
-    client: AsyncClient, snap: Snapshot, request: Submit, confirm: Optional[Callable[[int, int], None]]
+    client: AsyncClient,
+    snap: Snapshot,
+    request: Union[Submit, SubmitArray],
+    confirm: Optional[Callable[[int, int], None]],
 ) -> Submitted:
     """Upload what the daemon lacks, then submit, again on a new connection if the daemon goes away."""
     from tfrun.client.transfer import upload
@@ -294,14 +302,26 @@ async def _send(
         nonlocal asked
         sent, sent_bytes = await upload(channel, snap, confirm)
         asked = True
-        job = (await channel.ask(request)).job
-        return Submitted(job, len(snap.sources), sent, sent_bytes)
+        if isinstance(request, SubmitArray):
+            tasks = (await channel.ask(request)).jobs
+            return Submitted(tasks[0], len(snap.sources), sent, sent_bytes, tasks)
+        return Submitted((await channel.ask(request)).job, len(snap.sources), sent, sent_bytes)
 
     try:
         return await resilient(submitted, client.connect, hello_answers=False)
     except (TfrunError, ProtocolError, ConnectionError) as exc:  # not RemoteError: a refusal says why itself
         code = exc.exit_code if isinstance(exc, TfrunError) else EXIT_DAEMON
         raise TfrunError(_unsubmitted(exc, asked), code) from None
+    except RemoteError as exc:
+        if exc.code == ErrorCode.BAD_REQUEST and f"{SubmitArray.TYPE!r}" in exc.message:  # it knows no arrays
+            host = client.target.host
+            how = f"tfrun hosts install {host.label}" if host else "tfrund stop: the next verb starts this tfrun's"
+            raise TfrunError(
+                f"tfrund on {client.place} is older than this tfrun and has no --array: upgrade it ({how}); "
+                "nothing was submitted",
+                EXIT_DAEMON,
+            ) from None
+        raise
 
 
 def _unsubmitted(exc: Exception, asked: bool) -> str:

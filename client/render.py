@@ -121,12 +121,68 @@ def command_line(job: Job) -> str:
 
 def job_table(jobs: list[Job], out: Output, where: str) -> None:
     """`tfrun ps`: a first line naming the box (`where`), so that a default host is never a surprise, then a
-    row per job."""
+    row per job. The tasks of an array (submit --array) follow a row of their own that sums them up
+    (`12[0-3]  sweep  3 running, 1 queued ... train.py, 4 tasks`), each indented under it: still one row a
+    job, its id first, so `ps | grep sweep-2` and `awk '{print $1}'` find it as any job."""
     if not jobs:
         out.write(f"no jobs on {where}", style="dim")
         return
     out.write(f"jobs on {where}", style="dim")
-    print_table(out, ("ID", *_JOB_COLUMNS), [[str(job.id), *_job_cells(job)] for job in jobs])
+    body: list[list[Cell]] = []
+    for label, members in array_groups(jobs):
+        if label is not None:
+            body.append([label, array_name(members), Styled(array_states(members), "dim"), "", "", "", "",
+                         f"{members[0].script}, {len(members)} task{'s' if len(members) > 1 else ''}"])  # fmt: skip
+        body += [[f"  {job.id}" if label else str(job.id), *_job_cells(job)] for job in members]
+    print_table(out, ("ID", *_JOB_COLUMNS), body)
+
+
+def array_groups(jobs: Sequence[Job]) -> list[tuple[Optional[str], list[Job]]]:
+    """The jobs in their order, the tasks of each array together (by index) where its first one listed is,
+    labelled with the array's id and their indexes (`12[0-3]`); a job of no array alone, labelled None."""
+    groups: list[tuple[Optional[str], list[Job]]] = []
+    arrays: dict[int, list[Job]] = {}
+    for job in jobs:
+        if job.array_id is None:
+            groups.append((None, [job]))
+        elif job.array_id in arrays:
+            arrays[job.array_id].append(job)
+        else:
+            arrays[job.array_id] = [job]
+            groups.append((str(job.array_id), arrays[job.array_id]))
+    labelled = []
+    for label, members in groups:
+        if label is not None:
+            members.sort(key=lambda job: (job.array_index or 0, job.id))
+            indexes = sorted({job.array_index or 0 for job in members})
+            shown = _ranges(indexes)
+            label = f"{label}[{shown if len(shown) <= 16 else f'{indexes[0]},…,{indexes[-1]}'}]"  # a column, not a list
+        labelled.append((label, members))
+    return labelled
+
+
+def _ranges(numbers: list[int]) -> str:
+    """`0-3,5,7-8`: sorted numbers in Slurm's way of writing array indexes."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def array_states(tasks: Sequence[Job]) -> str:
+    """`3 running, 1 queued`: how an array's tasks are doing, in the order a job moves through its states."""
+    counts = {state: sum(1 for job in tasks if job.state == state) for state in JobState.ALL}
+    return ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+
+
+def array_name(tasks: Sequence[Job]) -> str:
+    """The --name the array was given (its tasks are NAME-INDEX), else -."""
+    job = tasks[0]
+    suffix = f"-{job.array_index}"
+    return job.name[: -len(suffix)] if job.name and job.name.endswith(suffix) else "-"
 
 
 def pool_job_table(jobs: list[tuple[str, Job]], out: Output, where: str) -> None:
@@ -180,6 +236,7 @@ def job_detail(job: Job, out: Output, address: Optional[str] = None) -> None:
         ("restart of", "-" if job.restart_of is None else f"job {job.restart_of}"),
         ("restarted as", "-" if job.restarted_as is None else f"job {job.restarted_as}"),
         ("restarts left", str(job.restarts_left)),
+        ("array", "-" if job.array_id is None else f"task {job.array_index} of array {job.array_id}"),
         (
             "gpus",
             ",".join(job.gpus)

@@ -40,7 +40,15 @@ def frame(reply: TopReply, width: int) -> RenderableType:
     header = Text(f"tfrun top — {reply.host}  ", style="bold")
     header.append(time.strftime("%H:%M:%S"), style="dim")
     header.append("   " + state_counts(reply.jobs), style="dim")
-    rows = [[Text(str(job.id)), *job_cells(job, reply.losses.get(str(job.id), []))] for job in reply.jobs]
+    rows = []
+    for label, members in render.array_groups(reply.jobs):
+        if label is not None:  # an array: a row that sums its tasks up, then each task indented, as `ps` shows them
+            summary = [render.array_name(members), render.array_states(members), "", "", "", ""]
+            rows.append([Text(label), *map(Text, summary), Text(f"{members[0].script}, {len(members)} tasks")])
+        for job in members:
+            rows.append(
+                [Text(f"  {job.id}" if label else str(job.id)), *job_cells(job, reply.losses.get(str(job.id), []))]
+            )
     parts: list[RenderableType] = [
         header,
         Text(""),

@@ -9,13 +9,23 @@ through tf.train.CheckpointManager, which writes a new checkpoint beside the old
     checkpoints = Checkpoints(model=model, optimizer=optimizer)     # restores, if there is anything
     model.fit(data, epochs=10, initial_epoch=checkpoints.epoch, callbacks=[TfrunCallback(checkpoints)])
 
+In a job of several workers (MultiWorkerMirroredStrategy) every worker must call `save`, since saving takes
+part in the strategy's collective ops, but only the chief's checkpoint is kept: the others save into a
+temporary folder of their own, removed when the process exits (TensorFlow's documented pattern). Every
+worker restores from the job's folder, so all of them resume from the chief's checkpoint.
+
 Uses tf.train.Checkpoint, which Keras 2.9 and Keras 3 (TensorFlow backend) models both support.
 Python 3.8, standard library and TensorFlow only.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import tensorflow as tf
+
+from tfrun.jobs.cluster import is_chief, task_index
 
 CHECKPOINT_DIR_ENV = "TFRUN_CHECKPOINT_DIR"
 _COUNTERS = ("step", "epoch", "epoch_step")  # steps trained, epochs finished, the step the epoch began at
@@ -40,7 +50,12 @@ class Checkpoints:
         self.checkpoint = tf.train.Checkpoint(
             **{"tfrun_" + name: variable for name, variable in self._counters.items()}, **trackables
         )
-        self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=keep)
+        saved_in = self.directory
+        if not is_chief():
+            saved_in = tempfile.mkdtemp(prefix=f"tfrun-worker{task_index()}-")
+            atexit.register(shutil.rmtree, saved_in, True)
+            keep = 1
+        self.manager = tf.train.CheckpointManager(self.checkpoint, saved_in, max_to_keep=keep)
         self.step, self.epoch, self.epoch_step = 0, 0, 0
         self.restored_from = None
         if restore:
@@ -48,7 +63,7 @@ class Checkpoints:
 
     def restore(self):
         """Load the latest checkpoint in the folder, if there is one; return its path or None."""
-        latest = self.manager.latest_checkpoint
+        latest = tf.train.latest_checkpoint(self.directory)  # the chief's, on every worker
         if latest is None:
             return None
         self.checkpoint.restore(latest).expect_partial()

@@ -1,5 +1,5 @@
 """GPU setup for a training job: memory growth on every GPU, optional mixed precision, a strategy that
-uses every visible GPU, and one line saying what was found.
+uses every visible GPU (and every node of a `submit --nodes N` job), and one line saying what was found.
 
     strategy = setup_gpus()            # prints: tfrun: TensorFlow 2.9.0, 2 GPU(s) ...
     with strategy.scope():
@@ -8,10 +8,17 @@ uses every visible GPU, and one line saying what was found.
 Without memory growth TensorFlow takes nearly all of every GPU's memory at start, so a second process
 (another job, an evaluation, nvidia-smi's own context) fails with an out-of-memory error; tfrund also sets
 TF_FORCE_GPU_ALLOW_GROWTH=true for jobs unless the job's environment says otherwise. Growth has to be set
-before TensorFlow first touches a GPU: call this first. Python 3.8, standard library and TensorFlow only.
+before TensorFlow first touches a GPU: call this first.
+
+Where TF_CONFIG names more than one worker (a `submit --nodes N` job on Slurm, runner/slurm/task.py), the
+strategy is MultiWorkerMirroredStrategy over them all, each with its local GPUs (TensorFlow wants it made at
+the start too, before other ops). With Keras 3, `model.fit` under it fails (keras-team/keras#20585): use
+tf-keras (`pip install tf-keras`, TF_USE_LEGACY_KERAS=1). Python 3.8, standard library and TensorFlow only.
 """
 
 import tensorflow as tf
+
+from tfrun.jobs.cluster import num_workers, task_index
 
 
 def setup_gpus(mixed_precision=False, memory_growth=True, report=True):
@@ -27,7 +34,15 @@ def setup_gpus(mixed_precision=False, memory_growth=True, report=True):
                 growth = "unchanged (GPUs already initialised; call setup_gpus() first)"
     if mixed_precision:
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
-    strategy = tf.distribute.MirroredStrategy() if len(gpus) > 1 else tf.distribute.get_strategy()
+    workers = num_workers()
+    if workers > 1:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        spread = f"MultiWorkerMirroredStrategy over {workers} workers, this one {task_index()}"
+    elif len(gpus) > 1:
+        strategy = tf.distribute.MirroredStrategy()
+        spread = f"MirroredStrategy over {len(gpus)} GPUs"
+    else:
+        strategy, spread = tf.distribute.get_strategy(), "one device"
     if report:
         names = ", ".join(_name(gpu) for gpu in gpus) or "none, training on the CPU"
         print(
@@ -37,7 +52,7 @@ def setup_gpus(mixed_precision=False, memory_growth=True, report=True):
                 names,
                 growth if gpus else "n/a",
                 "on" if mixed_precision else "off",
-                f"MirroredStrategy over {len(gpus)} GPUs" if len(gpus) > 1 else "one device",
+                spread,
             ),
             flush=True,
         )

@@ -2,7 +2,8 @@
 
 Scraping Keras's progress bar gives a running mean, rounded to four digits, as often as the bar redraws;
 a line per step from inside the training process gives every value as it was. The daemon names the file
-in TFRUN_METRICS_FILE (the job's folder, beside its log); outside tfrun nothing is written. Lines are
+in TFRUN_METRICS_FILE (the job's folder, beside its log); outside tfrun nothing is written, and in a job of
+several workers only the chief writes it (they train one model: the others' lines would repeat). Lines are
 buffered and flushed about once a second, so writing costs microseconds a step; a reader ignores a last
 line without its newline.
 
@@ -16,15 +17,19 @@ import math
 import os
 import time
 
+from tfrun.jobs.cluster import is_chief
+
 METRICS_FILE_ENV = "TFRUN_METRICS_FILE"
 FLUSH_EVERY_S = 1.0
 
 
 class MetricWriter:
-    """Appends one JSON line per call to the metrics file; does nothing when there is none."""
+    """Appends one JSON line per call to the metrics file; does nothing when there is none (by default: no
+    TFRUN_METRICS_FILE, or not the chief of a multi-worker job)."""
 
     def __init__(self, path=None):
-        path = path if path is not None else os.environ.get(METRICS_FILE_ENV)
+        if path is None and is_chief():
+            path = os.environ.get(METRICS_FILE_ENV)
         self._file = open(path, "a", buffering=1 << 16) if path else None  # noqa: SIM115 - kept open
         self._flushed = time.monotonic()
 

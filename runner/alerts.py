@@ -10,7 +10,8 @@ read for metrics (runner/metrics.py; kept in the job's logmetrics.jsonl, runner/
 metrics.jsonl, when tfrun.jobs writes one, is read too and is the exact source the spike rule prefers
 (runner/spikes.py); no growth of either for the stall time is a stall. When a job ends, the rest of its log
 is read first, then `failed`, `done`, `lost` fire, and a SIGKILL with a risen OOM-kill count of its cgroup
-(runner/cgroup.py) is an `oom`. A job's watch row is deleted only after its end alerts are stored, so a
+(runner/cgroup.py) is an `oom`, as is a Slurm job that Slurm killed over its memory limit (its reason says
+so). A job's watch row is deleted only after its end alerts are stored, so a
 daemon that dies at any point resumes the watch and loses no alert; the outbox's cooldown keeps the
 rescanned end of a log from alerting twice.
 """
@@ -302,8 +303,11 @@ class Alerts:
     def _ended(self, row: JobRow, watch: Watch, settings: Settings) -> None:
         """The end alerts of a final job, once its whole log is read."""
         rules = settings.rules
-        if row.state == JobState.FAILED and row.signal == 9 and "oom" in rules and _oom_killed(row):
-            self._fire(row, watch, settings, "oom", "killed by the kernel's OOM killer (SIGKILL)")
+        if row.state == JobState.FAILED and "oom" in rules:
+            if row.reason == oom.SLURM_OUT_OF_MEMORY:
+                self._fire(row, watch, settings, "oom", "killed by Slurm over its memory limit (sbatch --mem)")
+            elif row.signal == 9 and _oom_killed(row):
+                self._fire(row, watch, settings, "oom", "killed by the kernel's OOM killer (SIGKILL)")
         if row.state == JobState.FAILED and "failed" in rules:
             self._fire(row, watch, settings, "failed", alertmessage.failure(row))
         elif row.state == JobState.SUCCEEDED and "done" in rules:

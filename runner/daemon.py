@@ -134,7 +134,7 @@ class Daemon:
         self.scheduler = Scheduler(store, self.supervisor, self.spares, layout, lambda: self.config)
         self.supervisor.after_final = self._after_end
         self._connections = 0
-        self.submissions: dict[str, asyncio.Future[JobRow]] = {}  # submits being made, by submission id
+        self.submissions: dict[str, asyncio.Future[list[JobRow]]] = {}  # submits being made (a job, an array's tasks)
         self.started_at = time.time()
         self._stopping: Optional[asyncio.Event] = None  # made in serve(): on 3.9 an Event binds to a loop
 

@@ -2,11 +2,12 @@
 
 An executor spawns jobs and tells what it sees of them; it never writes a job's state. What it sees comes
 back as changes (Started, Ended), which the supervisor (runner/supervisor.py) makes moves of through the
-lifecycle (runner/lifecycle.py). The interface is shaped for a batch system as much as for this machine
-(issue 19, Slurm):
+lifecycle (runner/lifecycle.py), and Requeued (a batch system runs a running job again), which is no move.
+The interface is shaped for a batch system as much as for this machine (issue 19, Slurm):
 
 - `launch` hands a job over and returns once it is handed over (locally: its shim has started it or failed
   to; Slurm: `sbatch --parsable` answered with an id, stored before anything else is done with it);
+  `launch_array` hands over tasks of one array together (Slurm: one `sbatch --array`);
 - `poll` looks at many jobs at once (Slurm: one `squeue` for all of them, backing off as it is slow, then
   `sacct` for those it no longer lists), and reports only what it is sure of: an empty or failed answer
   is never proof that a job ended, so it is no change at all;
@@ -84,7 +85,17 @@ class Ended(NamedTuple):
         return {k: v for k, v in self._asdict().items() if k != "state" and v is not None}
 
 
-Change = Union[Started, Ended]
+class Requeued(NamedTuple):
+    """A running job that its batch system stopped and runs again, as the same job (Slurm's requeue, after a
+    `scontrol requeue` or a preemption), `times` so far. It stays running; its reason says so."""
+
+    times: int
+
+    def reason(self) -> str:
+        return f"requeued by Slurm ({self.times} time{'s' if self.times > 1 else ''}): it runs again from its start"
+
+
+Change = Union[Started, Ended, Requeued]
 
 
 class Executor(Protocol):
@@ -92,6 +103,10 @@ class Executor(Protocol):
 
     async def launch(self, row: JobRow, env: dict[str, str], grace: float) -> None:
         """Hand the job over, to run its command in its work dir with `env`, killed `grace` after a stop."""
+
+    async def launch_array(self, rows: list[JobRow], envs: list[dict[str, str]], grace: float) -> None:
+        """Hand over tasks of one array (submit --array) together, each with its env: as one submission where
+        the executor has arrays (Slurm's sbatch --array), else one `launch` each."""
 
     async def resume(self, row: JobRow) -> bool:
         """At daemon start: hand over again a queued job whose launch was recorded; False if none was."""
@@ -143,6 +158,11 @@ class LocalExecutor:
         }
         jobdir.write_json(Path(row.job_dir) / jobdir.LAUNCH, launch)
         await self._spawn_shim(Path(row.job_dir))
+
+    async def launch_array(self, rows: list[JobRow], envs: list[dict[str, str]], grace: float) -> None:
+        """One `launch` each: on this machine a task is a job like any other, given its GPUs on its own."""
+        for row, env in zip(rows, envs):
+            await self.launch(row, env, grace)
 
     async def resume(self, row: JobRow) -> bool:
         """Start the shim of a queued job whose launch record is written; False if it is not."""

@@ -27,6 +27,8 @@ END_OF_JOB = (
 POINTS = (
     *END_OF_JOB,
     "submit-accepted",  # a submitted job is recorded and started; its client has not been answered
+    "array-recorded",  # Slurm: an array's launch records and its array.json are written; sbatch is not run
+    "array-submitted",  # Slurm: sbatch took the array; its tasks' Slurm ids are not recorded
 )
 
 _CHOSEN = os.environ.get(CRASH_AT_ENV)

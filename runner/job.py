@@ -43,7 +43,9 @@ class JobSpec:
     restart_of: Optional[int] = None  # the job it runs again
     partition: Optional[str] = None  # Slurm: sbatch --partition (None: the [slurm] table's)
     time_limit: Optional[str] = None  # Slurm: sbatch --time, in Slurm's form (None: the [slurm] table's)
-    nodes: Optional[int] = None  # Slurm: sbatch --nodes (1 for now)
+    nodes: Optional[int] = None  # Slurm: sbatch --nodes, one task a node (runner/slurm/task.py)
+    service: Optional[str] = None  # a service's kind (tensorboard, jupyter): runner/services.py
+    port: Optional[int] = None  # the box port a service listens on (127.0.0.1)
 
     def to_json(self) -> str:
         """The spec as stored: the keys in the order tfrund always wrote them, `restart_of` and the Slurm
@@ -66,7 +68,7 @@ class JobSpec:
         }
         if self.restart_of is not None:
             data["restart_of"] = self.restart_of
-        for key in ("partition", "time_limit", "nodes"):  # only where set: older tfrunds read the rest as always
+        for key in ("partition", "time_limit", "nodes", "service", "port"):  # only where set (older tfrunds)
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         return json.dumps(data)
@@ -114,6 +116,8 @@ class JobRow:
     prepared: int = 0
     gpus: Optional[list[str]] = None
     waiting: Optional[str] = None
+    array_id: Optional[int] = None  # a task of an array: the array's id (its first task's job id)
+    array_index: Optional[int] = None  # the task's index in its array
 
     @property
     def final(self) -> bool:
@@ -154,4 +158,8 @@ class JobRow:
             after=list(self.spec.after),
             waiting=self.waiting if self.state == JobState.QUEUED else None,
             tty=self.spec.tty,
+            array_id=self.array_id,
+            array_index=self.array_index,
+            service=self.spec.service,
+            port=self.spec.port,
         )

@@ -46,6 +46,9 @@ if TYPE_CHECKING:  # the shim imports this: no pathlib or typing at run time, ~1
 
         grace: float  # the cancel grace period when cancel.json gives none
         spare_exit: str  # where the exit record goes if the job folder takes no writes (Layout.spare_exit)
+        # A stop's SIGTERM goes to the job's first process alone, which stops the rest (a multi-node job's
+        # launcher, runner/slurm/task.py: srun answers a SIGTERM with SIGKILL); the SIGKILL after the grace to all.
+        term_leader_only: bool
 
     class ShimRecord(TypedDict, total=False):
         """shim.json. Every value may be None (an identity /proc did not give) or, to a reader, missing."""
@@ -58,6 +61,7 @@ if TYPE_CHECKING:  # the shim imports this: no pathlib or typing at run time, ~1
         started_at: float
         oom_file: Optional[str]  # the cgroup's OOM-kill counter file (runner/cgroup.py)
         oom_kills: Optional[int]  # its count just before the job started
+        slurm_restarts: int  # (Slurm) the run of the Slurm job: how often Slurm had requeued it (SLURM_RESTART_COUNT)
 
     class ExitRecord(TypedDict, total=False):
         """exit.json, or the spare exit record. `finished_at`: when the job's leader ended; `ended_at`: when
@@ -69,6 +73,7 @@ if TYPE_CHECKING:  # the shim imports this: no pathlib or typing at run time, ~1
         finished_at: float
         ended_at: float
         cancelled: bool
+        stopped: bool  # (Slurm) Slurm's own SIGTERM stopped it (time limit, preemption, requeue): Slurm says more
         error: Optional[str]
 
     class CancelRequest(TypedDict, total=False):
@@ -82,6 +87,7 @@ LAUNCH = "spec.json"  # the launch record (the file keeps the name older tfrunds
 FILES = "files.json"
 METRICS = "metrics.jsonl"
 LOG_METRICS = "logmetrics.jsonl"
+TENSORBOARD = "tensorboard"  # TFRUN_TENSORBOARD_DIR: the job's TensorBoard runs (runner/eventfile.py writes one)
 WORK = "work"
 OUTPUT = "output.log"
 INDEX = "output.idx"

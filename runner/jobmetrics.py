@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Optional
 from tfrun.losses import TrainingLoss
 from tfrun.protocol.watching import MetricSample
 from tfrun.runner import jobdir
+from tfrun.runner.eventfile import PRINTED, ScalarFile
 from tfrun.runner.metrics import Sample, plausible, training_loss
 
 READ_LIMIT_BYTES = 8 << 20  # per job and look: a job that writes faster is caught up over several looks
@@ -37,7 +38,8 @@ class LossPoint(NamedTuple):
 
 
 def keep_log_metrics(job_dir: Path, samples: list[Sample]) -> None:
-    """Append to the job's logmetrics.jsonl, the view `tfrun metrics` shows when the job writes none."""
+    """Append to the job's logmetrics.jsonl, the view `tfrun metrics` shows when the job writes none, and to
+    its TensorBoard folder's `printed` run (runner/eventfile.py): curves for a script that writes none."""
     now = round(time.time(), 3)
     lines = []
     for sample in samples:
@@ -49,6 +51,7 @@ def keep_log_metrics(job_dir: Path, samples: list[Sample]) -> None:
         lines.append(json.dumps(record, separators=(",", ":")) + "\n")
     with open(job_dir / jobdir.LOG_METRICS, "a") as f:
         f.write("".join(lines))
+    ScalarFile(job_dir / jobdir.TENSORBOARD / PRINTED).append([(s.step, s.values) for s in samples])
 
 
 def log_losses(samples: list[Sample], follow: TrainingLoss) -> Iterator[LossPoint]:

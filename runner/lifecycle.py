@@ -10,7 +10,7 @@ point leaves all of that or none of it (runner/faults.py crash points let the te
 
 The moves, as ARCHITECTURE.md's table gives them with when and where each is made:
 
-    (new)    -> queued                                       create, rerun
+    (new)    -> queued                                       create, create_array, rerun
     queued   -> running                                      start: its shim wrote shim.json
     queued   -> succeeded, failed, cancelled, lost           end: before its start was recorded (an exit
                                                              record already, a failure to start, a cancel,
@@ -79,6 +79,21 @@ class Lifecycle:
         stores the job's alert settings with it)."""
         return self.store.create_job(name, spec, self.jobs_dir, self.checkpoint_root(), submission_id=submission_id)
 
+    def create_array(
+        self, tasks: list[tuple[Optional[str], JobSpec]], submission_id: Optional[str] = None
+    ) -> list[JobRow]:
+        """The queued tasks of an array, from (name, spec) in index order, their folders made, in one
+        transaction (or the caller's): a daemon killed half way leaves all of them or none. The first task's
+        id is the array's; it alone carries the submission id (a submit sent again finds the array by it)."""
+        rows: list[JobRow] = []
+        with self.store.transaction():
+            for index, (name, spec) in enumerate(tasks):
+                first = rows[0].id if rows else None
+                sid = None if rows else submission_id
+                row = self.store.create_job(name, spec, self.jobs_dir, self.checkpoint_root(), None, sid, index, first)
+                rows.append(row)
+        return rows
+
     def rerun(self, row: JobRow, restarts_left: Optional[int] = None) -> JobRow:
         """The queued job that runs `row` again (same spec, alert settings and checkpoint folder); `row`
         records it as its restart, in memory too. One transaction, or part of the one that ends `row`, so
@@ -86,7 +101,10 @@ class Lifecycle:
         both or neither. Its work dir is built later (Scheduler.build_restart), which a new daemon redoes."""
         spec = row.spec.rerun(row.id, restarts_left)
         with self.store.transaction():
-            new = self.store.create_job(row.name, spec, self.jobs_dir, self.checkpoint_root(), Path(row.checkpoint_dir))
+            new = self.store.create_job(
+                row.name, spec, self.jobs_dir, self.checkpoint_root(), Path(row.checkpoint_dir),
+                array_index=row.array_index, array_id=row.array_id,
+            )  # fmt: skip
             settings = self.store.job_alerts(row.id)
             if settings is not None:
                 self.store.set_job_alerts(new.id, *settings)

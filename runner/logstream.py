@@ -59,10 +59,18 @@ async def selection(req: ReadLog) -> Selection:
 
 
 async def stream(
-    req: ReadLog, chosen: Selection, row: JobRow, latest: Callable[[], JobRow], log_growth: LogGrowth, send: Send
+    req: ReadLog,
+    chosen: Selection,
+    row: JobRow,
+    latest: Callable[[], JobRow],
+    log_growth: LogGrowth,
+    send: Send,
+    settle_s: float = 0.0,
 ) -> None:
     """Send the log of job `row` from the request's offset; when following, until the job is final and all
-    is sent. `latest` reads the job's row again, to learn whether it is final."""
+    is sent. `latest` reads the job's row again, to learn whether it is final. `settle_s`: a follower ends
+    only once the final job's log has not grown for this long (a log written on another machine, on a
+    shared filesystem, may show its last bytes after the job's end is known: Slurm)."""
     since = time.time() - req.since_ago if req.since_ago is not None else req.since
     path = Path(row.job_dir) / jobdir.OUTPUT
     index = LogIndex(Path(row.job_dir) / jobdir.INDEX) if since is not None or req.timestamps else None
@@ -71,6 +79,7 @@ async def stream(
         offset = req.offset
         handle: Optional[Any] = None
         current, state_read = row, False
+        quiet_since: Optional[float] = None  # since when a final job's log has not grown
         while True:
             if handle is None and path.exists():
                 handle = cleanup.enter_context(open(path, "rb"))
@@ -88,7 +97,7 @@ async def stream(
                 else:
                     await lines.feed(data, offset)
                 offset += len(data)
-                state_read = False
+                state_read, quiet_since = False, None
                 continue
             if not state_read:
                 # The file ends here for now. Read the job's state, then the file once more: a final job can
@@ -96,8 +105,11 @@ async def stream(
                 current, state_read = latest(), True
                 continue
             ended = current.final or not req.follow
+            if ended and req.follow and settle_s > 0:
+                quiet_since = quiet_since or time.monotonic()
+                ended = time.monotonic() - quiet_since >= settle_s
             if lines is not None:
-                await lines.caught_up(final=current.final, end=offset)
+                await lines.caught_up(final=current.final and ended, end=offset)
             if ended:
                 end = offset if lines is None else lines.resume_at
                 await send(LogEnd(end, current.state, current.exit_code, restarted_as=current.restarted_as))

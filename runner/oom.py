@@ -4,7 +4,8 @@ A line is an OOM when it is one of the fatal messages; the messages that only lo
 TensorFlow's (and XLA's) BFC allocator warning that ends "The caller indicates that this is not a failure"
 (it retries with less), and the `CUDA_ERROR_OUT_OF_MEMORY` lines the stream executor logs when it shrinks
 its first allocation (training goes on); the driver's code is fatal only inside a raised exception. A kill
-by the kernel's OOM killer prints nothing: runner/cgroup.py sees it.
+by the kernel's OOM killer prints nothing: runner/cgroup.py sees it (on Slurm, Slurm's state or slurmstepd's
+line in slurm-ID.out: runner/slurm/executor.py).
 
 The same failure reads differently by machine: TensorFlow on a CPU with oneDNN (on by default on recent x86)
 allocates through the BFC allocator "mklcpu", which logs "Allocator (mklcpu) ran out of memory" before the
@@ -16,6 +17,9 @@ from __future__ import annotations
 
 import re
 from typing import Optional
+
+# A Slurm job's reason when Slurm killed it for its memory (runner/slurm/states.py): its oom alert's cue.
+SLURM_OUT_OF_MEMORY = "out of memory: Slurm killed it over its memory limit"
 
 # Any OOM line holds one of these: a chunk of log without any of them is skipped whole, by memmem.
 # tests/test_oom.py checks that every fatal sample passes.

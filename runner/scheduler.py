@@ -13,7 +13,9 @@ A pass runs whenever a job is submitted or ends and when the daemon starts; pass
 
 Where the executor places jobs itself (Slurm: `Executor.places_jobs`), GPUs and CPU slots are its business:
 every queued job is handed over as soon as its `--after` jobs allow, in priority order, with no devices
-(Slurm sets CUDA_VISIBLE_DEVICES from the job's --gres), and no job waits here for a GPU.
+(Slurm sets CUDA_VISIBLE_DEVICES from the job's --gres), and no job waits here for a GPU. The tasks of an
+array (submit --array) that are ready in one pass are handed over together (`Executor.launch_array`: one
+`sbatch --array`); a restart of a task goes alone, as any job.
 """
 
 from __future__ import annotations
@@ -70,9 +72,11 @@ class Scheduler:
         """The devices the executor may give jobs."""
         return self.supervisor.executor.resources()
 
-    async def build(self, row: JobRow, files: list[FileEntry]) -> JobRow:
+    async def build(self, row: JobRow, files: list[FileEntry], schedule: bool = True) -> JobRow:
         """Build the job's work dir from `files` (its snapshot) and keep the manifest; then a pass starts it,
-        now or once its GPUs, its turn and the jobs it runs after allow. The job as a pass left it.
+        now or once its GPUs, its turn and the jobs it runs after allow. The job as a pass left it. Without
+        `schedule`, it is built only: the caller marks it ready (`prepared`) with others and runs the pass
+        (an array's tasks, which a pass must see all together to hand them over as one).
 
         A submit's job that cannot be built leaves no trace (ManifestError); a restart's is failed."""
         job_dir = Path(row.job_dir)
@@ -91,6 +95,8 @@ class Scheduler:
                 self.store.delete(row.id)  # nothing was started: leave no trace of a job that never was
                 shutil.rmtree(job_dir, ignore_errors=True)
             raise ManifestError(str(exc)) from None
+        if not schedule:
+            return row
         self.store.update(row.id, prepared=1)
         crash_point("prepare-built")
         await self.run_pass()
@@ -129,14 +135,20 @@ class Scheduler:
         async with self._lock:
             held = self.held()
             free = [d for d in self.devices if d not in held]
-            cpu_running = sum(1 for row in self.store.list(include_final=False) if row.gpus == [] and not _waiting(row))
+            # Services (TensorBoard, Jupyter) neither take nor wait for a CPU-only job slot: they mostly wait.
+            cpu_running = sum(1 for row in self.store.list(include_final=False)
+                              if row.gpus == [] and not _waiting(row) and row.spec.service is None)  # fmt: skip
             gpu_blocked = False
+            arrays: dict[int, list[JobRow]] = {}  # the tasks of each array ready in this pass
             for listed in sorted(self._waiting(), key=lambda r: (-r.spec.priority, r.id)):
                 row = self.store.get(listed.id)  # as it is now: starting others awaits, and it may be cancelled
                 if row is None or not _waiting(row) or self._held_by_dependencies(row):
                     continue
                 if self.supervisor.executor.places_jobs():
-                    await self._start_on(row, [])
+                    if row.array_id is not None and row.spec.restart_of is None:
+                        arrays.setdefault(row.array_id, []).append(row)
+                    else:
+                        await self._start_on(row, [])
                     continue
                 need = row.spec.gpus
                 if need:
@@ -150,13 +162,15 @@ class Scheduler:
                         continue
                     devices, free = free[:need], free[need:]
                 else:
-                    cap = self.config().max_cpu_jobs
+                    cap = 0 if row.spec.service is not None else self.config().max_cpu_jobs
                     if cap and cpu_running >= cap:
                         self._wait(row, f"waiting for one of the {cap} CPU-only job slots")
                         continue
-                    cpu_running += 1
+                    cpu_running += row.spec.service is None
                     devices = []
                 await self._start_on(row, devices)
+            for tasks in arrays.values():
+                await self._start_array(tasks)
 
     def _waiting(self) -> list[JobRow]:
         """Queued jobs whose work dir is built and that nobody is starting yet."""
@@ -193,6 +207,20 @@ class Scheduler:
         except OSError as exc:  # e.g. a full disk: the job is recorded as failed, not left queued forever
             self.supervisor.mark_failed(row, f"could not start: {exc.strerror or exc}")
 
+    async def _start_array(self, rows: list[JobRow]) -> None:
+        """Hand the ready tasks of one array to an executor that places jobs, together (Slurm: one sbatch)."""
+        for row in rows:
+            self.store.update(row.id, gpus="[]", waiting=None)
+        rows = [replace(row, gpus=[], waiting=None) for row in rows]
+        try:
+            envs = [job_env(self.layout, row, [], self.devices) for row in rows]
+            await self.supervisor.start_array(rows, envs, DEFAULT_GRACE_S)
+        except OSError as exc:
+            for row in rows:
+                current = self.store.get(row.id)
+                if current is not None and not current.final:
+                    self.supervisor.mark_failed(current, f"could not start: {exc.strerror or exc}")
+
 
 def snapshot_files(row: JobRow) -> list[FileEntry]:
     """The manifest a job's work dir was built from."""
@@ -217,6 +245,12 @@ def job_env(layout: Layout, row: JobRow, devices: list[str], box_devices: list[s
     env["TFRUN_JOB_DIR"] = row.job_dir
     env["TFRUN_CHECKPOINT_DIR"] = row.checkpoint_dir
     env["TFRUN_METRICS_FILE"] = str(Path(row.job_dir) / jobdir.METRICS)
+    # TensorBoard runs of the job's own (a Keras TensorBoard callback's log_dir); `tfrun tensorboard` shows them
+    # beside the `printed` run the daemon writes from the job's output (runner/eventfile.py).
+    env["TFRUN_TENSORBOARD_DIR"] = str(Path(row.job_dir) / jobdir.TENSORBOARD)
+    if row.array_id is not None:  # a task of an array (submit --array); its values are in its --env already
+        env["TFRUN_ARRAY_ID"] = str(row.array_id)
+        env["TFRUN_ARRAY_INDEX"] = str(row.array_index)
     if box_devices:  # its own GPUs, and none of the others' (an empty list hides them all)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering, as nvidia-smi's and NVML's

@@ -89,4 +89,11 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE jobs ADD COLUMN submission_id TEXT;
     CREATE UNIQUE INDEX jobs_submission ON jobs(submission_id);
     """,
+    6: """
+    -- A task of an array (submit --array): the array's id (its first task's job id) and the task's index;
+    -- NULL for any other job. A restart of a task stays in its array.
+    ALTER TABLE jobs ADD COLUMN array_id INTEGER;
+    ALTER TABLE jobs ADD COLUMN array_index INTEGER;
+    CREATE INDEX jobs_array ON jobs(array_id, array_index);
+    """,
 }

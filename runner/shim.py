@@ -9,11 +9,16 @@ notes the log's growth in the job's (offset, time) index every 0.1 s (runner/log
 Cancel is SIGTERM to the shim: it signals the job's group and every other descendant, waits the grace
 period from cancel.json, then SIGKILLs what is left. The shim owns that timer, so a daemon that dies in the
 middle of a cancel does not stop the escalation. Descendants that leave the group (setsid, double fork)
-are still found: the shim is their subreaper.
+are still found: the shim is their subreaper. A launch record with `term_leader_only` (a multi-node Slurm job,
+runner/slurm/task.py) has the SIGTERM go to the job's first process alone, which stops the rest its own way;
+the SIGKILL after the grace still goes to all.
 
 `python -m tfrun.runner.shim --batch JOB_DIR` is the same shim as a Slurm batch script's process
 (runner/slurm/): no fork (the allocation ends with the batch script), the allocation's environment under
 the launch record's, and a SIGTERM without cancel.json (Slurm's, before a time limit) recorded as such.
+A Slurm job that Slurm requeued runs its batch script again in the same folder: the shim then moves the
+earlier run's exit record aside (so that nobody takes it for this run's end), says so in the log, and
+records which run it is (SLURM_RESTART_COUNT) in shim.json.
 
 Standard library only, and no more of it than needed: it starts once per job.
 """
@@ -64,6 +69,7 @@ class Shim:
         self.cancelled = False
         self.batch = False  # run as a Slurm batch script (`--batch`), not forked away from a daemon
         self.stopped = False  # (batch) stopped by Slurm's SIGTERM, not by a tfrun cancel
+        self.slurm_restarts = 0  # (batch) how often Slurm had requeued the job when this run began
         self.log_fd = -1
         self.index_fd = -1
         self.indexed = 0  # the log's size at the last index record
@@ -72,6 +78,8 @@ class Shim:
     def start(self) -> None:
         """Start the job with its output on the log file; on failure, record it as the job's exit."""
         log = os.open(os.path.join(self.job_dir, jobdir.OUTPUT), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if self.slurm_restarts:
+            os.write(log, f"tfrun: Slurm requeued this job; it starts again (run {self.slurm_restarts + 1})\n".encode())
         oom_file = cgroup.oom_counter_file()  # the job inherits our cgroup: its OOM kills count there
         oom_kills = cgroup.oom_kills(oom_file)
         try:
@@ -113,6 +121,8 @@ class Shim:
             "oom_file": oom_file,
             "oom_kills": oom_kills,
         }
+        if self.batch:
+            record["slurm_restarts"] = self.slurm_restarts
         jobdir.write_json(os.path.join(self.job_dir, jobdir.SHIM), record)
 
     def run(self) -> None:
@@ -141,7 +151,11 @@ class Shim:
         self.next_tick = 0.0
         self._index()  # the last bytes, before exit.json says there will be no more
         code, sig = _decode(self.status if self.status is not None else 0)
-        stopped = "stopped by Slurm (SIGTERM): its time limit was near, or it was preempted" if self.stopped else None
+        stopped = (
+            "stopped by Slurm (SIGTERM): its time limit was near, it was preempted or requeued"
+            if self.stopped
+            else None
+        )
         self._write_exit(code=code, sig=sig, started=self.started_at, error=stopped)
 
     def _index(self) -> None:
@@ -167,7 +181,10 @@ class Shim:
             self.stopped = True
         else:
             self.cancelled = True
-        self._signal_all(signal.SIGTERM)
+        if self.launch.get("term_leader_only"):
+            _kill(self.job_pid, signal.SIGTERM)  # it stops the rest itself, within the grace
+        else:
+            self._signal_all(signal.SIGTERM)
         self.deadline = time.time() + self._grace()
 
     def _grace(self) -> float:
@@ -220,6 +237,8 @@ class Shim:
             "cancelled": self.cancelled,
             "error": error,
         }
+        if self.stopped:
+            record["stopped"] = True
         try:
             jobdir.write_json(os.path.join(self.job_dir, jobdir.EXIT), record)
         except OSError as exc:
@@ -229,6 +248,18 @@ class Shim:
             why = f"job folder not writable: {exc.strerror}"
             record["error"] = f"{why}; {error}" if error else why
             jobdir.fill(spare, record)
+
+
+def _set_aside_earlier_run(job_dir: str) -> int:
+    """(batch) Which run of its Slurm job this is (0: the first; SLURM_RESTART_COUNT after a requeue). An exit
+    record already in the folder is an earlier run's, killed by the requeue: renamed exit.json.run-N (N: the
+    run it ended), so that the daemon waits for this run's."""
+    count = os.environ.get("SLURM_RESTART_COUNT", "")
+    restarts = int(count) if count.isdigit() else 0
+    earlier = os.path.join(job_dir, jobdir.EXIT)
+    if os.path.exists(earlier):
+        os.replace(earlier, f"{earlier}.run-{max(restarts - 1, 0)}")
+    return restarts
 
 
 def _kill(pid: int, sig: int, group: bool = False) -> None:
@@ -264,6 +295,7 @@ def main(argv: list[str]) -> None:
         _become_subreaper()
         shim = Shim(job_dir, launch)
         shim.batch = True
+        shim.slurm_restarts = _set_aside_earlier_run(job_dir)
         shim.start()
         shim.run()
         # The job's own code, so that Slurm's accounting (COMPLETED, FAILED) tells the truth too.

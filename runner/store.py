@@ -39,9 +39,10 @@ class StoreError(Exception):
 _COLUMNS = [
     "id", "name", "state", "spec", "job_dir", "checkpoint_dir", "created_at", "started_at", "finished_at",
     "exit_code", "signal", "pid", "shim_pid", "shim_start", "boot_id", "reason", "restarted_as", "prepared",
-    "gpus", "waiting",
+    "gpus", "waiting", "array_id", "array_index",
 ]  # fmt: skip
-_UPDATABLE = set(_COLUMNS) - {"id", "state", "spec", "created_at"}  # a state moves only by `move`
+# A state moves only by `move`; a job's array is fixed when it is made.
+_UPDATABLE = set(_COLUMNS) - {"id", "state", "spec", "created_at", "array_id", "array_index"}
 
 PENDING, SENT, EXPIRED = "pending", "sent", "expired"  # a delivery's state: to be tried (again), done, given up
 
@@ -135,20 +136,23 @@ class Store:
         checkpoint_root: Path,
         checkpoint_dir: Optional[Path] = None,
         submission_id: Optional[str] = None,
+        array_index: Optional[int] = None,
+        array_id: Optional[int] = None,
     ) -> JobRow:
         """Insert a queued job and create its folder; an id whose folder already exists is skipped.
 
         The checkpoint folder is the job's own under the root, unless given (a restart shares its job's).
-        One transaction: a daemon killed half way leaves no record without its folders, and never a
-        submission id without its job.
+        A task of an array has its `array_index`, and the `array_id` of its array; none given, the job is an
+        array's first task and its id is the array's. One transaction: a daemon killed half way leaves no
+        record without its folders, and never a submission id without its job.
         """
         while True:
             created_at = time.time()
             with self.transaction():
                 cur = self.db.execute(
-                    "INSERT INTO jobs (name, state, spec, job_dir, checkpoint_dir, created_at, submission_id) "
-                    "VALUES (?,?,?,?,?,?,?)",
-                    (name, JobState.QUEUED, spec.to_json(), "", "", created_at, submission_id),
+                    "INSERT INTO jobs (name, state, spec, job_dir, checkpoint_dir, created_at, submission_id, "
+                    "array_index) VALUES (?,?,?,?,?,?,?,?)",
+                    (name, JobState.QUEUED, spec.to_json(), "", "", created_at, submission_id, array_index),
                 )
                 job_id = int(cur.lastrowid or 0)
                 job_dir = jobs_dir / str(job_id)
@@ -159,11 +163,15 @@ class Store:
                     self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
                     continue
                 checkpoints = checkpoint_dir or checkpoint_root / str(job_id)
+                array = None if array_index is None else array_id or job_id
                 self.db.execute(
-                    "UPDATE jobs SET job_dir=?, checkpoint_dir=? WHERE id=?",
-                    (str(job_dir), str(checkpoints), job_id),
+                    "UPDATE jobs SET job_dir=?, checkpoint_dir=?, array_id=? WHERE id=?",
+                    (str(job_dir), str(checkpoints), array, job_id),
                 )
-            return JobRow(job_id, name, JobState.QUEUED, spec, str(job_dir), str(checkpoints), created_at)
+            return JobRow(
+                job_id, name, JobState.QUEUED, spec, str(job_dir), str(checkpoints), created_at,
+                array_id=array, array_index=array_index,
+            )  # fmt: skip
 
     def find_submission(self, submission_id: str) -> Optional[JobRow]:
         """The job that the submit with this client-made id created, if any."""
@@ -171,6 +179,13 @@ class Store:
             f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE submission_id=?", (submission_id,)
         ).fetchone()
         return _row(row) if row else None
+
+    def array_tasks(self, array_id: int) -> list[JobRow]:
+        """The tasks an array was submitted with (not their restarts), in index order."""
+        rows = self.db.execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE array_id=? ORDER BY array_index, id", (array_id,)
+        )
+        return [row for row in map(_row, rows) if row.spec.restart_of is None]
 
     def move(self, job_id: int, old: str, new: str, **values: Any) -> bool:
         """Set a job's state to `new` (and `values`) if it is `old`; False, with nothing written, if it is not.

@@ -12,11 +12,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Callable
 
 from tfrun.constants import MONITOR_INTERVAL_S
 from tfrun.protocol.fields import JobState
-from tfrun.runner.executor import Change, Ended, Executor, Started
+from tfrun.runner.executor import Change, Ended, Executor, Requeued, Started
 from tfrun.runner.faults import crash_point
 from tfrun.runner.job import JobRow
 from tfrun.runner.lifecycle import Lifecycle
@@ -48,6 +49,18 @@ class Supervisor:
             await self._started(row)
         finally:
             self._starting.discard(row.id)
+
+    async def start_array(self, rows: list[JobRow], envs: list[dict[str, str]], grace: float) -> None:
+        """Hand the scheduled tasks of one array to the executor together (Slurm: one sbatch), then record
+        each as `start_job` does."""
+        ids = {row.id for row in rows}
+        self._starting |= ids
+        try:
+            await self.executor.launch_array(rows, envs, grace)
+            for row in rows:
+                await self._started(row)
+        finally:
+            self._starting -= ids
 
     async def _started(self, row: JobRow) -> None:
         """Record what became of a job just handed over: running, ended already, or failed to start."""
@@ -119,6 +132,10 @@ class Supervisor:
     def _move(self, row: JobRow, change: Change) -> JobRow:
         if isinstance(change, Started):
             return self.lifecycle.start(row, **change.values())
+        if isinstance(change, Requeued):  # no move: it is still running, as the same job
+            log.info("job %d: %s", row.id, change.reason())
+            self.store.update(row.id, reason=change.reason())
+            return replace(row, reason=change.reason())
         ended = self._end(row, change)
         if change.state == JobState.LOST:
             log.warning("job %d: lost: %s", row.id, change.reason)

@@ -10,6 +10,9 @@
 - slurmctld, then `slurmd -N localhost` for the one node `localhost` (NodeAddr 127.0.0.1), with
   `gpus_per_node` fake GPUs: character devices made with mknod in `folder/dev` (plain files are rejected),
   gres.conf `AutoDetect=off`, so `--gres=gpu:N` sets CUDA_VISIBLE_DEVICES as on a real node.
+  With `nodes=N` (N > 1), N nodes `node1`..`nodeN` instead: one `slurmd -N nodeK` each on this machine, each
+  with its own port and spool folder, all at NodeAddr 127.0.0.1 (their names resolve to nothing), so that
+  multi-node jobs (`srun -N 2`) run for real.
 
 Every config, state, spool and log file lives in `folder` (slurm.conf, slurmdbd.conf, gres.conf; logs in
 `folder/log`); every port is chosen free on 127.0.0.1. Nothing is written to /etc. `start` returns once
@@ -20,8 +23,13 @@ What a test uses:
 
 - `env`: the environment for Slurm's commands and for anything that runs them (a tfrund): os.environ plus
   SLURM_CONF=folder/slurm.conf and PATH with /usr/bin and /usr/sbin. Pass it as `env=` to subprocesses.
-- `partition` ("debug", the default partition), `node` ("localhost"), `gpus_per_node` (2), `cpus`,
-  `accounting` (True: `sacct` works), `cluster_name`, `conf` (the slurm.conf path), `folder`.
+- `partition` ("debug", the default partition), `node` ("localhost"), `nodes` (the node names), `gpus_per_node`
+  (2), `cpus`, `accounting` (True: `sacct` works), `cluster_name`, `conf` (the slurm.conf path), `folder`.
+- `memory_mb=M`: the node has M MB (RealMemory), memory is a consumable resource (CR_Core_Memory) and a job
+  over its `--mem` is killed (JobAcctGatherParams=OverMemoryKill, sampled every second): with
+  TaskPlugin=task/none there are no cgroups, so Slurm's state is FAILED (ExitCode 0:9, Reason
+  JobLaunchFailure) and slurmstepd writes "StepId=N.batch exceeded memory limit (...), being killed" and
+  "Exceeded job memory limit" to the job's output. With CR_Core alone, `--mem` is not enforced at all.
 - `run(cmd)`: a command (a list of arguments, or one string run by bash) with `env`; returns the
   CompletedProcess (text); `ok(cmd)` asserts it succeeded and returns its stdout.
 - `sbatch(*args)` → the job id (`sbatch --parsable ARGS`); `squeue_state(id)` → Slurm's state while the job
@@ -54,6 +62,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import json
 import os
 import re
 import secrets
@@ -67,7 +76,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 import pytest
-from conftest import alive, wait_for
+from conftest import Tfrun, alive, wait_for
 
 # The programs a cluster needs: Debian's slurm-wlm slurmctld slurmd munge slurm-client (+ mariadb-server slurmdbd
 # for accounting), which .ci/run installs.
@@ -147,13 +156,25 @@ class SlurmCluster:
     node = "localhost"
     cluster_name = "tfci"
 
-    def __init__(self, folder: Path, gpus_per_node: int = 2, accounting: bool = True, start: bool = True) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        gpus_per_node: int = 2,
+        accounting: bool = True,
+        start: bool = True,
+        memory_mb: Optional[int] = None,
+        nodes: int = 1,
+    ) -> None:
         absent = missing(accounting)
         if absent:
             raise Unavailable(f"Slurm is not installed here (missing: {', '.join(absent)}); .ci/run installs it")
         self.folder = folder.resolve()
         self.gpus_per_node = gpus_per_node
         self.accounting = accounting
+        self.memory_mb = memory_mb
+        # nodes > 1: node1..nodeN, each a slurmd of its own on this machine (its own port and spool), all at
+        # 127.0.0.1; their names resolve to nothing, as on clusters whose node names are not hostnames.
+        self.nodes = [self.node] if nodes == 1 else [f"node{index}" for index in range(1, nodes + 1)]
         self.cpus = os.cpu_count() or 1
         self.conf = self.folder / "slurm.conf"
         self.env = dict(os.environ)
@@ -173,7 +194,7 @@ class SlurmCluster:
         for sub in ("munge", "log", "state", "spool", "dev", "tmp", "run"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         (folder / "munge").chmod(0o700)
-        self.ctld_port, self.slurmd_port, self.dbd_port, self.db_port = _free_ports(4)
+        self.ctld_port, self.slurmd_port, self.dbd_port, self.db_port, *node_ports = _free_ports(4 + len(self.nodes))
         self.mpi_ports = _port_block(10)
         self.munge_socket = folder / "munge" / "munge.socket"
         key = folder / "munge" / "munge.key"
@@ -194,17 +215,38 @@ class SlurmCluster:
             else "AccountingStorageType=accounting_storage/none\n"
         )
         gres = f"Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
+        # memory_mb: the node's memory, and a job over its --mem killed by slurmstepd (sampled each second; no
+        # cgroups here, so Slurm says FAILED, not OUT_OF_MEMORY); memory is then a resource each job asks for
+        memory = f"RealMemory={self.memory_mb}" if self.memory_mb else ""
+        select = "CR_Core_Memory" if self.memory_mb else "CR_Core"  # a job's --mem is its step's limit
+        gather = (
+            "JobAcctGatherFrequency=1\nJobAcctGatherParams=OverMemoryKill"
+            if self.memory_mb
+            else "JobAcctGatherFrequency=5"
+        )
+        slurmd_port = f"SlurmdPort={self.slurmd_port}\n"  # several nodes: a Port= each, on its NodeName line
+        if len(self.nodes) == 1:
+            node_lines = f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} {memory} {gres} State=UNKNOWN\n"
+        else:
+            node_lines = "".join(
+                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} {memory} "
+                f"{gres} State=UNKNOWN\n"
+                for name, port in zip(self.nodes, node_ports)
+            )
+            slurmd_port = ""
+            for name in self.nodes:
+                (folder / "spool" / name).mkdir(exist_ok=True)
+        node_list = ",".join(self.nodes)
         self.conf.write_text(
             f"""# A single-node cluster for tfrun's tests (tests/slurmcluster.py).
 ClusterName={self.cluster_name}
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={self.ctld_port}
-SlurmdPort={self.slurmd_port}
-SlurmUser=root
+{slurmd_port}SlurmUser=root
 SlurmdUser=root
 {auth}CryptoType=crypto/munge
 StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/spool
+SlurmdSpoolDir={folder}/spool{"/%n" if len(self.nodes) > 1 else ""}
 SlurmctldPidFile={folder}/run/slurmctld.pid
 SlurmdPidFile={folder}/run/slurmd-%n.pid
 SlurmctldLogFile={folder}/log/slurmctld.log
@@ -221,7 +263,7 @@ MpiParams=ports={self.mpi_ports}-{self.mpi_ports + 9}
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=1,sched_interval=2
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters={select}
 ReturnToService=2
 MinJobAge={MIN_JOB_AGE}
 KillWait=5
@@ -232,14 +274,13 @@ SlurmdTimeout=30
 GresTypes=gpu
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/linux
-JobAcctGatherFrequency=5
-{accounting}NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} {gres} State=UNKNOWN
-PartitionName={self.partition} Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+{gather}
+{accounting}{node_lines}PartitionName={self.partition} Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
 """
         )
         device_list = ",".join(str(gpu) for gpu in gpus)
         (folder / "gres.conf").write_text(
-            "AutoDetect=off\n" + (f"NodeName=localhost Name=gpu File={device_list}\n" if gpus else "")
+            "AutoDetect=off\n" + (f"NodeName={','.join(self.nodes)} Name=gpu File={device_list}\n" if gpus else "")
         )
         if self.accounting:
             dbd = folder / "slurmdbd.conf"
@@ -344,13 +385,19 @@ StorageLoc=slurm_acct_db
         self._spawn("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i"])
         self._wait("slurmctld", lambda: self._listening(self.ctld_port))
         t = self._timed("slurmctld", t)
-        self._spawn("slurmd", ["/usr/sbin/slurmd", "-D", "-N", self.node])
-        self._wait("slurmd", self._idle)
+        for name in self.nodes:
+            self._spawn(self._slurmd(name), ["/usr/sbin/slurmd", "-D", "-N", name])
+        for name in self.nodes:
+            self._wait(self._slurmd(name), functools.partial(self._idle, name))
         t = self._timed("slurmd-idle", t)
         self.startup_seconds["total"] = round(t - began, 2)
 
-    def _idle(self) -> bool:
-        result = self.run(["sinfo", "-h", "-o", "%T", "-n", self.node], timeout=10)
+    def _slurmd(self, node: str) -> str:
+        """The name a node's slurmd is kept under (its log file's too): `slurmd` for the single node."""
+        return "slurmd" if len(self.nodes) == 1 else f"slurmd-{node}"
+
+    def _idle(self, node: str) -> bool:
+        result = self.run(["sinfo", "-h", "-o", "%T", "-n", node], timeout=10)
         return result.returncode == 0 and result.stdout.strip() == "idle"
 
     # -- commands --------------------------------------------------------------------------------------------
@@ -428,7 +475,7 @@ StorageLoc=slurm_acct_db
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=10)
-            if name == "slurmd":  # its step daemons and their jobs outlive it
+            if name.startswith("slurmd") and name != "slurmdbd":  # its step daemons and their jobs outlive it
                 for pid in self._processes():
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
@@ -444,6 +491,32 @@ StorageLoc=slurm_acct_db
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def use_cluster(tf: Tfrun, cluster: SlurmCluster, checkpoints: Optional[Path] = None, options: str = "") -> Tfrun:
+    """`tf` with a tfrund (started on demand by its client) that submits to `cluster`: executor = "slurm", its
+    partition, a 10-minute time limit, `options` added to [slurm], checkpoints under `checkpoints` if given, and
+    Slurm's commands on the PATH."""
+    tf.home.mkdir(parents=True, exist_ok=True)
+    root = f'checkpoint_root = "{checkpoints}"\n' if checkpoints else ""
+    (tf.home / "config.toml").write_text(
+        f'executor = "slurm"\n{root}[slurm]\npartition = "{cluster.partition}"\ntime = "10"\n{options}'
+    )
+    tf.env["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    tf.env["PATH"] = f"{tf.env.get('PATH', '')}:{cluster.env['PATH']}"
+    return tf
+
+
+def slurm_id_of(tf: Tfrun, job: int) -> str:
+    """The Slurm id of tfrun job `job` (its slurm.json), once sbatch gave one."""
+    record = wait_for(lambda: json.loads((tf.job_dir(job) / "slurm.json").read_text() or "{}"), what="slurm.json")
+    return str(record["slurm_id"])
+
+
+@pytest.fixture(name="on_slurm")
+def on_slurm_fixture(tf: Tfrun, slurm: SlurmCluster) -> Tfrun:
+    """The test's tfrun, its daemon submitting to the session's cluster (`use_cluster`)."""
+    return use_cluster(tf, slurm)
 
 
 _shared: Optional[SlurmCluster] = None

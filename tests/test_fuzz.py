@@ -166,6 +166,8 @@ def shaped(tp: Any, name: str, chaos: bool) -> st.SearchStrategy[Any]:
     bounds = next((e for e in extras if isinstance(e, Range)), None)
     limit = next((e for e in extras if isinstance(e, Limit)), Limit())
     origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return st.sampled_from(typing.get_args(tp))
     if origin is typing.Union:
         return st.none() | field(next(a for a in typing.get_args(tp) if a is not type(None)), name, chaos)
     if origin is list:
@@ -211,7 +213,8 @@ ANSWERS = {
     "have_blobs": ["missing_blobs"], "list": ["jobs"],
     "list_alerts": ["alerts"], "list_files": ["file_list"], "list_gpus": ["gpus"], "notify_test": ["notify_report"],
     "put_blob": ["ok"], "put_blobs": ["ok"], "read_file": ["file_chunk"],
-    "read_log": ["log_chunk", "log_lines", "log_end"], "restart": ["job"], "submit": ["job"], "top": ["top_reply"],
+    "read_log": ["log_chunk", "log_lines", "log_end"], "restart": ["job"], "submit": ["job"], "submit_array": ["jobs"],
+    "top": ["top_reply"], "start_service": ["service"],
     "wait": ["job"], "get_config": ["config"], "reload_config": ["config"], "set_config": ["config"],
     "remove": ["remove_reply"], "prune": ["remove_reply"], "disk_usage": ["disk_report"],
 }  # fmt: skip
@@ -233,6 +236,10 @@ def requests(draw: st.DrawFn) -> tuple[str, bytes]:
         del fields[draw(st.sampled_from(sorted(fields)))]
     if cls.TYPE == "submit" and isinstance(fields.get("files"), list):  # never a job that really runs
         fields["script"] = "not-among-the-files"
+    if cls.TYPE == "submit_array" and isinstance(fields.get("submit"), dict):  # nor an array of them
+        fields["submit"]["script"] = "not-among-the-files"
+    if cls.TYPE == "start_service":  # never a TensorBoard or Jupyter that really runs (nor waits 3 min to)
+        fields["jobs"], fields["root_dir"] = ["no-such-job"], "/no/such/folder"
     if cls.TYPE in ("remove", "prune"):  # the box's job stays, for the requests that find it
         fields["dry_run"] = True
     payload = b""

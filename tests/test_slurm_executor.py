@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 from conftest import Tfrun, wait_for, write_script
-from slurmcluster import SlurmCluster, slurm_fixture  # noqa: F401 (a fixture)
+from slurmcluster import SlurmCluster, on_slurm_fixture, slurm_fixture, slurm_id_of  # noqa: F401 (fixtures)
 
 from tfrun.constants import EXIT_LOST
 from tfrun.paths import Layout
 from tfrun.protocol.fields import JobState
 from tfrun.runner.config import Config, ConfigError
 from tfrun.runner.job import JobRow, JobSpec
+from tfrun.runner.oom import SLURM_OUT_OF_MEMORY
 from tfrun.runner.slurm import states
 from tfrun.runner.slurm.commands import Features
 from tfrun.runner.slurm.executor import batch_script, launch_env, sbatch_args
@@ -43,7 +44,7 @@ def test_an_exit_record_is_exact_and_slurm_adds_what_the_shim_cannot_know() -> N
     cancelled = states.end_of("COMPLETED", {**record, "exit_code": 143, "cancelled": True}, True)  # type: ignore[arg-type]
     assert cancelled.state == JobState.CANCELLED
     oom = states.end_of("OUT_OF_MEMORY", {**record, "exit_code": 137}, False)  # type: ignore[arg-type]
-    assert (oom.state, oom.exit_code, oom.reason) == (JobState.FAILED, 137, "out of memory")
+    assert (oom.state, oom.exit_code, oom.reason) == (JobState.FAILED, 137, SLURM_OUT_OF_MEMORY)
     timeout = states.end_of("TIMEOUT", {**record, "exit_code": 0}, False)  # type: ignore[arg-type]
     assert timeout.state == JobState.FAILED and timeout.exit_code == 1 and "time limit" in str(timeout.reason)
     for lost in ("NODE_FAIL", "PREEMPTED"):
@@ -55,7 +56,7 @@ def test_without_an_exit_record_slurm_is_all_there_is() -> None:
     assert states.end_of("CANCELLED by 0", None, False).state == JobState.CANCELLED
     assert states.end_of("COMPLETED", None, True).state == JobState.CANCELLED  # tfrun asked
     oom = states.end_of("OUT_OF_MEMORY", None, False, slurm_exit=(None, None))
-    assert (oom.state, oom.reason) == (JobState.FAILED, "out of memory")
+    assert (oom.state, oom.reason) == (JobState.FAILED, SLURM_OUT_OF_MEMORY)
     failed = states.end_of("FAILED", None, False, slurm_exit=states.exit_code("3:0"))
     assert (failed.state, failed.exit_code) == (JobState.FAILED, 3)
     gone = states.end_of(None, None, False)
@@ -109,7 +110,7 @@ def test_a_jobs_own_slurm_options_win_over_the_configs(tmp_path: Path) -> None:
         (None, "60\n:", None),
         (None, "UNLIMITED", None),
         (None, "soon", None),
-        (None, None, 2),
+        (None, None, 0),
     ):
         with pytest.raises(SettingsError):
             job_options(*bad)  # type: ignore[arg-type]
@@ -162,21 +163,6 @@ def test_features_by_version() -> None:
 # -- on the real cluster ----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def on_slurm(tf: Tfrun, slurm: SlurmCluster) -> Tfrun:
-    """A tfrund (started on demand by the client) that submits to the session's cluster."""
-    tf.home.mkdir(parents=True, exist_ok=True)
-    (tf.home / "config.toml").write_text(f'executor = "slurm"\n[slurm]\npartition = "{slurm.partition}"\ntime = "10"\n')
-    tf.env["SLURM_CONF"] = slurm.env["SLURM_CONF"]
-    tf.env["PATH"] = f"{tf.env.get('PATH', '')}:{slurm.env['PATH']}"
-    return tf
-
-
-def _slurm_id(tf: Tfrun, job: int) -> str:
-    record = wait_for(lambda: json.loads((tf.job_dir(job) / "slurm.json").read_text() or "{}"), what="slurm.json")
-    return str(record["slurm_id"])
-
-
 def test_submit_wait_logs_and_exit_codes_on_slurm(on_slurm: Tfrun, slurm: SlurmCluster, project: Path) -> None:
     tf = on_slurm
     write_script(project, "hello.py", "import os\nprint('hello from', os.environ['SLURM_JOB_ID'], flush=True)\n")
@@ -184,14 +170,37 @@ def test_submit_wait_logs_and_exit_codes_on_slurm(on_slurm: Tfrun, slurm: SlurmC
     ok = tf.submit(str(project / "hello.py"))
     three = tf.submit(str(project / "three.py"))
     assert tf.run("wait", str(ok), timeout=90).returncode == 0
-    slurm_id = _slurm_id(tf, ok)
+    slurm_id = slurm_id_of(tf, ok)
     assert f"hello from {slurm_id}" in tf.log(ok).decode()
     assert tf.job(ok)["state"] == "succeeded"
     assert tf.run("wait", str(three), timeout=90).returncode == 3
     job = tf.job(three)
     assert (job["state"], job["exit_code"]) == ("failed", 3) and b"failing" in tf.log(three)
     assert (tf.job_dir(ok) / f"slurm-{ok}.out").exists()  # named by tfrun's id
-    assert slurm.wait_final(int(_slurm_id(tf, three)))[0] == "FAILED"  # the shim exits with the job's code
+    assert slurm.wait_final(int(slurm_id_of(tf, three)))[0] == "FAILED"  # the shim exits with the job's code
+
+
+def test_gpu_jobs_get_distinct_devices_and_a_signal_is_an_exit_code(
+    on_slurm: Tfrun, slurm: SlurmCluster, project: Path, tmp_path: Path
+) -> None:
+    """Two 1-GPU jobs at once each see one device of their own, as Slurm chose it (--gres=gpu:1); a job
+    killed by a signal exits 128+N, as on a box."""
+    tf = on_slurm
+    gate = tmp_path / "both-running"
+    shows = "import os, time\nprint('gpus', os.environ.get('CUDA_VISIBLE_DEVICES'), flush=True)\n"
+    write_script(project, "gpu.py", shows + f"while not os.path.exists({str(gate)!r}):\n    time.sleep(0.1)\n")
+    write_script(project, "killed.py", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    jobs = [tf.submit("--gpus", "1", str(project / "gpu.py")) for _ in range(slurm.gpus_per_node)]
+    wait_for(lambda: all(b"gpus" in tf.log(job) for job in jobs), timeout=60, what="both GPU jobs to run")
+    devices = [tf.log(job).decode().split()[1] for job in jobs]
+    assert sorted(devices) == [str(i) for i in range(slurm.gpus_per_node)], devices
+    gate.touch()
+    killed = tf.submit(str(project / "killed.py"))
+    assert tf.run("wait", str(killed), timeout=90).returncode == 137
+    ended = tf.job(killed)
+    assert (ended["state"], ended["exit_code"], ended["signal"]) == ("failed", 137, 9), ended
+    for job in jobs:
+        assert tf.run("wait", str(job), timeout=90).returncode == 0
 
 
 def test_ps_shows_pending_then_running_and_cancel_ends_it_cancelled(
@@ -209,7 +218,7 @@ def test_ps_shows_pending_then_running_and_cancel_ends_it_cancelled(
     first = tf.submit("--gpus", str(slurm.gpus_per_node), str(project / "wait.py"))
     second = tf.submit("--gpus", "1", str(project / "loop.py"))
     wait_for(lambda: tf.job(first)["state"] == "running", timeout=60, what="the first job to run")
-    assert slurm.squeue_state(int(_slurm_id(tf, second))) == "PENDING"
+    assert slurm.squeue_state(int(slurm_id_of(tf, second))) == "PENDING"
     assert tf.job(second)["state"] == "queued"
     states_shown = {j["id"]: j["state"] for j in tf.jobs()}
     assert states_shown[first] == "running" and states_shown[second] == "queued"
@@ -244,7 +253,7 @@ def test_cancel_of_a_pending_job_ends_it_at_once(
     write_script(project, "never.py", "print('never')\n")
     holder = tf.submit("--gpus", str(slurm.gpus_per_node), str(project / "hold.py"))
     job = tf.submit("--gpus", "1", str(project / "never.py"))
-    slurm_id = int(_slurm_id(tf, job))
+    slurm_id = int(slurm_id_of(tf, job))
     wait_for(lambda: slurm.squeue_state(slurm_id) == "PENDING", timeout=30, what="pending")
     assert tf.run("cancel", str(job), timeout=30).returncode == 0
     ended = tf.job(job)
@@ -283,7 +292,7 @@ def test_partition_and_time_reach_sbatch(on_slurm: Tfrun, slurm: SlurmCluster, p
     write_script(project, "hello.py", "print('hello')\n")
     job = tf.submit("--partition", slurm.partition, "--time", "5", "--gpus", "0", str(project / "hello.py"))
     assert tf.run("wait", str(job), timeout=90).returncode == 0
-    slurm_id = _slurm_id(tf, job)
+    slurm_id = slurm_id_of(tf, job)
     fields = f"sacct -X -n -P -j {slurm_id} --format=Partition,Timelimit"
     shown = wait_for(lambda: (out := slurm.ok(fields).strip()).strip("|") and out, timeout=30, what="sacct's record")
     assert shown == f"{slurm.partition}|00:05:00", shown
@@ -291,8 +300,8 @@ def test_partition_and_time_reach_sbatch(on_slurm: Tfrun, slurm: SlurmCluster, p
     assert tf.run("wait", str(bad), timeout=60).returncode != 0
     ended = tf.job(bad)
     assert ended["state"] == "failed" and "Invalid partition name" in ended["reason"], ended
-    refused_nodes = tf.run("submit", "--nodes", "2", str(project / "hello.py"))
-    assert refused_nodes.returncode != 0 and "only 1 node" in refused_nodes.stderr
+    refused_nodes = tf.run("submit", "--nodes", "1000", str(project / "hello.py"))
+    assert refused_nodes.returncode != 0 and "--nodes 1000: from 1 to" in refused_nodes.stderr
     assert len(refused_nodes.stderr.strip().splitlines()) == 1, refused_nodes.stderr
     refused_time = tf.run("submit", "--time", "UNLIMITED", str(project / "hello.py"))
     assert refused_time.returncode != 0 and "not a time limit" in refused_time.stderr

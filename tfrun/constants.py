@@ -45,6 +45,9 @@ FILTER_THREADS = 2  # threads that match `logs` patterns, so a costly filter nev
 MAX_CANCEL_JOBS = 1000  # jobs one `cancel` names: each is looked up and signalled while other clients wait
 MAX_RESTARTS = 1000  # submit --max-restarts
 MAX_PRIORITY = 1_000_000  # submit --priority, either way
+# submit --nodes (Slurm): srun reserves one port a task on every node (--resv-ports), from the cluster's
+# MpiParams=ports range, which must hold that many
+MAX_NODES = 128
 MAX_ALERTS = 10_000  # alerts one `tfrun alerts` lists
 MAX_TOP_RECENT = 100  # ended jobs `tfrun top` shows
 MAX_TOP_LOSSES = 1000  # losses per job `tfrun top` draws

@@ -61,6 +61,17 @@ VERBS: dict[str, tuple[str, str, str]] = {
               "contents no job needs."),
     "forward": ("services", "forward", "Forward LOCAL_PORT on this machine to BOX_PORT on the box, through tfrun's SSH "
                 "connection to it, until Ctrl-C."),
+    "tensorboard": ("services", "tensorboard", "Show jobs in TensorBoard: the box runs it (as a service its daemon "
+                    "supervises) over each JOB's TensorBoard folder, one run per job named ID-name, and this forwards "
+                    "a local port to it until Ctrl-C, which stops it."),
+    "jupyter": ("services", "jupyter", "Open JupyterLab on the box: the box's daemon runs it (as a service it "
+                "supervises, with the job interpreter, the same environment jobs get and --gpus GPUs of its own) "
+                "with a fresh token, and this forwards a local port to it and prints the URL with the token, until "
+                "Ctrl-C, which stops it."),
+    "services": ("services", "services", "List the services on the box (TensorBoard, Jupyter) that have not ended: "
+                 "name, job id, state, the box port each listens on, its GPUs and how long it has run."),
+    "stop": ("services", "stop", "Stop a service: NAME as `tfrun services` shows it (tensorboard, jupyter-2) or its "
+             "job id."),
     "df": ("housekeeping", "df", "What tfrun's folders take on the box: job folders, their logs, uploaded contents "
            "(blobs), spare snapshots, checkpoints, the database; sizes on disk, as `du` counts them."),
 }

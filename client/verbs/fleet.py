@@ -83,10 +83,10 @@ def pools(as_json: bool) -> None:
     render.print_table(cli.output(), ("POOL", "HOST", "REACHABLE", "FREE/GPUS", "RUNNING", "QUEUED"), body)
 
 
-def ps_pool(name: str, members: list[Host], show_all: bool, quiet: bool, as_json: bool) -> None:
-    """`tfrun ps --host POOL`: every member's jobs, each once, as HOST:ID."""
-    answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), ListJobs(all=show_all), _wait(),
-                                                       _accept_new())))  # fmt: skip
+def ps_pool(name: str, members: list[Host], show_all: bool, quiet: bool, as_json: bool, services: bool) -> None:
+    """`tfrun ps --host POOL`: every member's jobs (and services, if asked), each once, as HOST:ID."""
+    listing = ListJobs(all=show_all, services=services)
+    answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), listing, _wait(), _accept_new())))
     jobs: list[tuple[str, Job]] = [(a.host.label, job) for a in answers if a.reply for job in a.reply.jobs]
     if as_json:
         click.echo(render.to_json([{**_record(job), "host": host, "address": f"{host}:{job.id}"}

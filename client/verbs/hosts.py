@@ -192,10 +192,13 @@ def _install_on(
 @hosts.command("check")
 @click.argument("name", required=False, envvar="TFRUN_HOST")
 @click.option("--accept-new-host-key", is_flag=True, help="Trust the box's host key the first time it is seen.")
-def hosts_check(name: Optional[str], accept_new_host_key: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the steps as a JSON list of status (ok, warn, fail) "
+              "and step, once all are done.")  # fmt: skip
+def hosts_check(name: Optional[str], accept_new_host_key: bool, as_json: bool) -> None:
     """Check a host step by step: ssh, host key, tfrund and its version, socket forwarding, then the doctor's
     checks (tfrun doctor) with the interpreter jobs get there (the host's --python, else tfrund's job_python):
-    its TensorFlow, CUDA build, GPUs, the driver, the checkpoint root. Exits 125 if any step fails."""
+    its TensorFlow, CUDA build, GPUs, the driver, the checkpoint root; on a Slurm login node, Slurm's version,
+    partitions, GPUs per node and accounting. Exits 125 if any step fails."""
     try:
         host = config.resolve(name, config.load())
     except TfrunError as exc:
@@ -204,7 +207,17 @@ def hosts_check(name: Optional[str], accept_new_host_key: bool) -> None:
         cli.fail("no host given and no default host configured", EXIT_USAGE)
     from tfrun.client import ssh
 
-    ok = cli.run(ssh.check(host, accept_new_host_key, lambda good, step: click.echo(f"{_STEP_LABEL[good]} {step}")))
+    steps: list[dict[str, str]] = []
+
+    def report(good: bool | str, step: str) -> None:
+        if as_json:  # a step's status as the doctor names it: ok, warn, fail
+            steps.append({"status": _STEP_LABEL[good].strip().lower(), "step": step})
+        else:
+            click.echo(f"{_STEP_LABEL[good]} {step}")
+
+    ok = cli.run(ssh.check(host, accept_new_host_key, report))
+    if as_json:
+        click.echo(render.to_json(steps))
     sys.exit(EXIT_OK if ok else EXIT_DAEMON)
 
 

@@ -25,6 +25,7 @@ from tfrun.protocol.jobs import GetJob, ListJobs
 
 if TYPE_CHECKING:
     from tfrun.client.snapshot import Snapshot
+    from tfrun.protocol.jobs import Job
 
 
 def _snapshot_notes(snap: Snapshot) -> None:
@@ -74,8 +75,9 @@ def _snapshot_notes(snap: Snapshot) -> None:
               "default: the host's [slurm] partition, else the cluster's default).")  # fmt: skip
 @click.option("--time", "time_limit", metavar="T", help="Slurm hosts only: the job's time limit in Slurm's forms "
               "(60, 4:00:00, 1-12) or 2h (sbatch --time; default: the host's [slurm] time)")  # fmt: skip
-@click.option("--nodes", type=click.IntRange(min=1), metavar="N", help="Slurm hosts only: nodes for the job "
-              "(sbatch --nodes); only 1 for now, until multi-node TF_CONFIG exists.")  # fmt: skip
+@click.option("--nodes", type=click.IntRange(min=1), metavar="N", help="Slurm hosts only: nodes for the "
+              "job (sbatch --nodes), one task each with --gpus N of its own and a TF_CONFIG naming them all, for "
+              "MultiWorkerMirroredStrategy (tfrun.jobs.setup_gpus).")  # fmt: skip
 @click.option("--alert", "alerts", multiple=True, metavar="RULE[=VALUE][,...]", help="Turn on or tune alert rules "
               "for this job: oom, spike[=FACTOR], stall[=TIME], failed, done, lost (e.g. --alert stall=10m); all "
               "are on unless the daemon's config says otherwise.")  # fmt: skip
@@ -86,7 +88,11 @@ def _snapshot_notes(snap: Snapshot) -> None:
 @click.option("--metric", "metric_patterns", multiple=True, metavar="REGEX", help="Read more metrics from the "
               "output: each named group is one, `step`/`epoch` are counters, e.g. 'it (?P<step>\\d+) "
               "f1=(?P<f1>[0-9.]+)'.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON instead of its id.")
+@click.option("--array", "array", multiple=True, metavar="KEY=V1,V2,...", help="Run one job per value, a task of "
+              "one array: each gets KEY in capitals as a variable (LR=0.1) and --KEY=VALUE after its arguments; "
+              "repeated: every combination (at most 1000). Prints the task ids. Slurm: one sbatch --array")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON instead of its id (with "
+              "--array, a list of the tasks').")  # fmt: skip
 @click.option("-y", "--yes", is_flag=True, help="Send a large upload without asking: on a terminal, submit asks "
               "before sending more than confirm_upload_bytes (client config, default 1GB) the box lacks.")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="With --host POOL: print each member's figures, the member it would "
@@ -112,6 +118,7 @@ def submit(
     no_alerts: tuple[str, ...],
     notify: tuple[str, ...],
     metric_patterns: tuple[str, ...],
+    array: tuple[str, ...],
     as_json: bool,
     yes: bool,
     dry_run: bool,
@@ -146,20 +153,29 @@ def submit(
     on stderr, and the job's address (HOST:ID) printed; a member that does not answer within
     TFRUN_FLEET_TIMEOUT (default 5s) is skipped with a line on stderr. --dry-run shows the figures only.
 
+    With --array KEY=V1,V2,... the submit makes one job per value, the tasks of one array (the first task's
+    id is the array's): each has its own id, log, state and restarts, gets KEY in capitals as a variable
+    (lr=... sets LR), TFRUN_ARRAY_ID and TFRUN_ARRAY_INDEX, and --KEY=VALUE after its arguments. Repeated
+    --array options make every combination. A --name is given to each task with its index (sweep-0, sweep-1).
+    The task ids are printed one a line; `ps` shows the tasks together under the array's id. On a Slurm host
+    the tasks go to Slurm as one array (sbatch --array).
+
     \b
     Examples:
       tfrun submit train.py --epochs 5                 on the default host; prints the job id
       tfrun submit --host gpu --gpus 2 train.py        on the member of pool gpu that starts it soonest
       tfrun submit --host gpu --dry-run train.py       where it would go, and why
+      tfrun submit --array lr=0.1,0.01,0.001 train.py  3 jobs: train.py --lr=0.1 (LR=0.1), ...
     """
     from tfrun.client.housekeeping import UploadQuestion
     from tfrun.client.verbs.logs import follow_job
 
     if name is not None and validate_name(name):
         raise click.BadParameter(str(validate_name(name)), param_hint="--name")
-    if nodes is not None and nodes > 1:
-        raise click.UsageError("--nodes: only 1 node for now (multi-node TF_CONFIG is not supported yet)")
     env = cli.parse_env(env_pairs)
+    axes = _array(array, env)
+    if axes and follow:
+        raise click.UsageError("--follow takes one job: follow a task of the array with tfrun logs -f ID")
     args = _script_args(script, args)
     pool = cli.pool()
     if dry_run and pool is None:
@@ -187,6 +203,7 @@ def submit(
             no_alerts=_split(no_alerts),
             notify=list(notify),
             metric_patterns=list(metric_patterns),
+            array=axes,
             gpus=gpus,
             priority=priority,
             after=_split(after),
@@ -202,6 +219,9 @@ def submit(
             f"tfrun: uploaded {done.files_sent} of {done.files} files ({render.size(done.bytes_sent)})", err=True
         )
         address = f"{target.host.label}:{job.id}" if pool is not None and target.host else str(job.id)
+        if done.tasks:
+            _print_array(done.tasks, as_json, f"{target.host.label}:" if pool is not None and target.host else "")
+            return EXIT_OK
         if as_json:
             click.echo(render.to_json({**dataclasses.asdict(job), "host": target.host.label, "address": address}
                                       if pool is not None and target.host else job))  # fmt: skip
@@ -214,6 +234,28 @@ def submit(
         return await follow_job(client, str(job.id))
 
     sys.exit(cli.run(conversation()))
+
+
+def _array(options: tuple[str, ...], env: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """The --array options as (key, values), checked as the daemon checks them: a usage error in one line."""
+    from tfrun import arrays
+
+    try:
+        axes = [arrays.parse(option) for option in options]
+        if axes:
+            arrays.check(axes, env)
+    except arrays.ArrayError as exc:
+        raise click.BadParameter(str(exc), param_hint="--array") from None
+    return axes
+
+
+def _print_array(tasks: list[Job], as_json: bool, host: str) -> None:
+    """An array's tasks: their ids one a line (HOST:ID on a pool), or their records as a JSON list."""
+    if as_json:
+        click.echo(render.to_json(tasks))
+        return
+    click.echo(f"tfrun: array {host}{tasks[0].array_id}: {len(tasks)} tasks", err=True)
+    click.echo("".join(f"{host}{job.id}\n" for job in tasks), nl=False)
 
 
 def _script_args(script: str, args: tuple[str, ...]) -> tuple[str, ...]:
@@ -255,7 +297,9 @@ def _split(values: tuple[str, ...]) -> list[str]:
               "--host POOL, their addresses (HOST:ID).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job records (with --host POOL, each "
               "with its host and address).")  # fmt: skip
-def ps(show_all: bool, quiet: bool, as_json: bool) -> None:
+@click.option("--services", "with_services", is_flag=True, help="Include the box's services (TensorBoard, Jupyter: "
+              "tfrun services).")  # fmt: skip
+def ps(show_all: bool, quiet: bool, as_json: bool, with_services: bool) -> None:
     """List jobs that have not ended (with -a, every job).
 
     The first line names the box (`jobs on box (alice@gpu-box)`, or `this machine`), then one row per job,
@@ -277,9 +321,9 @@ def ps(show_all: bool, quiet: bool, as_json: bool) -> None:
     if pool is not None:
         from tfrun.client.verbs.fleet import ps_pool
 
-        ps_pool(*pool, show_all, quiet, as_json)
+        ps_pool(*pool, show_all, quiet, as_json, with_services)
         return
-    jobs = cli.ask(ListJobs(all=show_all)).jobs
+    jobs = cli.ask(ListJobs(all=show_all, services=with_services)).jobs
     if as_json:
         click.echo(render.to_json(jobs))
     elif quiet:

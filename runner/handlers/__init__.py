@@ -4,8 +4,8 @@ Handlers check a request and turn failures into Error replies; what a request do
 own module: a job's states in runner/lifecycle.py, streaming a log in runner/logstream.py, a job's files in
 runner/jobfiles.py, its metrics in runner/jobmetrics.py. The handlers are grouped by what they serve:
 `jobs.py` (submit, restart, cancel, wait, ps, status), `files.py` (uploads, pulls, logs), `watching.py`
-(alerts, metrics, GPUs, top, attach, doctor) and `admin.py` (the daemon, its config, housekeeping); each is
-registered for its request type in `base.HANDLERS` by `@handles`.
+(alerts, metrics, GPUs, top, attach, doctor), `services.py` (TensorBoard, Jupyter) and `admin.py` (the daemon,
+its config, housekeeping); each is registered for its request type in `base.HANDLERS` by `@handles`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 from tfrun.protocol.jobs import Wait
 from tfrun.protocol.logs import ReadLog
 from tfrun.protocol.wire import Message
-from tfrun.runner.handlers import admin, files, jobs, watching
+from tfrun.runner.handlers import admin, files, jobs, services, watching
 from tfrun.runner.handlers.base import HANDLERS, Connection, RequestError
 
 # Requests that only watch a job: the daemon drops one the moment its client hangs up, rather than when the
 # job ends. Nothing else is dropped half way: a submit or a cancel whose client left still runs to its end.
 WATCHING: tuple[type[Message], ...] = (Wait, ReadLog)
 
-__all__ = ["HANDLERS", "WATCHING", "Connection", "RequestError", "admin", "files", "jobs", "watching"]
+__all__ = ["HANDLERS", "WATCHING", "Connection", "RequestError", "admin", "files", "jobs", "services", "watching"]

@@ -13,6 +13,7 @@ from tfrun.protocol.wire import Ok
 from tfrun.runner import jobfiles, logstream
 from tfrun.runner.handlers.base import Connection, RequestError, find, handles, invalid
 from tfrun.runner.lines import PatternError
+from tfrun.runner.slurm.executor import LOG_SETTLE_S, SlurmExecutor
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -26,8 +27,11 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
         chosen = await logstream.selection(req)
     except PatternError as exc:
         raise invalid(str(exc)) from None
+    settle = LOG_SETTLE_S if isinstance(daemon.executor, SlurmExecutor) else 0.0
     try:
-        await logstream.stream(req, chosen, row, lambda: daemon.store.get(row.id) or row, daemon.log_growth, conn.send)
+        await logstream.stream(
+            req, chosen, row, lambda: daemon.store.get(row.id) or row, daemon.log_growth, conn.send, settle
+        )
     except logstream.PastTheEnd as exc:
         raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
 

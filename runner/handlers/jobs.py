@@ -7,9 +7,11 @@ import asyncio
 import functools
 import os
 import shutil
+from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Optional
 
+from tfrun import arrays
 from tfrun.constants import (
     DEFAULT_GRACE_S,
 )
@@ -27,7 +29,7 @@ from tfrun.protocol.jobs import (
     Restart,
     Wait,
 )
-from tfrun.protocol.submit import FileEntry, Submit
+from tfrun.protocol.submit import FileEntry, Submit, SubmitArray
 from tfrun.runner import housekeeping, rules
 from tfrun.runner.doctor import job_python
 from tfrun.runner.faults import crash_point
@@ -50,32 +52,52 @@ async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
 
     Once per submission id: the same submit sent again (by a client that lost its daemon before the answer,
     to the next daemon or over a new SSH link to this one) gets the job the first one made."""
-    sid = req.submission_id
-    if sid is None:
-        row = await _new_job(daemon, req)
-    else:
-        pending = daemon.submissions.get(sid)
-        if pending is None:  # else the first is still being made here: its answer is this one's too
-            pending = daemon.submissions[sid] = asyncio.ensure_future(_submitted_once(daemon, req, sid))
-            pending.add_done_callback(lambda _: daemon.submissions.pop(sid, None))
-        row = await asyncio.shield(pending)  # its client hanging up does not stop a job half made
+    (row,) = await _once(daemon, req, req.submission_id, [])
     await conn.send(JobReply(public(daemon, row)))
 
 
-async def _submitted_once(daemon: Daemon, req: Submit, sid: str) -> JobRow:
-    """The job of submission `sid`: the one a daemon made before, or a new one."""
+@handles(SubmitArray)
+async def submit_array(daemon: Daemon, req: SubmitArray, conn: Connection) -> None:
+    """`submit`, as one task a combination of the axes' values (tfrun/arrays.py), answered with every task."""
+    axes = [(axis.key, axis.values) for axis in req.axes]
+    try:
+        arrays.check(axes, req.submit.env)
+    except arrays.ArrayError as exc:
+        raise invalid(f"--array: {exc}") from None
+    rows = await _once(daemon, req.submit, req.submit.submission_id, arrays.tasks(axes))
+    await conn.send(JobList([public(daemon, row) for row in rows]))
+
+
+async def _once(daemon: Daemon, req: Submit, sid: Optional[str], tasks: list[dict[str, str]]) -> list[JobRow]:
+    """The job (or the array's tasks) of a submit, made once per submission id."""
+    if sid is None:
+        return await _new_jobs(daemon, req, tasks)
+    pending = daemon.submissions.get(sid)
+    if pending is None:  # else the first is still being made here: its answer is this one's too
+        pending = daemon.submissions[sid] = asyncio.ensure_future(_submitted_once(daemon, req, sid, tasks))
+        pending.add_done_callback(lambda _: daemon.submissions.pop(sid, None))
+    return await asyncio.shield(pending)  # its client hanging up does not stop a job half made
+
+
+async def _submitted_once(daemon: Daemon, req: Submit, sid: str, tasks: list[dict[str, str]]) -> list[JobRow]:
+    """The jobs of submission `sid`: the ones a daemon made before, or new ones."""
     found = daemon.store.find_submission(sid)
+    made = [] if found is None else daemon.store.array_tasks(found.id) if found.array_id is not None else [found]
     if found is not None and found.prepared:
-        return found
-    if found is not None:
+        return made
+    for row in made:
         # Recorded by a daemon that died before its work dir was built (the next one marked it failed): it
         # never ran and its client never learnt its id, so it makes way for the job it was meant to be.
-        daemon.store.delete(found.id)
-        shutil.rmtree(daemon.layout.jobs_dir / str(found.id), ignore_errors=True)
-    return await _new_job(daemon, req, sid)
+        daemon.store.delete(row.id)
+        shutil.rmtree(daemon.layout.jobs_dir / str(row.id), ignore_errors=True)
+    return await _new_jobs(daemon, req, tasks, sid)
 
 
-async def _new_job(daemon: Daemon, req: Submit, sid: Optional[str] = None) -> JobRow:
+async def _new_jobs(
+    daemon: Daemon, req: Submit, tasks: list[dict[str, str]], sid: Optional[str] = None
+) -> list[JobRow]:
+    """One job, or the tasks of an array (one per item of `tasks`, their values by key): made in one
+    transaction, their work dirs built, then scheduled."""
     script = _check_submit(daemon, req)
     command = _command(daemon, req, script)
     gpus, after = _resources(daemon, req)  # checked after the command, as they always were
@@ -100,17 +122,54 @@ async def _new_job(daemon: Daemon, req: Submit, sid: Optional[str] = None) -> Jo
         nodes=req.nodes,
     )
     alert_rules = _alert_rules(daemon, req)
+    task_specs = [_task(req, spec, index, values) for index, values in enumerate(tasks)]
     with daemon.store.transaction():
-        row = daemon.lifecycle.create(req.name, spec, submission_id=sid)
-        daemon.store.set_job_alerts(row.id, alert_rules, req.notify, req.metric_patterns)
+        if task_specs:
+            rows = daemon.lifecycle.create_array(task_specs, sid)
+        else:
+            rows = [daemon.lifecycle.create(req.name, spec, submission_id=sid)]
+        for row in rows:
+            daemon.store.set_job_alerts(row.id, alert_rules, req.notify, req.metric_patterns)
     try:
-        started = await daemon.scheduler.build(row, req.files)
+        if tasks:
+            rows = await _build_array(daemon, rows, req.files)
+        else:
+            rows = [await daemon.scheduler.build(rows[0], req.files)]
     except ManifestError as exc:
         raise invalid(f"cannot build the work dir: {exc}") from None
     crash_point("submit-accepted")
     daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
     housekeeping.after_submit(daemon)
-    return started
+    return rows
+
+
+async def _build_array(daemon: Daemon, rows: list[JobRow], files: list[FileEntry]) -> list[JobRow]:
+    """Build every task's work dir, then make them all ready in one transaction and run one pass, which
+    sees them together (on Slurm: one sbatch). A task that cannot be built takes the others with it."""
+    for built, row in enumerate(rows):
+        try:
+            await daemon.scheduler.build(row, files, schedule=False)
+        except ManifestError:
+            for other in rows[:built] + rows[built + 1 :]:  # build removed this one
+                daemon.store.delete(other.id)
+                shutil.rmtree(other.job_dir, ignore_errors=True)
+            raise
+    with daemon.store.transaction():
+        for row in rows:
+            daemon.store.update(row.id, prepared=1)
+    await daemon.scheduler.run_pass()
+    return [daemon.store.get(row.id) or row for row in rows]
+
+
+def _task(req: Submit, spec: JobSpec, index: int, values: dict[str, str]) -> tuple[Optional[str], JobSpec]:
+    """An array task's name and spec: its values as variables and as arguments after the script's own."""
+    name = arrays.task_name(req.name, index)
+    if name is not None and validate_name(name):
+        raise invalid(f"--name {req.name!r} with the task index: {validate_name(name)}")
+    extra = arrays.task_args(values)
+    return name, replace(
+        spec, args=(*spec.args, *extra), command=(*spec.command, *extra), env={**spec.env, **arrays.task_env(values)}
+    )
 
 
 def _resources(daemon: Daemon, req: Submit) -> tuple[int, tuple[int, ...]]:
@@ -126,6 +185,8 @@ def _resources(daemon: Daemon, req: Submit) -> tuple[int, tuple[int, ...]]:
         if dep is None:
             raise RequestError(ErrorCode.NO_SUCH_JOB, f"--after: no job {ref!r}")
         after.append(dep.id)
+    if req.tty and isinstance(daemon.executor, SlurmExecutor):
+        raise invalid("--tty: not on a Slurm host (its jobs run in batch allocations, with no terminal to attach)")
     if req.tty and shutil.which("tmux") is None:
         raise invalid("--tty needs tmux on the box (apt-get install tmux)")
     return gpus, tuple(after)
@@ -243,7 +304,8 @@ def _as_argument(script: PurePosixPath) -> str:
 
 @handles(ListJobs)
 async def list_jobs(daemon: Daemon, req: ListJobs, conn: Connection) -> None:
-    await conn.send(JobList([public(daemon, row) for row in daemon.store.list(include_final=req.all)]))
+    rows = [row for row in daemon.store.list(include_final=req.all) if req.services or row.spec.service is None]
+    await conn.send(JobList([public(daemon, row) for row in rows]))
 
 
 @handles(GetJob)

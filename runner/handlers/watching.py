@@ -13,7 +13,7 @@ from tfrun.constants import (
     MAX_METRIC_SAMPLES,
     METRICS_SETTLE_S,
 )
-from tfrun.protocol.admin import Doctor, DoctorReport
+from tfrun.protocol.admin import Check, Doctor, DoctorReport
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.jobs import Attach, AttachReply
 from tfrun.protocol.watching import (
@@ -41,6 +41,8 @@ from tfrun.runner.handlers.jobs import public
 from tfrun.runner.jobmetrics import read_metrics, recent_losses
 from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.outbox import diagnose, usable
+from tfrun.runner.slurm.checks import slurm_checks
+from tfrun.runner.slurm.executor import SlurmExecutor
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -48,8 +50,14 @@ if TYPE_CHECKING:
 
 @handles(Doctor)
 async def doctor(daemon: Daemon, req: Doctor, conn: Connection) -> None:
+    """The box's checks; on a Slurm login node, Slurm's too (runner/slurm/checks.py)."""
     python = req.python or job_python(daemon.config.job_python)
-    work = functools.partial(run_checks, daemon.config.checkpoint_root, python)
+    executor, slurm = daemon.executor, daemon.config.slurm
+
+    def work() -> list[Check]:
+        checks = run_checks(daemon.config.checkpoint_root, python)
+        return checks + slurm_checks(executor.slurm, slurm) if isinstance(executor, SlurmExecutor) else checks
+
     await conn.send(DoctorReport(await asyncio.get_running_loop().run_in_executor(None, work)))
 
 

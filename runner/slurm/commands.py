@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 COMMAND_TIMEOUT_S = 15.0
+CHECK_TIMEOUT_S = 10.0  # `tfrun doctor`'s own questions (sinfo, sacct): a person waits for the answer
 ACCOUNTING_RETRY_S = 300.0  # accounting found off: ask sacct again this much later
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -64,12 +65,33 @@ class QueuedJob:
 
 
 @dataclass(frozen=True)
+class Partition:
+    """A partition as sinfo shows it, for `tfrun doctor`: its state, its nodes, their GPUs."""
+
+    name: str
+    default: bool
+    available: str  # up, down, drain, inact
+    nodes: int
+    gpus_per_node: tuple[int, ...]  # GPUs of a node, for each kind of node in it (sorted, distinct)
+
+
+@dataclass(frozen=True)
 class AccountedJob:
     """One line of sacct: the allocation's final (or current) state and its ExitCode "CODE:SIGNAL"."""
 
     slurm_id: str
     state: str
     exit_code: str
+
+
+def gpu_count(gres: str) -> int:
+    """The GPUs in sinfo's %G: "gpu:2", "gpu:a100:4(S:0-1)", "gpu:a100:4,gpu:v100:2" (6), "(null)" (0)."""
+    total = 0
+    for item in gres.split(","):
+        fields = item.split("(")[0].split(":")
+        if fields[0] == "gpu" and len(fields) > 1 and fields[-1].isdigit():
+            total += int(fields[-1])
+    return total
 
 
 def run(args: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
@@ -118,7 +140,8 @@ class Slurm:
     def queue(self) -> dict[str, QueuedJob]:
         """Every job of this user that slurmctld still holds, final ones too (for MinJobAge), by Slurm id.
         One call for all of tfrund's jobs; the caller picks its own out (by id)."""
-        out = run(["squeue", "--noheader", "--states=all", f"--user={os.getuid()}", "--format=%i|%T|%Z|%r"])
+        # --array: a task of an array a line, ARRAYID_INDEX, pending ones too (else one line ARRAYID_[0-3])
+        out = run(["squeue", "--noheader", "--array", "--states=all", f"--user={os.getuid()}", "--format=%i|%T|%Z|%r"])
         jobs = {}
         for line in out.splitlines():
             parts = line.strip().split("|", 2)
@@ -131,7 +154,7 @@ class Slurm:
         """What sacct knows of jobs squeue no longer lists; None where accounting is off (asked again later)."""
         if not slurm_ids or time.monotonic() < self._accounting_off_until:
             return None
-        fields = "--format=JobIDRaw,State,ExitCode"
+        fields = "--format=JobID,State,ExitCode"  # JobID: a task of an array is ARRAYID_INDEX, as squeue names it
         try:
             out = run(["sacct", "--noheader", "--parsable2", "--allocations", fields, f"--jobs={','.join(slurm_ids)}"])
         except SlurmError:
@@ -143,6 +166,32 @@ class Slurm:
             if len(parts) == 3 and parts[0] in slurm_ids:
                 jobs[parts[0]] = AccountedJob(*parts)
         return jobs
+
+    def partitions(self) -> list[Partition]:
+        """The cluster's partitions (sinfo), in its order; a partition's node kinds are merged into one."""
+        out = run(["sinfo", "--noheader", "--format=%P|%a|%D|%G"], timeout=CHECK_TIMEOUT_S)
+        found: dict[str, Partition] = {}
+        for line in out.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) != 4 or not parts[2].isdigit():
+                continue
+            name = parts[0].rstrip("*")
+            gpus = gpu_count(parts[3])
+            before = found.get(name)
+            nodes = int(parts[2]) + (before.nodes if before else 0)
+            counts = tuple(sorted({gpus, *(before.gpus_per_node if before else ())}))
+            found[name] = Partition(name, parts[0].endswith("*"), parts[1], nodes, counts)
+        return list(found.values())
+
+    def accounting_error(self) -> Optional[str]:
+        """Why `sacct` does not answer (accounting is off, slurmdbd is down), or None where it does: without
+        it, Slurm's end of a job that left squeue while no daemon watched is not known."""
+        try:
+            run(["sacct", "--noheader", "--parsable2", "--allocations", "--format=JobID", "--starttime=now"],
+                timeout=CHECK_TIMEOUT_S)  # fmt: skip
+        except SlurmError as exc:
+            return str(exc)
+        return None
 
     def signal_batch(self, slurm_id: str, signal_name: str) -> None:
         """`signal_name` to the batch script's process alone (tfrun's shim, which owns the grace)."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from tfrun import tomltext
+from tfrun.constants import MAX_NODES
 from tfrun.duration import parse_duration
 
 # Each option tfrun owns (long form, short form if any), and what to say to someone who sets it.
@@ -32,7 +33,7 @@ PROTECTED: dict[str, tuple[Optional[str], str]] = {
     "--chdir": ("-D", "tfrun runs the job in its own folder"),
     "--parsable": (None, "tfrun reads sbatch's answer itself"),
     "--wrap": (None, "tfrun writes the batch script"),
-    "--array": ("-a", "arrays are not supported yet"),
+    "--array": ("-a", "tfrun makes the array itself: tfrun submit --array KEY=V1,V2,..."),
     "--open-mode": (None, "tfrun appends to the output file"),
     "--time": ("-t", "use the key time"),
     "--partition": ("-p", "use the key partition"),
@@ -115,8 +116,8 @@ def job_options(
         limit = slurm_time_limit(time)
         if limit is None:
             raise SettingsError(f"--time {time!r} is not a time limit: use Slurm's form (60, 4:00:00, 1-12) or 2h")
-    if nodes is not None and nodes != 1:
-        raise SettingsError("--nodes: only 1 node for now (multi-node TF_CONFIG is not supported yet)")
+    if nodes is not None and not 1 <= nodes <= MAX_NODES:
+        raise SettingsError(f"--nodes {nodes}: from 1 to {MAX_NODES} nodes")
     return partition, limit
 
 

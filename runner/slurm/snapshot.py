@@ -25,10 +25,12 @@ SLOW_S = 2.0  # an squeue slower than this doubles the interval
 
 @dataclass(frozen=True)
 class Snapshot:
-    """squeue's answer (every job it lists) and sacct's for the asked jobs squeue did not list."""
+    """squeue's answer (every job it lists) and sacct's for the asked jobs squeue did not list; `asked_at`:
+    when squeue was asked (time.time()), so that what a job's folder says since is not read as older."""
 
     queue: dict[str, QueuedJob]
     accounted: dict[str, AccountedJob] = field(default_factory=dict)
+    asked_at: float = 0.0
 
 
 class Watcher:
@@ -73,7 +75,7 @@ class Watcher:
     def _ask(self, slurm_ids: list[str]) -> Optional[Snapshot]:
         """squeue, then sacct for the jobs it does not list; None if squeue failed. The next one is due after
         the interval, doubled while slow or failing."""
-        began = time.monotonic()
+        began, asked_at = time.monotonic(), time.time()
         try:
             queue: Optional[dict[str, QueuedJob]] = self.slurm.queue()
         except SlurmError as exc:
@@ -86,7 +88,7 @@ class Watcher:
         if queue is None:
             return None
         missing = [i for i in slurm_ids if i not in queue]
-        return Snapshot(queue, (self.slurm.accounting(missing) or {}) if missing else {})
+        return Snapshot(queue, (self.slurm.accounting(missing) or {}) if missing else {}, asked_at)
 
 
 def in_thread(name: str, work: Callable[[], None]) -> None:

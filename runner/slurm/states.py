@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Optional
 from tfrun.constants import EXIT_LOST
 from tfrun.protocol.fields import JobState
 from tfrun.runner.executor import Ended
+from tfrun.runner.oom import SLURM_OUT_OF_MEMORY as OUT_OF_MEMORY
 
 if TYPE_CHECKING:
     from tfrun.runner.jobdir import ExitRecord
@@ -25,7 +26,7 @@ RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING
 LOST = {"NODE_FAIL": "its node failed", "PREEMPTED": "it was preempted", "BOOT_FAIL": "its node failed to boot"}
 # Final states that fail the job whatever it exited with, and why.
 FAILED = {
-    "OUT_OF_MEMORY": "out of memory",
+    "OUT_OF_MEMORY": OUT_OF_MEMORY,
     "TIMEOUT": "its time limit was reached",
     "DEADLINE": "its deadline was reached",
     "REVOKED": "Slurm revoked it",
@@ -78,6 +79,9 @@ def end_of(
     now = time.time()
     if name in LOST:
         return Ended(JobState.LOST, exit_code=EXIT_LOST, started_at=started_at, finished_at=now, reason=LOST[name])
+    if record is not None and record.get("stopped") and (name == "CANCELLED" or cancel_requested):
+        by = None if cancel_requested else "cancelled in Slurm (scancel)"  # its SIGTERM was the cancel's
+        return from_record(record, started_at)._replace(state=JobState.CANCELLED, reason=by)
     if record is not None:
         ended = from_record(record, started_at)
         if name in FAILED:

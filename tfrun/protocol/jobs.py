@@ -53,6 +53,10 @@ class Job:
     after: list[int] = field(default_factory=list)  # jobs that must succeed before it starts
     waiting: Optional[str] = None  # why a queued job has not started yet
     tty: bool = False  # it runs in a tmux session that `tfrun attach` opens
+    array_id: Optional[int] = None  # a task of an array (submit --array): the array's id, its first task's
+    array_index: Optional[int] = None  # its index in the array, 0 to N-1
+    service: Optional[str] = None  # a service's kind (tensorboard, jupyter: tfrun/protocol/services.py), else None
+    port: Optional[int] = None  # the box port a service listens on (its 127.0.0.1)
 
 
 @dataclass
@@ -127,9 +131,10 @@ class Restart(Request[JobReply]):
 @tagged("list")
 @dataclass
 class ListJobs(Request[JobList]):
-    """Jobs that are not final, or every job with `all`."""
+    """Jobs that are not final, or every job with `all`; services (TensorBoard, Jupyter) too with `services`."""
 
     all: bool = False
+    services: bool = False
 
 
 @tagged("get")

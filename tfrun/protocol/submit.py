@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Optional
 
+from tfrun.arrays import MAX_ARRAY_AXES, MAX_ARRAY_TASKS, MAX_KEY, MAX_VALUE
 from tfrun.constants import MAX_NAME, MAX_PAYLOAD_BYTES, MAX_PRIORITY, MAX_RESTARTS
 from tfrun.protocol.fields import UTF8, JobRef, Limit, Mode, Offset, Patterns, Range, Text
-from tfrun.protocol.jobs import JobReply
+from tfrun.protocol.jobs import JobList, JobReply
 from tfrun.protocol.wire import Message, Ok, Request, tagged
 
 
@@ -103,3 +104,22 @@ class Submit(Request[JobReply]):
     # The client's own id for this submit (a uuid4): the same id again gets the job the first one made, so a
     # client whose daemon died before answering can send it again without running the job twice.
     submission_id: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None
+
+
+@dataclass
+class ArrayAxis:
+    """One `submit --array KEY=V1,V2,...`: the key and its values (tfrun/arrays.py says what each task gets)."""
+
+    key: Annotated[str, UTF8, Limit(chars=MAX_KEY)]
+    values: Annotated[list[Annotated[str, Limit(chars=MAX_VALUE)]], Limit(items=MAX_ARRAY_TASKS)]
+
+
+@tagged("submit_array")
+@dataclass
+class SubmitArray(Request[JobList]):
+    """`submit`, as one task per combination of the axes' values, all made in one transaction and answered
+    by `JobList` with every task, in index order. A request of its own, not a field of `Submit`: a daemon
+    that predates arrays refuses it as an unknown message instead of running one job in their place."""
+
+    submit: Submit
+    axes: Annotated[list[ArrayAxis], Limit(items=MAX_ARRAY_AXES)]

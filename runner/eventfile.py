@@ -1,0 +1,133 @@
+"""TensorBoard scalars written by the daemon: the metrics read from a job's printed output, as an event file in
+the job's TensorBoard folder, so a script that never heard of TensorBoard still gets curves.
+
+An event file is a sequence of TFRecords (length, masked CRC-32C of the length, data, masked CRC-32C of the
+data), each holding one `tensorflow.Event` protocol buffer: the first says the file's version, each later
+one a step's scalars (`Summary.Value.simple_value`, which TensorBoard reads as its scalars plugin's data).
+Those three messages take a few fields each; they are encoded here by hand rather than with the
+`tensorboard` package's writer, because the daemon runs in a venv of its own on the box (client/boxinstall.py)
+where neither TensorFlow nor TensorBoard nor protobuf is installed, and importing TensorBoard would cost the
+daemon numpy and protobuf for about eighty lines. tests/test_eventfile.py reads what this writes with
+TensorBoard's own reader.
+
+A file is appended to across daemon restarts (TensorBoard follows a growing file); a fresh one starts with
+the version record.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from pathlib import Path
+
+VERSION = b"brain.Event:2"
+PRINTED = "printed"  # the run under a job's TensorBoard folder that holds what the daemon read from its output
+_MASK_DELTA = 0xA282EAD8
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1  # CRC-32C (Castagnoli), reflected
+        table.append(crc)
+    return table
+
+
+_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _masked(data: bytes) -> bytes:
+    """The TFRecord checksum: CRC-32C, rotated and offset (so a CRC of data holding CRCs stays useful)."""
+    crc = crc32c(data)
+    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF)
+
+
+def record(data: bytes) -> bytes:
+    """One TFRecord around `data`."""
+    length = struct.pack("<Q", len(data))
+    return length + _masked(length) + data + _masked(data)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    value &= (1 << 64) - 1  # protobuf's int64: a negative one takes ten bytes
+    while True:
+        bits, value = value & 0x7F, value >> 7
+        out.append(bits | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2): a string, bytes or an embedded message."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def event(wall_time: float, step: int = 0, version: bytes = b"", scalars: dict[str, float] | None = None) -> bytes:
+    """An Event: wall_time (1, double), step (2, int64), and file_version (3) or summary (5) with a Value
+    (1) for each scalar: tag (1), simple_value (2, float)."""
+    out = b"\x09" + struct.pack("<d", wall_time)
+    if step:
+        out += b"\x10" + _varint(step)
+    if version:
+        out += _field(3, version)
+    if scalars:
+        values = b"".join(
+            _field(1, _field(1, tag.encode()) + b"\x15" + struct.pack("<f", value)) for tag, value in scalars.items()
+        )
+        out += _field(5, values)
+    return out
+
+
+class ScalarFile:
+    """A job's event file of printed metrics, in `folder` (created when first written)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def path(self) -> Path:
+        """The file to append to: the one already there (after a daemon restart), else a new name as
+        TensorBoard names its own (events.out.tfevents.TIME.HOST)."""
+        found = sorted(self.folder.glob("events.out.tfevents.*")) if self.folder.is_dir() else []
+        if found:
+            return found[-1]
+        return self.folder / f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.tfrun"
+
+    def append(self, steps: list[tuple[int, dict[str, float]]]) -> None:
+        """Write each (step, {tag: value}) as one event; values that are not numbers are left out (NaN and
+        infinities are numbers: TensorBoard shows them as they were)."""
+        chunks = []
+        now = time.time()
+        for step, values in steps:
+            scalars = {tag: number for tag, v in values.items() if (number := _number(v)) is not None}
+            if scalars:
+                chunks.append(record(event(now, step, scalars=scalars)))
+        if not chunks:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.path()
+        fresh = not path.exists() or path.stat().st_size == 0
+        with open(path, "ab") as f:
+            if fresh:
+                f.write(record(event(now, version=VERSION)))
+            f.write(b"".join(chunks))  # not fsynced: the curves are derived from the log, which is kept
+
+
+def _number(value: object) -> float | None:
+    """`value` as a scalar, or None for what is not a number (a bool, a string, an int beyond a double)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
