@@ -89,7 +89,7 @@ def jupyter_command(python: str, port: int, root_dir: str) -> list[str]:
         )
     folder = Path(os.path.expanduser(root_dir))
     if not folder.is_dir():
-        raise ServiceError(f"--dir {root_dir}: no such folder on the box")
+        raise ServiceError(f"--dir {root_dir!r}: no such folder on the box")
     command = [python, "-m", app, "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
                f"--notebook-dir={folder}"]  # fmt: skip
     # A box's container runs as root (the TensorFlow images do), which Jupyter refuses unless told.

@@ -205,4 +205,4 @@ def test_without_jupyter_it_says_how_to_get_one(box: Tfrun, tmp_path: Path) -> N
                                                                 "interpreter"), result.stderr  # fmt: skip
     assert "pip install jupyterlab" in result.stderr and len(result.stderr.splitlines()) == 1
     result = box.run("tensorboard", "--detach")
-    assert result.returncode == 2 and "no jobs to show (none made in the last 86400s)" in result.stderr, result.stderr
+    assert result.returncode == 2 and "no jobs to show (none made in the last 1d)" in result.stderr, result.stderr

@@ -8,6 +8,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Optional
 
+from tfrun.duration import format_duration
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.services import ServiceReply, StartService
 from tfrun.runner import jobdir, services
@@ -59,9 +60,8 @@ async def _spec(daemon: Daemon, req: StartService, python: str) -> JobSpec:
         rows = [find(daemon, ref) for ref in req.jobs] if req.jobs else _recent(daemon, req.since)
         rows = [row for row in rows if row.spec.service is None]
         if not rows:
-            raise services.ServiceError(
-                "no jobs to show" + ("" if req.jobs else f" (none made in the last {req.since:g}s): name some")
-            )
+            recent = f" (none made in the last {format_duration(req.since)}): name some"
+            raise services.ServiceError("no jobs to show" + ("" if req.jobs else recent))
         runs = [(services.run_name(row.id, row.name), services.tensorboard_folder(row.job_dir)) for row in rows]
         command = await loop.run_in_executor(None, services.tensorboard_command, python, runs, port)
         return JobSpec(script=req.kind, args=(command[4],), command=tuple(command), env={}, gpus=req.gpus,
