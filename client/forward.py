@@ -5,11 +5,12 @@ Each connection made to the local port gets an SSH channel of its own to 127.0.0
 Jupyter, an HTTP server) is reachable from here and from nowhere else. The local port listens on 127.0.0.1
 only: a forwarded service is the user's, not the network's.
 
-With the connection keeper (client/keeper.py) the channels ride the keeper's connection: a verb that stays
-for hours then holds no SSH connection of its own, and a dropped connection is opened again by the next
-keeper. The keeper serves forwards on a socket beside its protocol socket (`forward_path`); a client writes
-`PORT\\n`, reads `ok\\n` or `error WHY\\n`, then the bytes flow. Without the keeper (TFRUN_SSH_PERSIST=0) this
-process opens the SSH connection itself and keeps it for as long as it forwards.
+With the connection keeper (client/keeper.py) the channels ride the keeper's connection: a verb that stays for
+hours then holds no SSH connection of its own, and a dropped connection is opened again by the next keeper.
+The keeper serves forwards on a socket beside its protocol socket (`forward_path`); a client writes `PORT\\n`,
+reads `ok\\n`, `closed WHY\\n` (nothing accepts on that port) or `error WHY\\n`, then the bytes flow. Without
+the keeper (TFRUN_SSH_PERSIST=0) this process opens the SSH connection itself and keeps it for as long as it
+forwards.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from typing import Any, Callable, Optional
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON, EXIT_USAGE
+
+
+class NothingListens(TfrunError):
+    """The box refused the connection to the port: nothing listens there (yet)."""
+
 
 # A tunnel: the box port's byte streams (reader, writer), or TfrunError saying why there is none.
 Opener = Callable[[int], Awaitable[tuple[Any, Any]]]
@@ -49,7 +55,8 @@ async def serve_forward(conn: Any, reader: asyncio.StreamReader, writer: asyncio
         try:
             remote_reader, remote_writer = await conn.open_connection("127.0.0.1", int(text))
         except asyncssh.ChannelOpenError as exc:
-            writer.write(f"error {' '.join(refusal(exc).split())}\n".encode())
+            word = "closed" if exc.code == asyncssh.OPEN_CONNECT_FAILED else "error"
+            writer.write(f"{word} {' '.join(refusal(exc).split())}\n".encode())
             return
         writer.write(b"ok\n")
         await asyncio.gather(pump(reader, remote_writer), pump(remote_reader, writer))
@@ -93,12 +100,22 @@ def keeper_opener(host: Host, accept_new: bool) -> Opener:
         except (FileNotFoundError, ConnectionRefusedError):
             channel = await keeper.connect(host, accept_new)  # starts the keeper, or says why it cannot
             channel.close()
-            reader, writer = await asyncio.open_unix_connection(str(path))
+            try:
+                reader, writer = await asyncio.open_unix_connection(str(path))
+            except (FileNotFoundError, ConnectionRefusedError):  # a keeper of a tfrun before forwards
+                raise TfrunError(
+                    f"the connection keeper for {host.label} is an older tfrun's, which cannot forward: it ends "
+                    "after 10 idle minutes, or forward without it (TFRUN_SSH_PERSIST=0)",
+                    EXIT_DAEMON,
+                ) from None
         writer.write(f"{port}\n".encode())
         answer = (await reader.readline()).decode(errors="replace").strip()
         if answer != "ok":
             writer.close()
-            raise TfrunError(answer.removeprefix("error ") or "the connection keeper closed the forward", EXIT_DAEMON)
+            word, _, why = answer.partition(" ")
+            raise (NothingListens if word == "closed" else TfrunError)(
+                why or "the connection keeper closed the forward", EXIT_DAEMON
+            )
         return reader, writer
 
     return open_tunnel
@@ -116,7 +133,8 @@ async def direct_opener(host: Host, accept_new: bool) -> tuple[Opener, Callable[
         try:
             return await conn.open_connection("127.0.0.1", port)
         except asyncssh.ChannelOpenError as exc:
-            raise TfrunError(refusal(exc), EXIT_DAEMON) from None
+            refused = NothingListens if exc.code == asyncssh.OPEN_CONNECT_FAILED else TfrunError
+            raise refused(refusal(exc), EXIT_DAEMON) from None
 
     return open_tunnel, conn.close
 
@@ -130,13 +148,11 @@ class Forward:
         self.warn = warn  # one line on stderr: a connection that could not be tunnelled, and why
 
     async def probe(self) -> Optional[str]:
-        """Try one tunnel before listening: a box that refuses forwarding fails the verb now (TfrunError); one
-        where nothing listens on the port yet is only a warning (a service may be starting)."""
+        """Try one tunnel before listening: a box where nothing listens on the port yet is only a warning (a
+        service may be starting); anything else (a box that refuses forwarding, no keeper) fails the verb now."""
         try:
             _, writer = await self.open_tunnel(self.box_port)
-        except TfrunError as exc:
-            if "refuses port forwarding" in exc.message:
-                raise
+        except NothingListens as exc:
             return exc.message
         writer.close()
         return None

@@ -169,3 +169,18 @@ def test_forward_needs_a_box_and_a_free_local_port(box: Box) -> None:
         assert busy.stderr == f"tfrun: error: cannot listen on 127.0.0.1:{taken}: Address already in use\n"
     finally:
         _stop(proc)
+
+
+def test_a_keeper_of_an_older_tfrun_is_named_with_the_way_around(box: Box) -> None:
+    """A keeper started by a tfrun before forwards (no forward socket beside its own) is one line saying so."""
+    box.tf.ok("ps", "--host", "box")  # starts the keeper
+    (keeper,) = keepers_of(box.tf)
+    argv = Path(f"/proc/{keeper}/cmdline").read_bytes().split(b"\0")
+    socket_path = Path(argv[argv.index(b"tfrun.client.keeper") + 2].decode())
+    socket_path.with_suffix(".fwd").unlink()
+    result = box.tf.run("forward", "--host", "box", str(box.web_port))
+    assert (result.returncode, result.stdout) == (125, ""), result.stderr
+    assert result.stderr == (
+        "tfrun: error: the connection keeper for box is an older tfrun's, which cannot forward: it ends after 10 "
+        "idle minutes, or forward without it (TFRUN_SSH_PERSIST=0)\n"
+    )

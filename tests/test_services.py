@@ -97,6 +97,9 @@ def test_tensorboard_shows_a_keras_job_and_a_plain_script_side_by_side(
     assert [j["id"] for j in json.loads(box.ok("ps", "--services", "--json"))] == [started["id"]]
     assert box.ok("stop", "tensorboard") == f"stopped tensorboard (job {started['id']})\n"
     assert json.loads(box.ok("services", "--json")) == []
+    again = box.run("restart", "tensorboard")
+    assert (again.returncode, again.stderr) == (2, "tfrun: error: tensorboard is a service: start it again with "
+                                                   "tfrun tensorboard\n")  # fmt: skip
     refused = box.run("stop", str(plain))
     assert (refused.returncode, refused.stderr) == (
         2,

@@ -234,6 +234,8 @@ def public(daemon: Daemon, row: JobRow) -> Job:
 async def restart(daemon: Daemon, req: Restart, conn: Connection) -> None:
     """Run an ended job again, as a new job with the same snapshot, command and checkpoint folder."""
     row = find(daemon, req.job)
+    if row.spec.service is not None:  # its port and token were this run's: a new one gets its own
+        raise invalid(f"{row.name or row.id} is a service: start it again with tfrun {row.spec.service}")
     if not row.final:
         raise invalid(f"job {row.id} is still {row.state}: cancel it first, or wait for it")
     files = _snapshot_files(row)
