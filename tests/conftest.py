@@ -269,6 +269,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def box_sshd(folder: Path, home: Path, address: str, netns: str) -> Sshd:
+    """A box's sshd in network namespace `netns`: its sessions get TFRUN_HOME=`home` and `tfrund` on their PATH,
+    as an installed box has them (~/.ssh/config alone can name the box then). Stop it when done."""
+    box_bin = folder / "box-bin"
+    box_bin.mkdir(parents=True)
+    write_script(box_bin, "tfrund", f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m tfrun.runner "$@"\n', True)
+    env = {"PATH": f"{box_bin}:/usr/bin:/bin", "TFRUN_HOME": str(home)}
+    return Sshd(folder / "box-sshd", address=address, netns=netns, env=env)
+
+
 def remote_client(tf: Tfrun, sshd: Sshd, trust: bool = True) -> Tfrun:
     """Point `tf`'s client at its own daemon through `sshd`: host "box" in its config, TFRUN_HOST=box."""
     ssh_dir = tf.client_home / ".ssh"

@@ -12,16 +12,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import Sshd, Tfrun, keepers_of, wait_for, write_script
+from conftest import Sshd, Tfrun, box_sshd, keepers_of, wait_for, write_script
 from netns import Namespace, Network, Unavailable
 
 
@@ -54,14 +52,9 @@ def bastion(tmp_path: Path) -> Iterator[Bastion]:
         _, jump_address = net.link(client, jump_ns)
         _, box_address = net.link(jump_ns, box_ns)
         home = tmp_path / "home"
-        # The box has tfrund on its PATH, as an installed box has: ~/.ssh/config alone can name it then.
-        box_bin = tmp_path / "box-bin"
-        box_bin.mkdir()
-        write_script(box_bin, "tfrund", f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m tfrun.runner "$@"\n', True)
         jump = Sshd(tmp_path / "jump-sshd", address=jump_address, netns=jump_ns.name)
         stop.callback(jump.stop)
-        env = {"PATH": f"{box_bin}:/usr/bin:/bin", "TFRUN_HOME": str(home)}
-        box = Sshd(tmp_path / "box-sshd", address=box_address, netns=box_ns.name, env=env)
+        box = box_sshd(tmp_path, home, box_address, box_ns.name)
         stop.callback(box.stop)
         tf = Tfrun(home, prefix=client.exec)
         stop.callback(tf.cleanup)

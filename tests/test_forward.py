@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import Sshd, Tfrun, free_port, keepers_of, write_script
+from conftest import Sshd, Tfrun, box_sshd, free_port, keepers_of
 from netns import Namespace, Network, Unavailable
 
 _FETCH = """
@@ -73,11 +72,7 @@ def box(tmp_path: Path) -> Iterator[Box]:
             pytest.skip(str(exc))
         _, box_address = net.link(client, box_ns)
         home = tmp_path / "home"
-        box_bin = tmp_path / "box-bin"
-        box_bin.mkdir()
-        write_script(box_bin, "tfrund", f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m tfrun.runner "$@"\n', True)
-        sshd = Sshd(tmp_path / "sshd", address=box_address, netns=box_ns.name,
-                    env={"PATH": f"{box_bin}:/usr/bin:/bin", "TFRUN_HOME": str(home)})  # fmt: skip
+        sshd = box_sshd(tmp_path, home, box_address, box_ns.name)
         stop.callback(sshd.stop)
         site = tmp_path / "site"
         site.mkdir()
