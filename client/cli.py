@@ -146,10 +146,11 @@ def _ask_running_daemon(request: Request[M], where: Target) -> Optional[M]:
     from tfrun.paths import Layout
     from tfrun.protocol.channel import RemoteError
     from tfrun.protocol.fields import ErrorCode
+    from tfrun.protocol.wire import ConnectionClosed
 
     try:
         channel = SyncChannel.connect(str(Layout.from_env().socket))
-    except (FileNotFoundError, ConnectionRefusedError):
+    except (FileNotFoundError, ConnectionError, ConnectionClosed):  # none, or one that died in the hello
         return None
     try:
         return channel.ask(request)

@@ -12,6 +12,7 @@ from tfrun.constants import EXIT_DAEMON
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
+from tfrun.protocol.wire import ConnectionClosed
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,13 @@ def cannot_start(host: Optional[Host], reason: str) -> TfrunError:
 
 
 async def connect_local(layout: Layout) -> Channel:
-    """A channel to the daemon of `layout`, starting it first if none answers (the embedded default)."""
+    """A channel to the daemon of `layout`, starting it first if none answers (the embedded default).
+
+    A daemon that took the connection but died before answering the hello (killed that very moment) is no
+    daemon either: the client starts the next one, as it would a moment later, instead of failing."""
     try:
         return await Channel.connect_unix(str(layout.socket))
-    except (FileNotFoundError, ConnectionRefusedError):
+    except (FileNotFoundError, ConnectionError, ConnectionClosed):
         pass
     await start_local_daemon()
     try:

@@ -128,13 +128,22 @@ def job_table(jobs: list[Job], out: Output, where: str) -> None:
         out.write(f"no jobs on {where}", style="dim")
         return
     out.write(f"jobs on {where}", style="dim")
+    print_table(out, ("ID", *_JOB_COLUMNS), _job_rows(jobs))
+
+
+def _job_rows(jobs: list[Job], host: Optional[str] = None) -> list[list[Cell]]:
+    """`job_table`'s rows: arrays grouped under their summary rows; with `host`, each row begins with it and
+    names its job by address (`box:12`, `box:12[0-3]`), as `ps --host POOL` shows them."""
+    first: list[Cell] = [] if host is None else [host]
+    where = "" if host is None else f"{host}:"
     body: list[list[Cell]] = []
     for label, members in array_groups(jobs):
         if label is not None:
-            body.append([label, array_name(members), Styled(array_states(members), "dim"), "", "", "", "",
-                         f"{members[0].script}, {len(members)} task{'s' if len(members) > 1 else ''}"])  # fmt: skip
-        body += [[f"  {job.id}" if label else str(job.id), *_job_cells(job)] for job in members]
-    print_table(out, ("ID", *_JOB_COLUMNS), body)
+            tasks = f"{members[0].script}, {len(members)} task{'s' if len(members) > 1 else ''}"
+            body.append([*first, where + label, array_name(members), Styled(array_states(members), "dim"), "", "",
+                         "", "", tasks])  # fmt: skip
+        body += [[*first, f"{'  ' if label else ''}{where}{job.id}", *_job_cells(job)] for job in members]
+    return body
 
 
 def array_groups(jobs: Sequence[Job]) -> list[tuple[Optional[str], list[Job]]]:
@@ -178,6 +187,18 @@ def array_states(tasks: Sequence[Job]) -> str:
     return ", ".join(f"{n} {state}" for state, n in counts.items() if n)
 
 
+def _gpus(job: Job) -> str:
+    """The GPUs a job was given; a job that started with none recorded had them chosen by its executor
+    (Slurm gives the allocation its CUDA_VISIBLE_DEVICES on a node of its choosing)."""
+    if job.gpus:
+        return ",".join(job.gpus)
+    if not job.gpus_requested:
+        return "none"
+    if job.started_at is None:
+        return f"{job.gpus_requested} asked, none given" + (" yet" if job.state == JobState.QUEUED else "")
+    return f"{job.gpus_requested}, chosen by the cluster on its node"
+
+
 def array_name(tasks: Sequence[Job]) -> str:
     """The --name the array was given (its tasks are NAME-INDEX), else -."""
     job = tasks[0]
@@ -191,7 +212,10 @@ def pool_job_table(jobs: list[tuple[str, Job]], out: Output, where: str) -> None
         out.write(f"no jobs on {where}", style="dim")
         return
     out.write(f"jobs on {where}", style="dim")
-    body = [[host, f"{host}:{job.id}", *_job_cells(job)] for host, job in jobs]
+    by_host: dict[str, list[Job]] = {}
+    for host, job in jobs:
+        by_host.setdefault(host, []).append(job)
+    body = [row for host, listed in by_host.items() for row in _job_rows(listed, host)]
     print_table(out, ("HOST", "ID", *_JOB_COLUMNS), body)
 
 
@@ -237,14 +261,7 @@ def job_detail(job: Job, out: Output, address: Optional[str] = None) -> None:
         ("restarted as", "-" if job.restarted_as is None else f"job {job.restarted_as}"),
         ("restarts left", str(job.restarts_left)),
         ("array", "-" if job.array_id is None else f"task {job.array_index} of array {job.array_id}"),
-        (
-            "gpus",
-            ",".join(job.gpus)
-            if job.gpus
-            else f"{job.gpus_requested} asked, none given yet"
-            if job.gpus_requested
-            else "none",
-        ),
+        ("gpus", _gpus(job)),
         ("waiting", job.waiting or "-"),
         ("after", ", ".join(f"job {ref}" for ref in job.after) or "-"),
         ("priority", str(job.priority)),

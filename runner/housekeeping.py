@@ -46,6 +46,7 @@ from tfrun.protocol.jobs import Prune, Removal, RemoveReply
 from tfrun.runner import jobdir
 from tfrun.runner.blobs import BlobStore, Collected, manifest_digests
 from tfrun.runner.job import JobRow
+from tfrun.runner.slurm import arrays as slurm_arrays
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -219,6 +220,7 @@ def _delete(layout: Layout, rows: list[JobRow], removals: list[Removal]) -> None
             )
     for leftover in layout.jobs_dir.glob(f"*{REMOVED_SUFFIX}"):
         shutil.rmtree(leftover, ignore_errors=True)
+    slurm_arrays.remove_unused(layout.home)
 
 
 def _remove_tree(path: Path) -> list[str]:

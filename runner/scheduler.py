@@ -189,7 +189,8 @@ class Scheduler:
             if dep.state != JobState.SUCCEEDED:
                 pending.append(str(ref))
         if pending:
-            self._wait(row, f"waiting for job(s) {', '.join(pending)} to succeed")
+            listed = ", ".join(pending[:5]) + (f" and {len(pending) - 5} more" if len(pending) > 5 else "")
+            self._wait(row, f"waiting for job(s) {listed} to succeed")
         return bool(pending)
 
     def _wait(self, row: JobRow, why: str) -> None:

@@ -173,6 +173,11 @@ sys.exit(index)
     # Each task ended as itself. (The cancelled one reads FAILED 15:0 to Slurm: tfrun's shim ended it with TERM.)
     assert shown[:3] == [f"{base}_0|COMPLETED|0:0", f"{base}_1|FAILED|1:0", f"{base}_2|FAILED|2:0"], shown
     assert shown[3].startswith(f"{base}_3|"), shown
+    folder = tf.home / "slurm-arrays" / str(ids[0])  # the submission's own folder: it goes with its last task
+    tf.ok("rm", *map(str, ids[:3]))
+    assert (folder / "array.json").exists()
+    tf.ok("rm", str(ids[3]))
+    assert not folder.exists()
 
 
 @pytest.mark.parametrize("crash", ["array-recorded", "array-submitted"])
@@ -200,3 +205,22 @@ def test_a_daemon_that_dies_around_sbatch_never_submits_an_array_twice(
     )
     base = shown[0].split("_")[0]
     assert sorted(line.split("|")[0] for line in shown) == [f"{base}_{i}" for i in range(3)], shown
+
+
+def test_after_an_arrays_name_waits_for_every_task(tf: Tfrun, project: Path, gate: Path) -> None:
+    """The job that compares a sweep runs once all of its tasks succeeded; one failed task fails it unstarted."""
+    write_script(project, "task.py", f"import os, sys, time\nwhile not os.path.exists({str(gate)!r}):\n"
+                 "    time.sleep(0.05)\nsys.exit(int(os.environ['CODE']))\n")  # fmt: skip
+    write_script(project, "compare.py", "print('compared')\n")
+    ok = _submit_array(tf, "--name", "sw", "--array", "code=0,0,0,0,0,0", str(project / "task.py"))
+    bad = _submit_array(tf, "--name", "sw2", "--array", "code=0,3", str(project / "task.py"))
+    after_ok = tf.submit("--after", "sw", str(project / "compare.py"))
+    after_bad = tf.submit("--after", "sw2", str(project / "compare.py"))
+    waiting = f"waiting for job(s) {', '.join(map(str, ok[:5]))} and 1 more to succeed"  # the list cut short
+    wait_for(lambda: tf.job(after_ok)["waiting"] == waiting, what=waiting)
+    gate.touch()
+    assert tf.run("wait", str(after_ok), timeout=60).returncode == 0 and b"compared" in tf.log(after_ok)
+    assert all(tf.job(task)["state"] == "succeeded" for task in ok)
+    assert tf.run("wait", str(after_bad), timeout=60).returncode != 0
+    assert tf.job(after_bad)["reason"] == f"job {bad[1]}, which it runs after, failed" and not tf.log(after_bad)
+    assert "--after: no job or array 'sw3'" in tf.run("submit", "--after", "sw3", str(project / "compare.py")).stderr

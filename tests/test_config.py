@@ -103,6 +103,15 @@ def test_config_set_notify_reaches_the_receiver_without_a_restart(
     assert tf.daemon_pid() == pid
 
 
+def test_config_set_takes_values_that_begin_with_a_dash(tf: Tfrun) -> None:
+    """sbatch options are written as they are typed, with no `--` before them; tfrun's own options still count."""
+    out = json.loads(tf.ok("config", "set", "slurm.sbatch_options", "--qos=high", "--constraint=a100", "--json"))
+    assert out["values"]["slurm"]["sbatch_options"] == ["--qos=high", "--constraint=a100"]
+    assert 'sbatch_options = ["--qos=high", "--constraint=a100"]' in (tf.home / "config.toml").read_text()
+    refused = tf.run("config", "set", "slurm.sbatch_options", "--output=x.out")
+    assert "tfrun writes the output" in one_line_error(refused, 2)
+
+
 def test_sighup_and_config_reload_read_the_file_again(tf: Tfrun, receiver: Receiver) -> None:
     path = write_config(tf, "max_cpu_jobs = 1\n")
     tf.ok("ps")

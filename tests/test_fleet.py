@@ -69,9 +69,14 @@ def test_ps_over_all_hosts_lists_each_job_once_with_its_host(fleet: Fleet, jobs_
         assert sorted(mine) == [(name, f"{name}:{ids[name]}") for name in BOXES]
         quiet = fleet.client.ok("ps", "--host", "gpu", "-q").split()
         assert {f"{name}:{ids[name]}" for name in BOXES} <= set(quiet)
+        tasks = fleet.submit("--host", "box2", "--gpus", "0", "--name", "sw", "--array", "x=1,2", fleet.script,
+                             "ps-array").stdout.split()  # fmt: skip
         table = fleet.client.ok("ps", "--host", "gpu")
         assert table.splitlines()[0] == "jobs on pool gpu (3 of 3 hosts)"
         assert table.splitlines()[1].split()[:3] == ["HOST", "ID", "NAME"]
+        rows = [line.split()[:3] for line in table.splitlines()]  # the array's row, then its tasks under it
+        first = rows.index(["box2", f"box2:{tasks[0]}[0-1]", "sw"])
+        assert rows[first + 1 : first + 3] == [["box2", f"box2:{task}", f"sw-{i}"] for i, task in enumerate(tasks)]
     finally:
         fleet.client.ok("hosts", "remove", "box1-alias")
 

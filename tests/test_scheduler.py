@@ -158,7 +158,7 @@ def test_asking_for_more_gpus_than_the_box_has_is_refused(box: Tfrun, project: P
     result = box.run("submit", "--gpus", "3", str(project / "x.py"))
     assert result.returncode == 2 and "asks for 3 GPU(s) and this box has 2 (0, 1)" in result.stderr
     missing = box.run("submit", "--after", "nosuchjob", str(project / "x.py"))
-    assert missing.returncode == 3 and "--after: no job 'nosuchjob'" in missing.stderr
+    assert missing.returncode == 3 and "--after: no job or array 'nosuchjob'" in missing.stderr
 
 
 def test_gpus_shows_each_gpu_its_memory_and_its_job(box: Tfrun, project: Path, gates: Path, tmp_path: Path) -> None:

@@ -220,6 +220,8 @@ def test_ps_shows_pending_then_running_and_cancel_ends_it_cancelled(
     wait_for(lambda: tf.job(first)["state"] == "running", timeout=60, what="the first job to run")
     assert slurm.squeue_state(int(slurm_id_of(tf, second))) == "PENDING"
     assert tf.job(second)["state"] == "queued"
+    assert "gpus           1 asked, none given yet" in tf.ok("status", str(second))
+    assert f"gpus           {slurm.gpus_per_node}, chosen by the cluster on its node" in tf.ok("status", str(first))
     states_shown = {j["id"]: j["state"] for j in tf.jobs()}
     assert states_shown[first] == "running" and states_shown[second] == "queued"
     gate.touch()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from conftest import (
     TFRUND,
     Tfrun,
     alive,
+    connected,
     gated_job,
     kill_and_await_successor,
     own_sockets,
@@ -238,7 +241,7 @@ def test_a_follower_and_a_waiter_carry_on_through_a_dozen_daemon_crashes(tf: Tfr
     follower = subprocess.Popen([*TFRUN, "logs", "-f", str(job_id)], env=tf.env, stdout=-1, stderr=-1)
     waiter = subprocess.Popen([*TFRUN, "wait", str(job_id)], env=tf.env, stdout=-1, stderr=-1)
     pid = wait_for(lambda: serving_daemon(tf.home))
-    wait_for(lambda: sockets(pid) >= idle + 2, what="both clients to connect")
+    wait_for(lambda: connected(pid, idle + 2), what="both clients to connect")
     for _ in range(12):
         kill_and_await_successor(tf.home, clients=lambda: 2, idle_sockets=idle)
     gate.touch()
@@ -246,6 +249,46 @@ def test_a_follower_and_a_waiter_carry_on_through_a_dozen_daemon_crashes(tf: Tfr
     assert follower.returncode == 7, err
     assert out == (tf.job_dir(job_id) / "output.log").read_bytes()
     assert waiter.wait(timeout=60) == 7
+
+
+def dies_in_the_hello(path: Path) -> threading.Thread:
+    """A listener at the daemon's socket path that takes one connection and hangs up before answering the
+    hello, then is gone: a daemon killed the moment a client reached it (SIGKILL leaves the socket file)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen()
+
+    def once() -> None:
+        conn, _ = listener.accept()
+        conn.recv(1)  # the client's hello has begun to arrive
+        listener.close()
+        conn.close()
+
+    thread = threading.Thread(target=once, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("verb", ["wait", "status"])
+def test_a_client_that_reaches_a_daemon_dying_in_the_hello_starts_the_next_one(
+    tf: Tfrun, project: Path, gate: Path, verb: str
+) -> None:
+    """`wait` (asyncio) and `status` (the plain socket of a running daemon) alike: the next daemon answers."""
+    write_script(project, "job.py", gated_job(1, 1, 4, gate))
+    job_id = tf.submit(str(project / "job.py"))
+    tf.kill_daemon()
+    socket_path = tf.home / "run" / "tfrund.sock"
+    socket_path.unlink()
+    dying = dies_in_the_hello(socket_path)
+    gate.touch()
+    result = tf.run(verb, str(job_id))
+    dying.join(timeout=5)
+    assert not dying.is_alive(), "the client never reached the dying daemon"
+    assert serving_daemon(tf.home) is not None, result.stderr
+    if verb == "wait":
+        assert result.returncode == 4, result.stderr
+    else:
+        assert result.returncode == 0 and result.stdout.split()[:2] == ["id", str(job_id)], result.stderr
 
 
 @pytest.mark.parametrize("setting", ["env", "config"])
@@ -264,7 +307,7 @@ def test_a_waiter_gives_up_once_no_daemon_answered_for_the_reconnect_timeout(
     idle = own_sockets(tf.home)
     clients = [subprocess.Popen([*TFRUN, *verb, str(job_id)], env=tf.env, stdout=-1, stderr=-1, text=True)
                for verb in (["wait"], ["logs", "-f"])]  # fmt: skip
-    wait_for(lambda: sockets(serving_daemon(tf.home) or 0) >= idle + 2, what="both clients to connect")
+    wait_for(lambda: connected(serving_daemon(tf.home) or 0, idle + 2), what="both clients to connect")
     (tf.home / "config.toml").write_text("not toml [\n")  # no daemon can start any more
     shim = tf.shim_pid(job_id)
     tf.kill_daemon()

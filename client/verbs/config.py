@@ -45,18 +45,19 @@ def config_verb(ctx: click.Context, as_json: bool) -> None:
         daemonconfig.show(reply)
 
 
-@config_verb.command("set")
+@config_verb.command("set", context_settings={"ignore_unknown_options": True})
 @cli.host_options
 @click.argument("key")
-@click.argument("values", nargs=-1, required=True, metavar="VALUE...")
+@click.argument("values", nargs=-1, required=True, metavar="VALUE...", type=click.UNPROCESSED)
 @click.option("--json", "as_json", is_flag=True, help="Print path, changes, values and sources as JSON.")
 def config_set(key: str, values: tuple[str, ...], as_json: bool) -> None:
     """Set KEY in the box's config.toml to VALUE, then reload it. Only KEY's lines change, comments stay,
     and the whole would-be file is checked first: a value tfrund would refuse changes nothing.
 
     KEY is a key of the file, TABLE.KEY inside a table (alerts.cooldown); `tfrun config` lists them. A
-    list (notify, gpus, alerts.rules, alerts.metric_patterns) takes each VALUE as an item, replacing the
-    list."""
+    list (notify, gpus, alerts.rules, alerts.metric_patterns, slurm.sbatch_options) takes each VALUE as an
+    item, replacing the list. A VALUE may begin with a dash: `tfrun config set slurm.sbatch_options
+    --qos=high --constraint=a100`."""
     _config_change(SetConfig(key=key, values=list(values)), as_json, f"set {key} in")
 
 

@@ -68,7 +68,8 @@ def _snapshot_notes(snap: Snapshot) -> None:
               "were submitted. On Slurm, a negative P is sbatch --nice=-P (a negative nice needs a Slurm "
               "operator, so P >= 0 is nice 0).")  # fmt: skip
 @click.option("--after", "after", multiple=True, metavar="JOB[,JOB...]", help="Start only once these jobs have "
-              "succeeded; if one fails, is cancelled or lost, this job fails without starting.")  # fmt: skip
+              "succeeded; if one fails, is cancelled or lost, this job fails without starting. An array's name "
+              "(submit --array --name N) stands for all of its tasks.")  # fmt: skip
 @click.option("--tty", is_flag=True, help="Run it in a tmux session on the box that `tfrun attach JOB` opens (for "
               "breakpoint() or input()); its output still goes to its log.")  # fmt: skip
 @click.option("--partition", metavar="P", help="Slurm hosts only: the partition to submit to (sbatch --partition; "

@@ -16,7 +16,7 @@ from tfrun.constants import (
     DEFAULT_GRACE_S,
 )
 from tfrun.content import ManifestError, check_manifest
-from tfrun.protocol.fields import ErrorCode, validate_name
+from tfrun.protocol.fields import ErrorCode, is_job_id, validate_name
 from tfrun.protocol.jobs import (
     Cancel,
     CancelReply,
@@ -179,17 +179,28 @@ def _resources(daemon: Daemon, req: Submit) -> tuple[int, tuple[int, ...]]:
     if gpus > len(devices) and not daemon.executor.places_jobs():  # Slurm checks its own GPUs
         has = f"has {len(devices)} ({', '.join(devices)})" if devices else "has none"
         raise invalid(f"the job asks for {gpus} GPU(s) and this box {has}")
-    after = []
+    after: list[int] = []
     for ref in req.after:
-        dep = daemon.store.find(ref)
-        if dep is None:
-            raise RequestError(ErrorCode.NO_SUCH_JOB, f"--after: no job {ref!r}")
-        after.append(dep.id)
+        after += [job_id for job_id in _after_ids(daemon, ref) if job_id not in after]
     if req.tty and isinstance(daemon.executor, SlurmExecutor):
         raise invalid("--tty: not on a Slurm host (its jobs run in batch allocations, with no terminal to attach)")
     if req.tty and shutil.which("tmux") is None:
         raise invalid("--tty needs tmux on the box (apt-get install tmux)")
     return gpus, tuple(after)
+
+
+def _after_ids(daemon: Daemon, ref: str) -> list[int]:
+    """The jobs `--after REF` waits for: the job of that id or name, else every task of the newest array
+    submitted with --name REF (its tasks are named REF-0, REF-1, ...: a sweep, then the job that compares)."""
+    dep = daemon.store.find(ref)
+    if dep is not None:
+        return [dep.id]
+    if is_job_id(ref):
+        raise RequestError(ErrorCode.NO_SUCH_JOB, f"--after: no job {ref!r}")
+    first = daemon.store.find(arrays.task_name(ref, 0) or "")
+    if first is None or first.array_id is None or first.array_index != 0:
+        raise RequestError(ErrorCode.NO_SUCH_JOB, f"--after: no job or array {ref!r}")
+    return [task.id for task in daemon.store.array_tasks(first.array_id)]
 
 
 def _slurm_options(daemon: Daemon, req: Submit) -> tuple[Optional[str], Optional[str]]:

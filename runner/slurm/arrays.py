@@ -16,7 +16,7 @@ ID the job id of its first task), holding:
 Each task's folder gets its launch record (spec.json), `slurm-array.json` (which array folder it was
 submitted from) and, once sbatch answered, its slurm.json with the task's own Slurm id, ARRAYID_INDEX, which
 squeue (with --array) and sacct list task by task: from then on a task is polled, cancelled and ended as
-any job. `tfrun rm` leaves the array folder (a few hundred bytes) in place.
+any job. `tfrun rm` and `prune` delete the array folder with the last of its tasks (`remove_unused`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -189,6 +190,19 @@ async def resume(executor: SlurmExecutor, row: JobRow, folder: Path) -> bool:
     log.info("job %d: submitting its array (accepted before the last daemon stopped)", row.id)
     await _submit(executor, row, folder, left, grace)
     return True
+
+
+def remove_unused(home: Path) -> None:
+    """Delete the array folders of TFRUN_HOME none of whose tasks' folders remain (`tfrun rm` or `prune`
+    removed them all). One with no readable record yet (its launch is being written) stays."""
+    try:
+        folders = list((home / ARRAYS).iterdir())
+    except OSError:  # no Slurm arrays here
+        return
+    for folder in folders:
+        tasks = _read_json(folder / RECORD).get("tasks")
+        if isinstance(tasks, dict) and not any(Path(str(job_dir)).exists() for job_dir in tasks.values()):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _write_json(path: Path, data: dict[str, object]) -> None:
