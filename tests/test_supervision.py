@@ -22,7 +22,6 @@ from conftest import (
     kill_and_await_successor,
     own_sockets,
     serving_daemon,
-    sockets,
     wait_for,
     write_script,
 )
