@@ -177,12 +177,16 @@ def _host_options(command: F, pools: bool) -> F:
     @functools.wraps(command)
     def verb(*args: Any, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
-        if not pools and ctx.meta.get(_POOL) is not None:
-            name = ctx.meta[_POOL][0]
-            fail(f"{name} is a pool: {ctx.info_name} needs one host (--host NAME) or a job address HOST:ID", EXIT_USAGE)
         for key in ("job", "jobs"):
             if kwargs.get(key):
                 kwargs[key] = _addressed(ctx, kwargs[key])
+        if kwargs.get("after"):  # submit --after box2:3: the job goes to the host of the jobs it runs after
+            kwargs["after"] = _addressed(ctx, tuple(ref.strip() for v in kwargs["after"] for ref in v.split(",")))
+        if ctx.meta.get(_ADDRESSED) is not None:
+            ctx.meta.pop(_POOL, None)  # a standing pool (TFRUN_HOST=gpu) yields to the host an address names
+        if not pools and ctx.meta.get(_POOL) is not None:
+            name = ctx.meta[_POOL][0]
+            fail(f"{name} is a pool: {ctx.info_name} needs one host (--host NAME) or a job address HOST:ID", EXIT_USAGE)
         return command(*args, **kwargs)
 
     verb = click.option(
@@ -218,9 +222,15 @@ def pool() -> Optional[tuple[str, list[Host]]]:
     return found
 
 
+def addressed() -> Optional[str]:
+    """The host a job address given to the verb named (`status box2:12`, `submit --after box2:12`), if any."""
+    host: Optional[str] = click.get_current_context().meta.get(_ADDRESSED)
+    return host
+
+
 def address(job_id: int) -> str:
     """How to name job `job_id` again: `box2:12` when the verb was given an address, else `12`."""
-    host = click.get_current_context().meta.get(_ADDRESSED)
+    host = addressed()
     return f"{host}:{job_id}" if host else str(job_id)
 
 

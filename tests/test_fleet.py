@@ -97,11 +97,19 @@ def test_job_addresses_need_no_host(fleet: Fleet, jobs_ended: None) -> None:
     assert result.returncode == 0, result.stderr
     assert json.loads(fleet.client.ok("status", "--json", f"{far}:{cancelled}"))["state"] == "cancelled"
 
-    fleet.client.env["TFRUN_HOST"] = "box1"  # a standing default: an address overrules it
-    try:
-        assert fleet.client.ok("status", f"{far}:{followed}").splitlines()[0].split() == ["id", f"{far}:{followed}"]
-    finally:
-        del fleet.client.env["TFRUN_HOST"]
+    for standing in ("box1", "gpu"):  # a standing default, a host or a pool: an address overrules it
+        fleet.client.env["TFRUN_HOST"] = standing
+        try:
+            shown = fleet.client.ok("status", f"{far}:{followed}").splitlines()[0].split()
+            assert shown == ["id", f"{far}:{followed}"]
+        finally:
+            del fleet.client.env["TFRUN_HOST"]
+    # --after with an address: the new job goes to that host, and runs once that job succeeded there.
+    chained = fleet.submit("--after", f"{far}:{followed}", fleet.script, "chained").stdout.strip()
+    assert chained.startswith(f"{far}:")
+    (fleet.gates / "chained").touch()
+    assert fleet.client.run("wait", chained).returncode == 0
+    assert json.loads(fleet.client.ok("status", "--json", chained))["after"] == [int(followed)]
     unknown = fleet.client.run("status", "nosuch:3")  # no host nosuch: a job name, on the default host
     assert (unknown.returncode, unknown.stderr) == (3, "tfrun: error: no job 'nosuch:3' on box1\n")
     both = fleet.client.run("status", "--host", "box1", f"{far}:{followed}")

@@ -69,7 +69,8 @@ def _snapshot_notes(snap: Snapshot) -> None:
               "operator, so P >= 0 is nice 0).")  # fmt: skip
 @click.option("--after", "after", multiple=True, metavar="JOB[,JOB...]", help="Start only once these jobs have "
               "succeeded; if one fails, is cancelled or lost, this job fails without starting. An array's name "
-              "(submit --array --name N) stands for all of its tasks.")  # fmt: skip
+              "(submit --array --name N) stands for all of its tasks; an address HOST:ID sends the job to "
+              "HOST.")  # fmt: skip
 @click.option("--tty", is_flag=True, help="Run it in a tmux session on the box that `tfrun attach JOB` opens (for "
               "breakpoint() or input()); its output still goes to its log.")  # fmt: skip
 @click.option("--partition", metavar="P", help="Slurm hosts only: the partition to submit to (sbatch --partition; "
@@ -219,13 +220,15 @@ def submit(
         click.echo(
             f"tfrun: uploaded {done.files_sent} of {done.files} files ({render.size(done.bytes_sent)})", err=True
         )
-        address = f"{target.host.label}:{job.id}" if pool is not None and target.host else str(job.id)
+        # Named by address where the host was chosen for the user: placed on a pool's member, or by --after HOST:ID.
+        host = f"{target.host.label}:" if target.host and (pool is not None or cli.addressed()) else ""
+        address = f"{host}{job.id}"
         if done.tasks:
-            _print_array(done.tasks, as_json, f"{target.host.label}:" if pool is not None and target.host else "")
+            _print_array(done.tasks, as_json, host)
             return EXIT_OK
         if as_json:
             click.echo(render.to_json({**dataclasses.asdict(job), "host": target.host.label, "address": address}
-                                      if pool is not None and target.host else job))  # fmt: skip
+                                      if host and target.host else job))  # fmt: skip
         elif follow:
             click.echo(f"job {address} submitted" + (f", {job.waiting}" if job.waiting else ""), err=True)
         else:
@@ -251,7 +254,8 @@ def _array(options: tuple[str, ...], env: dict[str, str]) -> list[tuple[str, lis
 
 
 def _print_array(tasks: list[Job], as_json: bool, host: str) -> None:
-    """An array's tasks: their ids one a line (HOST:ID on a pool), or their records as a JSON list."""
+    """An array's tasks: their ids one a line (HOST:ID where a pool or an address chose the host), or their
+    records as a JSON list."""
     if as_json:
         click.echo(render.to_json(tasks))
         return
