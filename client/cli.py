@@ -180,10 +180,6 @@ def _host_options(command: F, pools: bool) -> F:
         for key in ("job", "jobs"):
             if kwargs.get(key):
                 kwargs[key] = _addressed(ctx, kwargs[key])
-        if kwargs.get("after"):  # submit --after box2:3: the job goes to the host of the jobs it runs after
-            kwargs["after"] = _addressed(ctx, tuple(ref.strip() for v in kwargs["after"] for ref in v.split(",")))
-        if ctx.meta.get(_ADDRESSED) is not None:
-            ctx.meta.pop(_POOL, None)  # a standing pool (TFRUN_HOST=gpu) yields to the host an address names
         if not pools and ctx.meta.get(_POOL) is not None:
             name = ctx.meta[_POOL][0]
             fail(f"{name} is a pool: {ctx.info_name} needs one host (--host NAME) or a job address HOST:ID", EXIT_USAGE)
@@ -260,8 +256,16 @@ def _addressed(ctx: click.Context, refs: Any) -> Any:
         fail(f"--host {given} but job {refs[0] if many else refs} is on {name}: give one or the other", EXIT_USAGE)
     ctx.obj = Target(config.resolve(name, cfg), bool(ctx.meta.get("accept_new")))
     ctx.meta[_ADDRESSED] = name
+    ctx.meta.pop(_POOL, None)  # a standing pool (TFRUN_HOST=gpu) yields to the host an address names
     jobs = tuple(job for _, job in split)
     return jobs if many else jobs[0]
+
+
+def addressed_jobs(refs: tuple[str, ...]) -> tuple[str, ...]:
+    """Job references that are not the verb's JOB argument (submit --after) taken as a JOB... argument is:
+    an address among them sends the verb to its host (see `_addressed`)."""
+    found: tuple[str, ...] = _addressed(click.get_current_context(), refs)
+    return found
 
 
 def _set_accept_new(ctx: click.Context, _: click.Parameter, value: bool) -> None:

@@ -179,6 +179,7 @@ def submit(
     if axes and follow:
         raise click.UsageError("--follow takes one job: follow a task of the array with tfrun logs -f ID")
     args = _script_args(script, args)
+    after_jobs = cli.addressed_jobs(tuple(_split(after)))  # --after box2:3: the job goes to box2
     pool = cli.pool()
     if dry_run and pool is None:
         raise click.UsageError("--dry-run goes with --host POOL")
@@ -208,7 +209,7 @@ def submit(
             array=axes,
             gpus=gpus,
             priority=priority,
-            after=_split(after),
+            after=list(after_jobs),
             tty=tty,
             partition=partition,
             time=time_limit,
