@@ -262,8 +262,8 @@ def _addressed(ctx: click.Context, refs: Any) -> Any:
 
 
 def addressed_jobs(refs: tuple[str, ...]) -> tuple[str, ...]:
-    """Job references that are not the verb's JOB argument (submit --after) taken as a JOB... argument is:
-    an address among them sends the verb to its host (see `_addressed`)."""
+    """Job references given in an option (submit --after), read as a JOB... argument is: an address
+    among them sends the verb to its host and loses its host part (see `_addressed`)."""
     found: tuple[str, ...] = _addressed(click.get_current_context(), refs)
     return found
 

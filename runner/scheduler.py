@@ -178,16 +178,20 @@ class Scheduler:
 
     def _held_by_dependencies(self, row: JobRow) -> bool:
         """Whether `--after` keeps `row` from starting: it waits for jobs still to succeed (the reason is
-        recorded), or it is failed now because one of them failed, was cancelled or lost."""
+        recorded), or it is failed now because one of them failed, was cancelled or lost. A job that failed
+        and runs again (--max-restarts, `tfrun restart`) counts as its last run, as `tfrun wait` has it."""
         pending = []
         for ref in row.spec.after:
             dep = self.store.get(ref)
+            while dep is not None and dep.restarted_as is not None and (again := self.store.get(dep.restarted_as)):
+                dep = again
             if dep is None or dep.state in (JobState.FAILED, JobState.CANCELLED, JobState.LOST):
                 how = "no longer exists" if dep is None else f"{dep.state}"
-                self.supervisor.mark_failed(row, f"job {ref}, which it runs after, {how}")
+                run = "" if dep is None or dep.id == ref else f" in its restart, job {dep.id}"
+                self.supervisor.mark_failed(row, f"job {ref}, which it runs after, {how}{run}")
                 return True
             if dep.state != JobState.SUCCEEDED:
-                pending.append(str(ref))
+                pending.append(str(dep.id))  # the run it waits for: a restart's id once there is one
         if pending:
             listed = ", ".join(pending[:5]) + (f" and {len(pending) - 5} more" if len(pending) > 5 else "")
             self._wait(row, f"waiting for job(s) {listed} to succeed")

@@ -126,6 +126,25 @@ def test_after_chains_and_a_failure_propagates(box: Tfrun, project: Path, gates:
     assert box.job(fourth)["started_at"] is None
 
 
+def test_after_a_job_that_is_restarted_waits_for_its_last_run(tf: Tfrun, project: Path, tmp_path: Path) -> None:
+    """--max-restarts: the first run fails, the restart succeeds; the job after it runs (it had failed unstarted)."""
+    marker = tmp_path / "ran-once"
+    flaky = write_script(project, "flaky.py", f"import os, sys\nif not os.path.exists({str(marker)!r}):\n"
+                         f"    open({str(marker)!r}, 'w').close()\n    sys.exit(3)\n")  # fmt: skip
+    write_script(project, "after.py", "print('after it')\n")
+    first = tf.submit("--max-restarts", "1", str(flaky))
+    second = tf.submit("--after", str(first), str(project / "after.py"))
+    assert tf.run("wait", str(second)).returncode == 0, tf.job(second)["reason"]
+    assert tf.job(first)["state"] == "failed" and tf.job(tf.job(first)["restarted_as"])["state"] == "succeeded"
+    assert tf.log(second) == b"after it\n"
+    write_script(project, "fails.py", "raise SystemExit(4)\n")
+    failing = tf.submit("--max-restarts", "1", str(project / "fails.py"))
+    third = tf.submit("--after", str(failing), str(project / "after.py"))
+    assert tf.run("wait", str(third)).returncode != 0
+    restart = tf.job(failing)["restarted_as"]
+    assert tf.job(third)["reason"] == f"job {failing}, which it runs after, failed in its restart, job {restart}"
+
+
 def test_a_daemon_restart_keeps_assignments(box: Tfrun, project: Path, gates: Path) -> None:
     script = str(gpu_job(project, gates))
     running = [box.submit("--gpus", "1", script) for _ in range(2)]
