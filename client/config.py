@@ -175,7 +175,7 @@ def load() -> ClientConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise TfrunError(tomltext.decode_error(str(path), exc, text), EXIT_USAGE) from None
-    unknown = tomltext.unknown_key(str(path), text, raw, _schema())
+    unknown = tomltext.unknown_key(str(path), text, raw, _schema()) or tomltext.nul_byte(str(path), text, raw)
     if unknown:
         raise TfrunError(unknown, EXIT_USAGE)
     config = ClientConfig(path, default_host=_string(raw, "default_host", path))

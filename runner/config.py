@@ -149,7 +149,7 @@ class Config:
             raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(tomltext.decode_error(where, exc, text)) from None
-        unknown = tomltext.unknown_key(where, text, raw, schema())
+        unknown = tomltext.unknown_key(where, text, raw, schema()) or tomltext.nul_byte(where, text, raw)
         if unknown:
             raise ConfigError(unknown)
         alerts = raw.get("alerts", {})

@@ -134,6 +134,20 @@ def test_sighup_and_config_reload_read_the_file_again(tf: Tfrun, receiver: Recei
     assert shown(tf)["values"]["notify"] == [] and tf.daemon_pid() == pid
 
 
+def test_a_nul_byte_in_a_config_string_is_refused_with_its_line(tf: Tfrun) -> None:
+    """No path, argument or URL can hold one: the daemon's and the client's files alike say where it is."""
+    daemon_file = write_config(tf, 'max_cpu_jobs = 1\n\n[slurm]\nsbatch_options = ["--qos=a\\u0000"]\n')
+    err = one_line_error(tf.run("ps"), 125)
+    assert f"{daemon_file} line 4: slurm.sbatch_options cannot hold a NUL byte" in err
+    daemon_file.write_text('job_python = "/usr/bin/python3\\u0000"\n')
+    assert "line 1: job_python cannot hold a NUL byte" in one_line_error(tf.run("ps"), 125)
+    daemon_file.unlink()
+    client_file = tf.client_home / ".config" / "tfrun" / "config.toml"
+    client_file.parent.mkdir(parents=True, exist_ok=True)
+    client_file.write_text('[hosts.box]\ndestination = "me@box"\npython = "/bin/py\\u0000"\n')
+    assert f"{client_file} line 3: hosts.box.python cannot hold a NUL byte" in one_line_error(tf.run("ps"), 2)
+
+
 def test_unknown_keys_name_their_file_line_and_the_nearest_key(tf: Tfrun) -> None:
     daemon_file = write_config(tf, 'max_cpu_jobs = 1\n\ncheckpoint_roots = "/data"\n')
     err = one_line_error(tf.run("ps"), 125)

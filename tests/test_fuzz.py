@@ -304,6 +304,8 @@ def test_every_request_type_takes_hostile_values_without_an_internal_error(box: 
             r"submit.files[0].size: out of range",
         ),
         ({"type": "submit", "script": "a", "files": [], "name": "\udcff"}, "submit.name: not UTF-8 text"),
+        ({"type": "doctor", "python": "/\x00"}, "doctor.python: holds a NUL byte"),  # it was an internal error
+        ({"type": "submit", "script": "a", "files": [], "args": ["-", "a\x00"]}, "submit.args[1]: holds a NUL byte"),
         ({"type": "cancel", "jobs": ["1"] * (MAX_CANCEL_JOBS + 1)}, f"more than {MAX_CANCEL_JOBS} items"),
         ({"type": "read_log", "job": "1", "patterns": ["x"] * (MAX_PATTERNS + 1)}, f"more than {MAX_PATTERNS} items"),
         (

@@ -107,6 +107,21 @@ def line_of(text: str, path: KeyPath) -> Optional[int]:
     return None
 
 
+def nul_byte(where: str, text: str, raw: dict[str, Any], table: KeyPath = ()) -> Optional[str]:
+    """`WHERE line N: job_python cannot hold a NUL byte` for the first string of `raw` (as read from `text`)
+    that holds one ("\u0000" in TOML): no path, argument or URL can, and the OS calls given one raise."""
+    for key, value in raw.items():
+        path = (*table, key)
+        if isinstance(value, dict):
+            found = nul_byte(where, text, value, path)
+            if found:
+                return found
+        elif any(isinstance(item, str) and "\0" in item for item in (value if isinstance(value, list) else [value])):
+            line = line_of(text, path)
+            return f"{where}{f' line {line}' if line else ''}: {'.'.join(path)} cannot hold a NUL byte"
+    return None
+
+
 def unknown_key(where: str, text: str, raw: dict[str, Any], schema: Schema) -> Optional[str]:
     """`WHERE line N: unknown key 'x'; did you mean 'y'?` for the first key of `raw` (as read from `text`)
     that `schema` does not know, or None when it knows them all."""

@@ -10,7 +10,7 @@ from tfrun.constants import (
     MAX_NAME,
     MAX_STRING,
 )
-from tfrun.protocol.fields import UTF8, Limit, Text
+from tfrun.protocol.fields import UTF8, Limit, OsText, Text
 from tfrun.protocol.wire import Message, Ok, Request, tagged
 
 
@@ -85,7 +85,7 @@ class Doctor(Request[DoctorReport]):
     """Check the box's health for training (runner/doctor.py); answered by `DoctorReport`.
     `python`: the job interpreter to check (default: the one jobs get)."""
 
-    python: Optional[str] = None
+    python: Optional[OsText] = None
 
 
 @tagged("daemon_status")

@@ -87,6 +87,11 @@ UTF8 = _Marker("UTF8")
 NON_FINITE = _Marker("NON_FINITE")  # a float that may be NaN or infinite (a loss that diverged); others may not
 
 
+# A string the operating system is given, a path or an argument: no NUL byte, which none of them can hold
+# (Python's os functions raise ValueError on one, which is no answer for the peer).
+NO_NUL = _Marker("NO_NUL")
+
+
 Text = Annotated[str, UTF8]
 
 
@@ -97,6 +102,9 @@ Offset = Annotated[int, Range(0, MAX_INT64)]  # a byte offset or size, a count
 
 
 Mode = Annotated[int, Range(0, 0o7777)]
+
+
+OsText = Annotated[str, NO_NUL]  # a path or a program's argument; it may be any bytes but NUL (surrogate escapes)
 
 
 Reading = Annotated[float, NON_FINITE]
@@ -167,7 +175,7 @@ def _make_checker(tp: Any) -> Checker:
     if tp is float:
         return _float_checker(bounds, finite=NON_FINITE not in extras)
     if tp is str:
-        return _str_checker(MAX_STRING if limit.chars is None else limit.chars, utf8=UTF8 in extras)
+        return _str_checker(MAX_STRING if limit.chars is None else limit.chars, UTF8 in extras, NO_NUL in extras)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         cls = tp
 
@@ -212,12 +220,14 @@ def _float_checker(bounds: Optional[Range], finite: bool) -> Checker:
     return check_float
 
 
-def _str_checker(chars: int, utf8: bool) -> Checker:
+def _str_checker(chars: int, utf8: bool, no_nul: bool = False) -> Checker:
     def check_str(value: Any) -> str:
         if type(value) is not str:
             fail("expected a string")
         if len(value) > chars:
             fail(f"longer than {chars} characters")
+        if no_nul and "\0" in value:
+            fail("holds a NUL byte, which no path or argument can")
         if not value.isascii():
             try:
                 value.encode("utf-8", "strict" if utf8 else "surrogateescape")

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 from tfrun.arrays import MAX_ARRAY_AXES, MAX_ARRAY_TASKS, MAX_KEY, MAX_VALUE
 from tfrun.constants import MAX_NAME, MAX_PAYLOAD_BYTES, MAX_PRIORITY, MAX_RESTARTS
-from tfrun.protocol.fields import UTF8, JobRef, Limit, Mode, Offset, Patterns, Range, Text
+from tfrun.protocol.fields import UTF8, JobRef, Limit, Mode, Offset, OsText, Patterns, Range, Text
 from tfrun.protocol.jobs import JobList, JobReply
 from tfrun.protocol.wire import Message, Ok, Request, tagged
 
@@ -78,11 +78,11 @@ class Submit(Request[JobReply]):
     """
 
     files: list[FileEntry]
-    script: str
-    args: list[str] = field(default_factory=list)
+    script: OsText
+    args: list[OsText] = field(default_factory=list)
     name: Optional[Text] = None
     env: dict[str, str] = field(default_factory=dict)
-    python: Optional[str] = None
+    python: Optional[OsText] = None
     source: Optional[str] = None
     git_commit: Optional[Text] = None
     git_dirty: Optional[bool] = None
