@@ -48,6 +48,7 @@ from tfrun.client.forward import forward_path, pump, serve_forward
 from tfrun.client.keepertrust import socket_path
 from tfrun.constants import EXIT_DAEMON
 from tfrun.protocol.channel import Channel
+from tfrun.protocol.wire import ConnectionClosed
 
 IDLE_EXIT_S = 600.0
 _START_TIMEOUT_S = 60.0
@@ -57,11 +58,26 @@ def enabled() -> bool:
     return os.environ.get("TFRUN_SSH_PERSIST", "1") not in ("0", "no", "false")
 
 
+# Tries at the box's keeper socket before its hanging up is the verb's error. A keeper hangs up before the
+# hello when it finds its SSH connection dead (it has let go of its socket by then, so the next try starts a
+# fresh keeper), and one killed meanwhile resets the connection: a second try is what the user would do, and
+# that one can still land on a connection dying under the hello. Three, so a box that always hangs up fails
+# at once instead of being retried for the reconnect timeout.
+_CONNECT_TRIES = 3
+
+
 async def connect(host: Host, accept_new: bool, timeout: Optional[float] = None) -> Channel:
     """A channel to the box's daemon through its keeper, starting one first if none answers. The boxes that a
     verb needs at once (a pool's) get one keeper process between them (see `_Batch`). A box not ready within
     `timeout` seconds is given up: the thread that waits for it must end by then, since an event loop's end
     waits for its threads (a pool verb must not hang on a box that never answers)."""
+    for _ in range(_CONNECT_TRIES - 1):
+        with contextlib.suppress(ConnectionClosed, ConnectionResetError, BrokenPipeError):
+            return await _connect_once(host, accept_new, timeout)
+    return await _connect_once(host, accept_new, timeout)
+
+
+async def _connect_once(host: Host, accept_new: bool, timeout: Optional[float]) -> Channel:
     path = socket_path(host, accept_new)
     try:
         return await Channel.connect_unix(str(path))
@@ -234,15 +250,14 @@ class Keeper:
         self.conn = conn
         self.active = 0
         self.last_used = time.monotonic()
+        self.listening: list[tuple[asyncio.AbstractServer, Path, int]] = []  # servers, their sockets and inodes
 
     async def serve(self, path: Path, ready: Callable[[], None]) -> None:
         self.unusable = asyncio.Event()  # set when the SSH connection can no longer open channels
         forwards = forward_path(path)
         forwards.unlink(missing_ok=True)
-        forward_server = await asyncio.start_unix_server(self._forward, path=str(forwards))
-        os.chmod(forwards, 0o600)
-        server = await asyncio.start_unix_server(self._client, path=str(path))
-        os.chmod(path, 0o600)
+        self._listen(await asyncio.start_unix_server(self._forward, path=str(forwards)), forwards)
+        self._listen(await asyncio.start_unix_server(self._client, path=str(path)), path)
         ready()
         ended = [asyncio.ensure_future(self.conn.wait_closed()), asyncio.ensure_future(self.unusable.wait())]
         try:
@@ -251,13 +266,24 @@ class Keeper:
                 if self.active == 0 and time.monotonic() - self.last_used > IDLE_EXIT_S:
                     break
         finally:
-            server.close()
-            forward_server.close()
-            path.unlink(missing_ok=True)
-            forwards.unlink(missing_ok=True)
+            self._let_go()
             self.conn.close()
             for task in ended:
                 task.cancel()
+
+    def _listen(self, server: asyncio.AbstractServer, path: Path) -> None:
+        os.chmod(path, 0o600)
+        self.listening.append((server, path, path.stat().st_ino))
+
+    def _let_go(self) -> None:
+        """Take no more connections: close the listeners and remove their sockets, unless a fresh keeper
+        has bound the same path since (the verb that found this one dead started it)."""
+        for server, path, inode in self.listening:
+            server.close()
+            with contextlib.suppress(OSError):
+                if path.stat().st_ino == inode:
+                    path.unlink()
+        self.listening.clear()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Pipe one local connection to the daemon over an SSH channel of its own, both ways."""
@@ -269,7 +295,8 @@ class Keeper:
                 remote_reader, remote_writer = await open_raw(self.conn, self.host)
             except Exception:
                 # The connection cannot open a channel: it is dead, or the box changed under it. Stop
-                # serving it, so that the next verb (this one, retrying) starts a keeper afresh.
+                # serving it, before this verb hears of it, so that its next try starts a keeper afresh.
+                self._let_go()
                 self.unusable.set()
                 raise
             await asyncio.gather(pump(reader, remote_writer), pump(remote_reader, writer))

@@ -12,12 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import Sshd, Tfrun, alive, keepers_of, wait_for
+from conftest import TFRUN, Sshd, Tfrun, alive, keepers_of, wait_for
 
 BOXES = ("box1", "box2", "box3")
 
@@ -43,6 +44,10 @@ class Boxes:
         result = self.client.run("ps", "--host", "all")
         assert result.returncode == 0, result.stderr
         return result.stdout.splitlines()[:1]
+
+    def queued(self) -> int:
+        """The Unix sockets bound to a keeper's path: its listeners, and connections not yet accepted."""
+        return sum(str(self.sockets) in line for line in Path("/proc/net/unix").read_text().splitlines())
 
     def kill_keepers(self) -> None:
         pids = keepers_of(self.client)
@@ -147,3 +152,30 @@ def test_a_box_that_never_answers_is_given_up_in_time_and_the_others_kept(boxes:
         del boxes.client.env["TFRUN_FLEET_TIMEOUT"]
         silent.close()
         boxes.client.ok("hosts", "remove", "silent")
+
+
+def test_a_verb_that_reaches_a_keeper_whose_connection_just_died_still_answers(boxes: Boxes) -> None:
+    """The keeper is frozen while box2's SSH session dies and a verb connects to it and sends its hello. Woken,
+    the keeper finds its connection dead and lets go of its socket, dropping the verb's connection unanswered:
+    the verb connects again, through a fresh keeper, and answers as if nothing happened. (It failed with
+    "Connection reset by peer", or "closed the connection before answering the hello" when the keeper took
+    the connection first: a laptop back from sleep met that on its first verb, and CI's soak test.)"""
+    assert boxes.client.ok("ps", "--host", "box2").startswith("no jobs")
+    keepers = keepers_of(boxes.client)
+    for pid in keepers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        for pid in sorted(boxes.sshd["box2"].sessions()):
+            os.kill(pid, signal.SIGKILL)
+        queued = boxes.queued()
+        verb = subprocess.Popen([*boxes.client.prefix, *TFRUN, "ps", "--host", "box2"], env=boxes.client.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        wait_for(lambda: boxes.queued() > queued, what="the verb to connect to the frozen keeper")
+        time.sleep(0.2)  # and send its hello
+    finally:
+        for pid in keepers:
+            os.kill(pid, signal.SIGCONT)
+    out, err = verb.communicate(timeout=120)
+    assert (verb.returncode, err) == (0, ""), err
+    assert out.startswith("no jobs on box2")
+    assert len(boxes.held("box2")) == 1, "one fresh SSH connection to box2"
