@@ -47,6 +47,8 @@ class Target:
                 if exc.code == ErrorCode.CANNOT_START:
                     raise cannot_start(self.host, exc.message) from None
                 raise
+            except keeper.HUNG_UP:
+                pass  # each try ended before the hello: a connection of the verb's own works, or says why
         from tfrun.client import ssh  # asyncssh costs 0.3 s to import: only a direct connection pays it
 
         conn = await ssh.open_ssh(self.host, self.accept_new_host_key)

@@ -58,11 +58,13 @@ def enabled() -> bool:
     return os.environ.get("TFRUN_SSH_PERSIST", "1") not in ("0", "no", "false")
 
 
-# Tries at the box's keeper socket before its hanging up is the verb's error. A keeper hangs up before the
-# hello when it finds its SSH connection dead (it has let go of its socket by then, so the next try starts a
-# fresh keeper), and one killed meanwhile resets the connection: a second try is what the user would do, and
-# that one can still land on a connection dying under the hello. Three, so a box that always hangs up fails
-# at once instead of being retried for the reconnect timeout.
+# How a connection through a keeper ends before the hello: the keeper found its SSH connection dead (it has
+# let go of its socket by then, so the next try starts a fresh keeper), was killed meanwhile (a reset), or the
+# box's end of the channel went away (tfrund gone from the box: the keeper cannot tell the verb why).
+HUNG_UP = (ConnectionClosed, ConnectionResetError, BrokenPipeError)
+
+# Tries at the keeper socket before `connect` raises HUNG_UP: a second is what the user would do, and it can
+# still land on a connection dying under the hello. Three, so a box that always hangs up fails at once.
 _CONNECT_TRIES = 3
 
 
@@ -72,7 +74,7 @@ async def connect(host: Host, accept_new: bool, timeout: Optional[float] = None)
     `timeout` seconds is given up: the thread that waits for it must end by then, since an event loop's end
     waits for its threads (a pool verb must not hang on a box that never answers)."""
     for _ in range(_CONNECT_TRIES - 1):
-        with contextlib.suppress(ConnectionClosed, ConnectionResetError, BrokenPipeError):
+        with contextlib.suppress(*HUNG_UP):
             return await _connect_once(host, accept_new, timeout)
     return await _connect_once(host, accept_new, timeout)
 

@@ -151,6 +151,24 @@ def test_a_box_without_tfrund_gets_the_install_hint(box: Tfrun) -> None:
     assert "tfrund was not found on box" in line and "tfrun hosts install box" in line and "--tfrund" in line
 
 
+def test_a_box_whose_tfrund_went_away_under_a_kept_connection_says_so(box: Tfrun, tmp_path: Path) -> None:
+    """tfrun uninstalled on the box while a keeper holds its connection, the daemon stopped: the keeper's channel
+    ends before the hello, and the verb, rather than "closed the connection before answering the hello",
+    connects by itself and says what the box's shell said."""
+    wrapper = tmp_path / "tfrund"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m tfrun.runner "$@"\n')
+    wrapper.chmod(0o755)
+    _set_host(box, tfrund=str(wrapper))
+    box.ok("ps")
+    assert len(keepers_of(box)) == 1
+    assert box.daemon("stop").returncode == 0
+    wrapper.unlink()
+    result = box.run("ps")
+    assert result.returncode == 125
+    line = one_line(result.stderr)
+    assert "tfrund was not found on box" in line and "tfrun hosts install box" in line, line
+
+
 def test_connection_refused_and_auth_failures_are_one_line(box: Tfrun, sshd: Sshd, tmp_path: Path) -> None:
     _set_host(box, destination=f"root@127.0.0.1:{_closed_port()}")
     result = box.run("ps")
