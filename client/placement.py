@@ -9,8 +9,9 @@ each), asked of all at once (client/fleet.py). The rule, in order:
 2. Else the shortest queue: the box where fewest jobs wait before ours.
 3. Ties: fewest running jobs, then the host's name.
 
-N is --gpus, else 1 on a box with GPUs and 0 on one without (a daemon's default_gpus is not known here). A
-box with fewer GPUs than N in all can never start it and is left out.
+N is --gpus, else the GPUs the box gives a job without it: its daemon's default_gpus (`tfrun config`), which
+is 1 on a box with GPUs and 0 on one without unless set. A box with fewer GPUs than N in all can never start it
+and is left out.
 """
 
 from __future__ import annotations
@@ -33,16 +34,19 @@ class Figures:
     total: int
     running: int
     queued: int
+    default_gpus: int  # what a job without --gpus gets here
 
     @classmethod
     def of(cls, host: Host, reply: TopReply) -> Figures:
         states = [job.state for job in reply.jobs]
         free = sum(gpu.job is None for gpu in reply.gpus)
-        return cls(host, free, len(reply.gpus), states.count(JobState.RUNNING), states.count(JobState.QUEUED))
+        default = reply.default_gpus if reply.default_gpus is not None else int(len(reply.gpus) > 0)  # older daemon
+        running, queued = states.count(JobState.RUNNING), states.count(JobState.QUEUED)
+        return cls(host, free, len(reply.gpus), running, queued, default)
 
     def wanted(self, gpus: Optional[int]) -> int:
-        """The GPUs the job would ask this box for."""
-        return gpus if gpus is not None else int(self.total > 0)
+        """The GPUs the job would get on this box."""
+        return gpus if gpus is not None else self.default_gpus
 
     def starts_now(self, gpus: Optional[int]) -> bool:
         return self.free >= self.wanted(gpus) and self.queued == 0
@@ -65,6 +69,8 @@ def choose(members: Sequence[Figures], gpus: Optional[int]) -> Optional[Choice]:
     now = [m for m in able if m.starts_now(gpus)]
     if now:
         best = min(now, key=lambda m: (-m.free, m.running, m.host.label))
+        if best.wanted(gpus) == 0 and best.total:  # its default_gpus is 0: the GPUs free do not matter
+            return Choice(best, "it can start now: a job without --gpus gets no GPU there (its default_gpus is 0)")
         return Choice(best, f"it can start now, with the most GPUs free ({best.free} of {best.total})")
     if able:
         best = min(able, key=lambda m: (m.queued, m.running, m.host.label))

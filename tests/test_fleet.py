@@ -58,6 +58,29 @@ def test_placement_picks_the_box_with_a_free_gpu_then_the_one_freed(fleet: Fleet
     assert never == []  # the dry run submitted nothing
 
 
+@DIRECT
+def test_placement_counts_what_each_box_gives_a_job_without_gpus(fleet: Fleet, jobs_ended: None) -> None:
+    """Every box's GPU busy; box2's daemon gives a job without --gpus no GPU (`config set default_gpus 0`): such a
+    job is placed on box2, which starts it now, not queued on box1 (the first by name among equal queues) as
+    when placement took every box with GPUs to give it one. A job that asks for one still queues."""
+    for name in BOXES:
+        job = fleet.submit("--host", name, "--gpus", "1", fleet.script, f"full-{name}").stdout.strip()
+        fleet.running(f"{name}:{job}")
+    fleet.client.ok("config", "set", "default_gpus", "0", "--host", "box2")
+    try:
+        dry = fleet.client.run("submit", "--host", "gpu", "--dry-run", fleet.script, "never")
+        assert "would place on box2: it can start now: a job without --gpus gets no GPU there" in dry.stdout, dry.stdout
+        placed = fleet.submit("--host", "gpu", fleet.script, "cpu-only")
+        assert "tfrun: placed on box2 (0 of 1 GPUs free)" in placed.stderr
+        address = placed.stdout.strip()
+        fleet.running(address)
+        assert json.loads(fleet.client.ok("status", "--json", address))["gpus"] == []
+        placed = fleet.submit("--host", "gpu", "--gpus", "1", fleet.script, "needs-one")
+        assert "tfrun: placed on box1 (0 of 1 GPUs free, 0 queued)" in placed.stderr
+    finally:
+        fleet.client.ok("config", "unset", "default_gpus", "--host", "box2")
+
+
 @BOTH_LAYOUTS
 def test_ps_over_all_hosts_lists_each_job_once_with_its_host(fleet: Fleet, jobs_ended: None) -> None:
     ids = {name: fleet.submit("--host", name, fleet.script, f"ps-{name}").stdout.strip() for name in BOXES}

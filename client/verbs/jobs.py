@@ -150,10 +150,11 @@ def submit(
     script uses it, else from its Keras, Lightning or plain `loss` prints: `tfrun metrics`.
 
     With --host POOL (a pool of `tfrun hosts add --pool`, or `all`), every member is asked at once and the
-    job goes to the one that can start it soonest: one with --gpus N free now and nothing queued (the most
-    free first), else the shortest queue; ties go to fewer running jobs, then the name. The choice is said
-    on stderr, and the job's address (HOST:ID) printed; a member that does not answer within
-    TFRUN_FLEET_TIMEOUT (default 5s) is skipped with a line on stderr. --dry-run shows the figures only.
+    job goes to the one that can start it soonest: one with --gpus N free now (without --gpus, N is what
+    that box gives: its default_gpus) and nothing queued (the most free first), else the shortest queue;
+    ties go to fewer running jobs, then the name. The choice is said on stderr, and the job's address
+    (HOST:ID) printed; a member that does not answer within TFRUN_FLEET_TIMEOUT (default 5s) is skipped with
+    a line on stderr. --dry-run shows the figures only.
 
     With --array KEY=V1,V2,... the submit makes one job per value, the tasks of one array (the first task's
     id is the array's): each has its own id, log, state and restarts, gets KEY in capitals as a variable

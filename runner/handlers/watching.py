@@ -137,7 +137,8 @@ async def top(daemon: Daemon, req: Top, conn: Connection) -> None:
         if found:
             losses[str(row.id)] = found
     jobs = [public(daemon, row) for row in shown]
-    await conn.send(TopReply(jobs=jobs, gpus=await _gpus(daemon), losses=losses, host=daemon.alerts.host))
+    gpus = await _gpus(daemon)
+    await conn.send(TopReply(jobs, gpus, losses, daemon.alerts.host, daemon.scheduler.default_gpus()))
 
 
 async def _gpus(daemon: Daemon) -> list[Gpu]:

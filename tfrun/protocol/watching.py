@@ -118,6 +118,7 @@ class TopReply(Message):
     gpus: list[Gpu]
     losses: dict[str, list[Reading]]  # job id -> its last losses, oldest first
     host: str = ""
+    default_gpus: Optional[int] = None  # GPUs a job without --gpus gets there; None from an older daemon
 
 
 @tagged("list_alerts")
