@@ -4,29 +4,105 @@ click completes verbs and options itself; these functions add the words it canno
 of the daemon the command line points at), host names (from the client's config) and files for SCRIPT.
 A completion runs on every Tab press, so each is quick and silent: a daemon that is not running is not
 started, one that does not answer within COMPLETION_TIMEOUT_S offers nothing, and no error is ever shown.
+
+bash splits words at a colon (it is in COMP_WORDBREAKS), so click's own bash script hands `tfrun logs box2:3`
+over as the words `box2`, `:`, `3`, and a job address never completes. `Bash` reads the line up to the cursor
+instead, and answers with what follows the word's last colon, the part bash replaces.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 
 import click
-from click.shell_completion import CompletionItem, get_completion_class
+from click.shell_completion import BashComplete, CompletionItem, add_completion_class, get_completion_class
+
+try:
+    from click.shell_completion import split_arg_string
+except ImportError:  # click 8.1, the last for Python 3.9
+    from click.parser import split_arg_string  # type: ignore[no-redef]
 
 from tfrun.client import config
 from tfrun.client.connection import Target
-from tfrun.constants import COMPLETION_TIMEOUT_S
+from tfrun.constants import COMPLETE_VAR, COMPLETION_TIMEOUT_S
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.jobs import JobList, ListJobs
 
 SHELLS = ("bash", "zsh", "fish")
-COMPLETE_VAR = "_TFRUN_COMPLETE"  # what click's scripts set to ask `tfrun` for completions
+
+# click's bash script, passing bash's line, cursor and word breaks too (Bash below reads them).
+_BASH_SCRIPT = """\
+%(complete_func)s() {
+    local IFS=$'\\n'
+    local response
+
+    response=$(env COMP_WORDS="${COMP_WORDS[*]}" COMP_CWORD=$COMP_CWORD COMP_LINE="$COMP_LINE" \\
+        COMP_POINT=$COMP_POINT COMP_WORDBREAKS="$COMP_WORDBREAKS" %(complete_var)s=bash_complete $1)
+
+    for completion in $response; do
+        IFS=',' read type value <<< "$completion"
+
+        if [[ $type == 'dir' ]]; then
+            COMPREPLY=()
+            compopt -o dirnames
+        elif [[ $type == 'file' ]]; then
+            COMPREPLY=()
+            compopt -o default
+        elif [[ $type == 'plain' ]]; then
+            COMPREPLY+=($value)
+        fi
+    done
+
+    return 0
+}
+
+%(complete_func)s_setup() {
+    complete -o nosort -F %(complete_func)s %(prog_name)s
+}
+
+%(complete_func)s_setup;
+"""
+
+
+class Bash(BashComplete):
+    """click's bash completion, with words that hold a colon (job addresses, HOST:ID) kept whole."""
+
+    source_template = _BASH_SCRIPT
+    cut = ""  # the incomplete word up to its last colon: bash has it already, and replaces only the rest
+
+    def get_completion_args(self) -> tuple[list[str], str]:
+        """The words before the cursor and the one under it, split as the shell would (quotes, escapes) but
+        not at colons; click's way (COMP_WORDS) where bash gave no line (an older script)."""
+        line = os.environ.get("COMP_LINE", "")
+        if not line:
+            return super().get_completion_args()
+        point = os.environ.get("COMP_POINT", "")
+        before = line[: int(point)] if point.isdigit() else line
+        words = split_arg_string(before)
+        starts_a_word = not words or len(split_arg_string(before + "_")) > len(words)
+        incomplete = "" if starts_a_word else words.pop()
+        if ":" in incomplete and ":" in os.environ.get("COMP_WORDBREAKS", ":"):
+            self.cut = incomplete[: incomplete.rindex(":") + 1]
+        return words[1:], incomplete
+
+    def format_completion(self, item: CompletionItem) -> str:
+        value = item.value
+        if item.type == "plain" and self.cut and value.startswith(self.cut):
+            value = value[len(self.cut) :]
+        return f"{item.type},{value}"
+
+
+def register() -> None:
+    """Make `Bash` click's bash completion: for the Tab press being answered, and the script printed."""
+    add_completion_class(Bash)
 
 
 def script(group: click.Command, shell: str) -> str:
     """The completion script for `shell`, the same that `_TFRUN_COMPLETE={shell}_source tfrun` prints."""
+    register()
     completer = get_completion_class(shell)
     assert completer is not None, shell  # SHELLS are click's own
     return completer(group, {}, "tfrun", COMPLETE_VAR).source()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -174,5 +175,19 @@ def test_completion_offers_pools_and_a_hosts_job_addresses(fleet: Fleet, jobs_en
     assert all(value.startswith("box2:") for _, value in offered)
     assert completions(fleet, f"tfrun logs box2:{job}") == [("plain", f"box2:{job}")]
     assert completions(fleet, "tfrun logs nosuch:") == []
+    # In bash itself, which splits `box2:` into the words `box2` and `:` (a colon breaks words): the same jobs,
+    # each answered as what follows the colon, the part of the word bash replaces.
+    source = fleet.client.ok("completion", "bash")
+    for line, words in (
+        ("tfrun logs box2:", "tfrun logs box2 :"),
+        (f"tfrun logs box2:{job}", f"tfrun logs box2 : {job}"),
+    ):
+        asked = (f"COMP_LINE={shlex.quote(line)}; COMP_POINT={len(line)}; COMP_WORDS=({words}); "
+                 f"COMP_CWORD={len(words.split()) - 1}; _tfrun_completion {TFRUN[0]}; "
+                 'echo "${COMPREPLY[@]}"')  # fmt: skip
+        bash = subprocess.run(["bash", "-c", f"{source}\n{asked}"], env=fleet.client.env, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert bash.returncode == 0 and bash.stderr == "", bash.stderr
+        assert job in bash.stdout.split() and all(word.isdigit() for word in bash.stdout.split()), bash.stdout
     assert [value for _, value in completions(fleet, "tfrun top --host ")] == ["all", *BOXES, "gpu", "local"]
     assert [value for _, value in completions(fleet, "tfrun cancel --host ")] == [*BOXES, "local"]

@@ -5,11 +5,13 @@ verb's module is imported only when that verb runs or shows its help (client/cli
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import click
 
+from tfrun.constants import COMPLETE_VAR
 from tfrun.usage import OneLineUsageGroup
 
 # Each verb: its module here, its function there, and the first sentence of its help, which
@@ -112,6 +114,13 @@ class VerbGroup(OneLineUsageGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.commands = LazyVerbs(VERBS)
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        if os.environ.get(COMPLETE_VAR, "").startswith("bash"):  # a Tab press: bash's words need our reading
+            from tfrun.client import completion
+
+            completion.register()
+        return super().main(*args, **kwargs)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """`tfrun --help`'s list of verbs, each with its first sentence as click would cut it, from `VERBS`."""
