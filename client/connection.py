@@ -48,9 +48,15 @@ class Target:
                     raise cannot_start(self.host, exc.message) from None
                 raise
             except keeper.HUNG_UP:
-                pass  # each try ended before the hello: a connection of the verb's own works, or says why
+                await self._why_hung_up()
+                raise
+        return await self._direct()
+
+    async def _direct(self) -> Channel:
+        """A channel over an SSH connection of this verb's own (TFRUN_SSH_PERSIST=0), closed with it."""
         from tfrun.client import ssh  # asyncssh costs 0.3 s to import: only a direct connection pays it
 
+        assert self.host is not None
         conn = await ssh.open_ssh(self.host, self.accept_new_host_key)
         try:
             channel, _ = await ssh.open_channel(conn, self.host)
@@ -59,6 +65,19 @@ class Target:
             raise
         channel.on_close(conn.close)
         return channel
+
+    async def _why_hung_up(self) -> None:
+        """Every try through the keeper ended before the hello. A connection of the verb's own, closed at once,
+        raises the reason when the box is the cause (tfrund gone from it: "tfrund was not found on box");
+        if it works, the link was what failed, and the hang-up stands (a reconnect tries the keeper again:
+        the conversation stays on the keeper's connection, which the user's other verbs share)."""
+        try:
+            channel = await self._direct()
+        except TfrunError:
+            raise
+        except Exception:  # the link again: the hang-up says it
+            return
+        channel.close()
 
 
 def cannot_start(host: Optional[Host], reason: str) -> TfrunError:

@@ -279,14 +279,17 @@ async def open_channel(conn: asyncssh.SSHClientConnection, host: Host) -> tuple[
             return await _open_stream(reader, writer), "socket"
         except (ProtocolError, ConnectionError, asyncssh.Error):
             pass  # forwarding refused, or no daemon there (yet): dial-stdio finds or starts it
-    channel = await _dial_stdio(conn, host)
-    if not refused:
-        # OpenSSH refuses a forward with the same code as a missing socket, so ask the daemon where it
-        # listens, then try once more: with the daemon surely up, a refusal now means forwarding is off.
-        info = await channel.request(DaemonStatus())
-        if isinstance(info, DaemonInfo):
-            works = await can_forward(conn, info.socket)
-            cache.put(key, socket=info.socket, forwarding_refused=not works, checked_at=time.time())
+    try:
+        channel = await _dial_stdio(conn, host)
+        if not refused:
+            # OpenSSH refuses a forward with the same code as a missing socket, so ask the daemon where it
+            # listens, then try once more: with the daemon surely up, a refusal now means forwarding is off.
+            info = await channel.request(DaemonStatus())
+            if isinstance(info, DaemonInfo):
+                works = await can_forward(conn, info.socket)
+                cache.put(key, socket=info.socket, forwarding_refused=not works, checked_at=time.time())
+    except asyncssh.Error as exc:  # the connection died under us: lost, as a reconnect understands it
+        raise ConnectionResetError(f"ssh connection lost: {exc.reason}") from None
     return channel, "exec"
 
 
