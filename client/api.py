@@ -6,6 +6,7 @@ on an event loop of its own, for plain scripts:
     c = tfrun.Client("box")                  # a configured host, or user@host[:port]; None: this machine
     j = c.submit("train.py", args=["--lr", "0.1"], gpus=1)
     j.wait(); j.metrics(); list(j.logs())
+    list(j.logs(query=tfrun.LogQuery(task=1)))   # task 1's output, of a job on several Slurm nodes (--nodes)
     tasks = c.submit_array("train.py", [("lr", ["0.1", "0.01"])])   # an array: a job a value
 
 Each call opens its own connection (the keeper holds an SSH link warm between calls), so a client object

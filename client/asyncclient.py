@@ -9,6 +9,7 @@ public entry point: it exports these names and holds `Client`, the same methods 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Sequence
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar, Union
 
+from tfrun import restarts
 from tfrun.client import config
 from tfrun.client.connection import Target
 from tfrun.client.errors import TfrunError
@@ -56,13 +58,22 @@ class Submitted:
 class AsyncClient:
     """A daemon's jobs, as coroutines: the local daemon (started on demand, as the CLI does) or a box's."""
 
-    def __init__(self, host: Union[str, Target, None] = None, *, accept_new_host_key: bool = False) -> None:
+    def __init__(
+        self,
+        host: Union[str, Target, None] = None,
+        *,
+        accept_new_host_key: bool = False,
+        say: Optional[Callable[[str], None]] = None,
+    ) -> None:
         """`host`: a configured host (`tfrun hosts list`), user@host[:port], or None (or "local") for the
-        daemon on this machine; or the CLI's `Target`, resolved from its --host already."""
+        daemon on this machine; or the CLI's `Target`, resolved from its --host already. `say` hears, a line
+        each, that a wait or a follow lost its daemon and keeps trying, and that it is back (default: a
+        warning on the `tfrun` logger; the CLI writes them on stderr)."""
         if isinstance(host, Target):
             self.target = host
         else:
             self.target = Target(config.resolve(host or config.LOCAL, config.load()), accept_new_host_key)
+        self.say = say or logging.getLogger("tfrun").warning
 
     @property
     def place(self) -> str:
@@ -72,6 +83,13 @@ class AsyncClient:
     async def connect(self) -> Channel:
         """A channel of one's own (the caller closes it), for conversations this API does not have."""
         return await self.target.connect()
+
+    def link_notice(self, down: bool, why: str) -> None:
+        """Tell of an outage of the link to the daemon (client/follow.py's `Notice`), naming the daemon."""
+        if down:
+            self.say(f"lost the connection to {self.place} ({why}); trying again until it is back (jobs run on)")
+        else:
+            self.say(f"connected to {self.place} again, after {why}")
 
     @contextlib.contextmanager
     def _where(self) -> Iterator[None]:
@@ -125,7 +143,7 @@ class AsyncClient:
             return record
 
         with self._where():
-            return await resilient(waiting, self.connect)
+            return await resilient(waiting, self.connect, notice=self.link_notice)
 
     async def cancel(self, jobs: Sequence[Ref], grace: Optional[float] = None) -> list[CancelResult]:
         """SIGTERM each job's processes, SIGKILL after `grace` seconds; returns once all have ended. A job
@@ -159,7 +177,9 @@ class AsyncClient:
         cursor = cursor or LogCursor()
         with self._where():
             if follow:
-                async for data in follow_log(self.connect, str(job), cursor, query or LogQuery(), on_restart):
+                async for data in follow_log(
+                    self.connect, str(job), cursor, query or LogQuery(), on_restart, self.link_notice
+                ):
                     yield data
                 return
             channel = await self.connect()
@@ -213,6 +233,7 @@ class AsyncClient:
         priority: int = 0,
         after: Sequence[Ref] = (),
         max_restarts: int = 0,
+        restart_on: Union[str, Sequence[str], None] = None,
         tty: bool = False,
         partition: Optional[str] = None,
         time: Optional[str] = None,
@@ -230,7 +251,10 @@ class AsyncClient:
         before it is hashed; `confirm(files, bytes)` hears what the upload will send and may stop it by
         raising. Runs its job once: a daemon that goes away before answering gets the same submit again.
         `array`: (key, values) pairs, as `--array KEY=V1,V2,...` gives them (tfrun/arrays.py): a job each
-        combination of their values, all in `Submitted.tasks`."""
+        combination of their values, all in `Submitted.tasks`. `restart_on`: the causes whose failures
+        `max_restarts` restarts (`--restart-on`: "lost,oom" or ["lost", "oom"]; "all"; None: tfrun's
+        default, lost, oom and signal); an unknown one raises ValueError before anything is sent."""
+        causes = None if restart_on is None else list(restarts.parse(restart_on))
         snap, relative = _snapshot(script, workdir, self.target.local, on_snapshot)
         if python is None and self.target.host is not None:
             python = self.target.host.python
@@ -247,6 +271,7 @@ class AsyncClient:
             git_commit=snap.git_commit,
             git_dirty=snap.git_dirty,
             max_restarts=max_restarts,
+            restart_on=causes,
             alerts=list(alerts),
             no_alerts=list(no_alerts),
             notify=list(notify),
@@ -308,7 +333,7 @@ async def _send(
         return Submitted((await channel.ask(request)).job, len(snap.sources), sent, sent_bytes)
 
     try:
-        return await resilient(submitted, client.connect, hello_answers=False)
+        return await resilient(submitted, client.connect, hello_answers=False, notice=client.link_notice)
     except (TfrunError, ProtocolError, ConnectionError) as exc:  # not RemoteError: a refusal says why itself
         code = exc.exit_code if isinstance(exc, TfrunError) else EXIT_DAEMON
         raise TfrunError(_unsubmitted(exc, asked), code) from None

@@ -125,7 +125,7 @@ def client() -> AsyncClient:
     """The API (client/api.py) on the daemon this verb's --host names."""
     from tfrun.client.api import AsyncClient
 
-    return AsyncClient(target())
+    return AsyncClient(target(), say=lambda line: click.echo(f"tfrun: {line}", err=True))
 
 
 def ask(request: Request[M]) -> M:
@@ -179,7 +179,7 @@ def _host_options(command: F, pools: bool) -> F:
         ctx = click.get_current_context()
         for key in ("job", "jobs"):
             if kwargs.get(key):
-                kwargs[key] = _addressed(ctx, kwargs[key])
+                kwargs[key] = job_refs(_addressed(ctx, kwargs[key]))
         if not pools and ctx.meta.get(_POOL) is not None:
             name = ctx.meta[_POOL][0]
             fail(f"{name} is a pool: {ctx.info_name} needs one host (--host NAME) or a job address HOST:ID", EXIT_USAGE)
@@ -264,8 +264,40 @@ def _addressed(ctx: click.Context, refs: Any) -> Any:
 def addressed_jobs(refs: tuple[str, ...]) -> tuple[str, ...]:
     """Job references given in an option (submit --after), read as a JOB... argument is: an address
     among them sends the verb to its host and loses its host part (see `_addressed`)."""
-    found: tuple[str, ...] = _addressed(click.get_current_context(), refs)
+    found: tuple[str, ...] = job_refs(_addressed(click.get_current_context(), refs))
     return found
+
+
+R = TypeVar("R", str, "tuple[str, ...]")
+
+
+def job_refs(refs: R) -> R:
+    """JOB (a str) or JOB... (a tuple) as given, once each can name a job; else a usage error in the words
+    typed. A job's name is UTF-8 text of at most MAX_NAME characters and an id is digits, so a reference of
+    other bytes (`status $'job\\xff'`) or longer names none: said here, as the daemon's refusal would name
+    its request's field (`get.job: not UTF-8 text`), which the user never typed."""
+    from tfrun.constants import MAX_NAME
+
+    for ref in (refs,) if isinstance(refs, str) else refs:
+        try:
+            ref.encode("utf-8")
+        except UnicodeEncodeError:
+            fail(f"not a job id or name: {typed(ref)} (not UTF-8 text)", EXIT_USAGE)
+        if len(ref) > MAX_NAME:
+            fail(f"not a job id or name: {typed(ref[:40])}... (longer than {MAX_NAME} characters)", EXIT_USAGE)
+    return refs
+
+
+def typed(text: str) -> str:
+    """`text`, an argument as Python read it (bytes that are not UTF-8 as surrogate escapes), quoted as the
+    user typed it: 'job\\xff', not 'job\\udcff'."""
+    return "'" + "".join(map(_typed_char, text)) + "'"
+
+
+def _typed_char(c: str) -> str:
+    if "\udc80" <= c <= "\udcff":
+        return f"\\x{ord(c) - 0xDC00:02x}"
+    return c if c.isprintable() else repr(c)[1:-1]
 
 
 def _set_accept_new(ctx: click.Context, _: click.Parameter, value: bool) -> None:

@@ -25,6 +25,9 @@ from tfrun.protocol.wire import ConnectionClosed, ProtocolError
 
 T = TypeVar("T")
 Connect = Callable[[], Awaitable[Channel]]
+# Hears, once an outage lasts beyond the first try to reconnect, that the link is down (True, and why), and
+# later that it is back (False): a follower silent for minutes must not look like a job that prints nothing.
+Notice = Callable[[bool, str], None]
 
 # What a daemon that went away in the middle of a conversation looks like: worth connecting again.
 DISCONNECTS = (ConnectionError, ConnectionClosed)
@@ -44,6 +47,7 @@ class LogQuery:
     since_at: Optional[float] = None  # only lines complete at or after this time (seconds since the epoch)
     since_ago: Optional[float] = None  # only lines complete in the last this many seconds (the box's clock)
     timestamps: bool = False  # each line starts with the time it was complete, RFC 3339 in UTC
+    task: int = 0  # whose output, of a job on several Slurm nodes (submit --nodes): 0 is the job's log
 
     def request(self, job: str, cursor: LogCursor, follow: bool) -> ReadLog:
         """The `ReadLog` from the cursor: after a reconnect, every line from there (no tail, no since again)."""
@@ -61,6 +65,7 @@ class LogQuery:
             since=None if cursor.started else self.since_at,
             since_ago=None if cursor.started else self.since_ago,
             timestamps=self.timestamps,
+            task=self.task,
         )
 
 
@@ -97,11 +102,14 @@ class Reconnect:
     (one may be starting, the SSH link coming back; jobs run on regardless) or the patience runs out.
 
     With `hello_answers` False, a daemon that takes the connection but dies before answering the request does
-    not count as answering: a submit that kills every daemon it reaches must not retry forever."""
+    not count as answering: a submit that kills every daemon it reaches must not retry forever. `notice`
+    hears of an outage once its first try to reconnect failed (a daemon restart or a keeper that starts
+    afresh heals before that, silently), and of its end."""
 
-    def __init__(self, connect: Connect, hello_answers: bool = True) -> None:
+    def __init__(self, connect: Connect, hello_answers: bool = True, notice: Optional[Notice] = None) -> None:
         self.connect = connect
         self.hello_answers = hello_answers
+        self.notice = notice
         self.patience = config.reconnect_timeout(config.load())
         self.deadline: Optional[float] = None
 
@@ -109,27 +117,45 @@ class Reconnect:
         loop = asyncio.get_running_loop()
         if self.deadline is None or self.hello_answers:
             self.deadline = loop.time() + self.patience
+        down_since: Optional[float] = None
         while True:
             if loop.time() >= self.deadline:
-                reason = lost.message if isinstance(lost, TfrunError) else getattr(lost, "strerror", None) or str(lost)
                 raise TfrunError(
-                    f"no tfrund answered for {format_duration(self.patience)} ({reason}); jobs run on without it: "
-                    f"try again later, or keep trying longer with {config.RECONNECT_ENV}",
+                    f"no tfrund answered for {format_duration(self.patience)} ({_reason(lost)}); jobs run on "
+                    f"without it: try again later, or keep trying longer with {config.RECONNECT_ENV}",
                     EXIT_DAEMON,
                 )
             try:
-                return await self.connect()
+                channel = await self.connect()
             except (OSError, TfrunError, ProtocolError) as exc:
                 lost = exc
+                if down_since is None:
+                    down_since = loop.time()
+                    if self.notice is not None:
+                        self.notice(True, _reason(lost))
+            else:
+                if down_since is not None and self.notice is not None:
+                    self.notice(False, format_duration(max(1, round(loop.time() - down_since))))
+                return channel
             await asyncio.sleep(RECONNECT_PAUSE_S)
 
 
-async def resilient(action: Callable[[Channel], Awaitable[T]], connect: Connect, hello_answers: bool = True) -> T:
+def _reason(lost: Exception) -> str:
+    """Why a connection was lost or could not be made, in words: the TfrunError's line, else the OS's."""
+    return lost.message if isinstance(lost, TfrunError) else getattr(lost, "strerror", None) or str(lost)
+
+
+async def resilient(
+    action: Callable[[Channel], Awaitable[T]],
+    connect: Connect,
+    hello_answers: bool = True,
+    notice: Optional[Notice] = None,
+) -> T:
     """Run `action` on a new channel; if the daemon goes away in the middle, connect again and run it again.
 
     Only for actions that are safe to repeat: waiting, and a submit that carries its submission id. A daemon
     that cannot be reached at the start is an error at once."""
-    again = Reconnect(connect, hello_answers)
+    again = Reconnect(connect, hello_answers, notice)
     channel = await connect()
     while True:
         try:
@@ -142,13 +168,18 @@ async def resilient(action: Callable[[Channel], Awaitable[T]], connect: Connect,
 
 
 async def follow_log(
-    connect: Connect, job: str, cursor: LogCursor, query: LogQuery, on_restart: Callable[[str, LogEnd], None]
+    connect: Connect,
+    job: str,
+    cursor: LogCursor,
+    query: LogQuery,
+    on_restart: Callable[[str, LogEnd], None],
+    notice: Optional[Notice] = None,
 ) -> AsyncIterator[bytes]:
     """The job's output until it ends, resuming at the same byte after a daemon restart; when the job failed
     and was restarted (submit --max-restarts), `on_restart(job, end)` hears of it and the job that runs it
     again carries on, from its first byte. `cursor.end` is the last job's `LogEnd`."""
     while True:
-        again = Reconnect(connect)
+        again = Reconnect(connect, notice=notice)
         channel = await connect()
         try:
             while cursor.end is None:

@@ -122,21 +122,27 @@ def keeper_opener(host: Host, accept_new: bool) -> Opener:
 
 
 async def direct_opener(host: Host, accept_new: bool) -> tuple[Opener, Callable[[], None]]:
-    """Tunnels on an SSH connection of this process's own (no keeper), and how to close it."""
+    """Tunnels on an SSH connection of this process's own (no keeper), and how to close it. A connection that
+    dropped (its keepalives unanswered: a link that died) is opened again for the next tunnel, as a keeper
+    would be: a forward that stays for a day must outlive the link's outages."""
     import asyncssh
 
     from tfrun.client import ssh
 
-    conn = await ssh.open_ssh(host, accept_new)
+    held = [await ssh.open_ssh(host, accept_new)]
 
     async def open_tunnel(port: int) -> tuple[Any, Any]:
+        if held[0].is_closed():
+            held[0] = await ssh.open_ssh(host, accept_new)
         try:
-            return await conn.open_connection("127.0.0.1", port)
+            return await held[0].open_connection("127.0.0.1", port)
         except asyncssh.ChannelOpenError as exc:
             refused = NothingListens if exc.code == asyncssh.OPEN_CONNECT_FAILED else TfrunError
             raise refused(refusal(exc), EXIT_DAEMON) from None
+        except asyncssh.Error as exc:  # lost under the channel's opening: the next tunnel connects again
+            raise TfrunError(f"the SSH connection to {host.label} was lost: {exc.reason}", EXIT_DAEMON) from None
 
-    return open_tunnel, conn.close
+    return open_tunnel, lambda: held[0].close()
 
 
 class Forward:

@@ -51,6 +51,9 @@ from tfrun.protocol.channel import Channel
 from tfrun.protocol.wire import ConnectionClosed
 
 IDLE_EXIT_S = 600.0
+# The longest a verb waits for a keeper to get ready when it has no shorter timeout of its own (a pool's): the
+# keeper's connect gives up after its ConnectTimeout (15 s by default) and a link that dies under it after
+# 15 s of silence, so this bounds only a box that answers but never gets its daemon ready.
 _START_TIMEOUT_S = 60.0
 
 
@@ -204,11 +207,12 @@ def _start(
         )
         assert proc.stdout is not None and proc.stderr is not None
         waiting = {index: path for index, (_, path) in enumerate(todo)}
-        deadline = None if timeout is None else time.monotonic() + timeout
+        timeout = _START_TIMEOUT_S if timeout is None else timeout  # a verb never waits for ever
+        deadline = time.monotonic() + timeout
         readied, ended, pending = False, False, b""
         while waiting:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and (left <= 0 or not select.select([proc.stdout], [], [], left)[0]):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
                 break
             chunk = os.read(proc.stdout.fileno(), 1 << 16)  # not readline: a buffered line hides from select
             if not chunk:

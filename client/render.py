@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Collection, Sequence
@@ -258,8 +259,9 @@ def job_detail(job: Job, out: Output, address: Optional[str] = None) -> None:
         ("log", job.log_path),
         ("checkpoints", job.checkpoint_dir),
         ("restart of", "-" if job.restart_of is None else f"job {job.restart_of}"),
-        ("restarted as", "-" if job.restarted_as is None else f"job {job.restarted_as}"),
+        ("restarted as", restarted(job)),
         ("restarts left", str(job.restarts_left)),
+        ("restart on", ",".join(job.restart_on) or "-"),
         ("array", "-" if job.array_id is None else f"task {job.array_index} of array {job.array_id}"),
         ("gpus", _gpus(job)),
         ("waiting", job.waiting or "-"),
@@ -277,6 +279,42 @@ def job_detail(job: Job, out: Output, address: Optional[str] = None) -> None:
         line.rstrip()
         lines.append(line)
     out.write(*lines)
+
+
+def restarted(job: Job) -> str:
+    """`status`'s word on a job's restart: the job that runs it again and, for one --max-restarts made, why
+    and which restart of how many; for a failure with restarts left that --restart-on does not name, why
+    there is none (else the user waits for a restart that never comes)."""
+    automatic = job.cause in job.restart_on and job.restarts_left > 0
+    if job.restarted_as is not None and automatic:
+        which = f"restart {job.restarts + 1} of {job.restarts + job.restarts_left}"
+        return f"job {job.restarted_as}: {ended_because(job)} ({which})"
+    if job.restarted_as is not None:
+        return f"job {job.restarted_as}"  # tfrun restart
+    if job.cause is not None and job.restarts_left > 0 and not automatic:
+        return f"not restarted: {ended_because(job)}, and --restart-on is {','.join(job.restart_on) or 'empty'}"
+    return "-"
+
+
+def ended_because(job: Job) -> str:
+    """Why a failed or lost job ended, by its cause, as a clause: "it was OOM-killed"."""
+    if job.cause == "oom":
+        return "it was OOM-killed" if job.signal == 9 else "it ran out of memory"
+    if job.cause == "lost":
+        return f"it was lost ({job.reason})" if job.reason else "it was lost"
+    if job.cause == "signal" and job.signal is not None:
+        return f"it was killed by {signal_name(job.signal)}"
+    if job.exit_code is not None:
+        return f"it exited with code {job.exit_code}"
+    return f"it failed ({job.reason})" if job.reason else "it failed"
+
+
+def signal_name(number: int) -> str:
+    """SIGKILL (signal 9), or signal N where this machine has no name for it (the box may differ)."""
+    try:
+        return f"{signal.Signals(number).name} (signal {number})"
+    except ValueError:
+        return f"signal {number}"
 
 
 @dataclasses.dataclass

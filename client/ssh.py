@@ -11,6 +11,7 @@ verbs never pay for it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -24,13 +25,18 @@ from tfrun import __version__
 from tfrun.client.config import Host, parse_destination
 from tfrun.client.connection import cannot_start
 from tfrun.client.errors import TfrunError
-from tfrun.constants import EXIT_DAEMON, EXIT_USAGE
+from tfrun.constants import (
+    EXIT_DAEMON,
+    EXIT_USAGE,
+    SSH_ALIVE_COUNT_MAX,
+    SSH_ALIVE_INTERVAL_S,
+    SSH_CONNECT_TIMEOUT_S,
+)
 from tfrun.protocol.admin import DaemonInfo, DaemonStatus, Doctor
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import ProtocolError
 
-_CONNECT_TIMEOUT_S = 20.0
 # How `check` reports a step: passed (True) or failed (False), or a doctor's check by its status.
 Report = Callable[[Union[bool, str], str], None]
 _RECHECK_S = 24 * 3600.0  # how long a box's refusal to forward is believed before trying again
@@ -120,11 +126,13 @@ async def _connect(
     `what` names it in errors."""
     user, address, port = parse_destination(destination)
     check = _HostKeyCheck(accept_new)
-    options: dict[str, Any] = {"client_factory": lambda: check, "connect_timeout": _CONNECT_TIMEOUT_S, **keys}
+    options: dict[str, Any] = {"client_factory": lambda: check, **keys}
     if user:
         options["username"] = user
     if port:
         options["port"] = port
+    link = _link_options(address, options)
+    options.update(link)
     if tunnel is not None:
         options["tunnel"] = tunnel
     try:
@@ -135,11 +143,36 @@ async def _connect(
         raise TfrunError(_auth_message(what, bool(keys)), EXIT_DAEMON) from None
     except asyncssh.Error as exc:
         raise TfrunError(f"ssh to {what} failed: {exc.reason}", EXIT_DAEMON) from None
-    except (OSError, TimeoutError) as exc:
+    except asyncio.TimeoutError:
+        raise TfrunError(
+            f"cannot connect to {what}: no answer within {link['connect_timeout']:g}s", EXIT_DAEMON
+        ) from None
+    except OSError as exc:
         raise TfrunError(f"cannot connect to {what}: {_why(exc)}", EXIT_DAEMON) from None
     if tunnel is not None:
         conn.set_tunnel(tunnel)  # closing the box's connection closes the way to it
     return conn
+
+
+def _link_options(address: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Keepalives and a connect deadline for one hop, where ~/.ssh/config sets none for it: a link that dies
+    without closing (a laptop asleep, a Wi-Fi change) is then noticed after 15 s of silence, and a connect to
+    a box behind a dead link fails after 15 s, instead of waiting forever as OpenSSH's defaults (and
+    asyncssh's) do. What the user's config says for the host (ServerAliveInterval, ServerAliveCountMax,
+    ConnectTimeout) wins, as it does for ssh: asyncssh reads the same file for the same host."""
+    config = Path.home() / ".ssh" / "config"
+    paths = [str(config)] if os.access(config, os.R_OK) else []
+    where = {key: options[key] for key in ("port", "username") if key in options}
+    try:
+        said = asyncssh.SSHClientConnectionOptions(host=address, config=paths, **where).config
+    except (OSError, ValueError, asyncssh.Error):
+        return {"connect_timeout": SSH_CONNECT_TIMEOUT_S}  # a config asyncssh cannot read: its connect says so
+    ours = {
+        "ServerAliveInterval": ("keepalive_interval", SSH_ALIVE_INTERVAL_S),
+        "ServerAliveCountMax": ("keepalive_count_max", SSH_ALIVE_COUNT_MAX),
+        "ConnectTimeout": ("connect_timeout", SSH_CONNECT_TIMEOUT_S),
+    }
+    return {option: said.get(name, default) for name, (option, default) in ours.items()}
 
 
 def _auth_message(what: str, identity_file: bool) -> str:

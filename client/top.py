@@ -16,10 +16,11 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Optional
 
 from tfrun.client import render
+from tfrun.client.follow import DISCONNECTS, Connect, Reconnect
 from tfrun.client.plot import sparkline
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.jobs import Job
@@ -114,17 +115,74 @@ def gpus_table(first: tuple[str, ...], rows: list[list[str]]) -> Table:
     return table
 
 
-async def show(channel: Channel, console: Console, interval: float, once: bool) -> None:
-    """Draw frames until `q`, Ctrl-C or SIGTERM; with `once`, print one frame and return."""
+async def show(connect: Connect, console: Console, interval: float, once: bool, place: str) -> None:
+    """Draw frames until `q`, Ctrl-C or SIGTERM; with `once`, print one frame and return. A connection that
+    drops (a daemon restart, a link that died) is made again by itself, the last frame kept meanwhile under a
+    line that says so; `q` still quits while it waits."""
     request = Top()
-    if once:
-        console.print(frame(await channel.ask(request), console.width))
-        return
-    with live_screen(console) as (live, stop):
-        while not stop.is_set():
-            live.update(frame(await channel.ask(request), console.width), refresh=True)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+    channel = await connect()
+    try:
+        if once:
+            console.print(frame(await channel.ask(request), console.width))
+            return
+        screen = _Screen(place)
+        again = Reconnect(connect, notice=screen.notice)
+        with live_screen(console) as (live, stop):
+            while not stop.is_set():
+                try:
+                    screen.last = frame(await channel.ask(request), console.width)
+                except DISCONNECTS as exc:
+                    channel.close()
+                    found = await _reconnect(again.after(exc), stop, lambda: live.update(screen.outage(), refresh=True))
+                    if found is None:
+                        return
+                    channel = found
+                    continue
+                live.update(screen.last, refresh=True)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), interval)
+    finally:
+        channel.close()
+
+
+class _Screen:
+    """What `top` shows: the last frame, and while the connection is down, that frame under a line saying so."""
+
+    def __init__(self, place: str) -> None:
+        from rich.text import Text
+
+        self.place = place
+        self.last: RenderableType = Text("")
+        self.line = ""
+
+    def notice(self, down: bool, why: str) -> None:
+        """client/follow.py's `Notice`: an outage that outlasted the first try to reconnect, or its end."""
+        self.line = f"lost the connection to {self.place} ({why}); trying again (jobs run on)" if down else ""
+
+    def outage(self) -> RenderableType:
+        from rich.console import Group
+        from rich.text import Text
+
+        line = self.line or f"the connection to {self.place} dropped; connecting again"
+        return Group(Text(line, style="bold red"), self.last)
+
+
+async def _reconnect(reconnect: Awaitable[Channel], stop: asyncio.Event, draw: Callable[[], None]) -> Optional[Channel]:
+    """The channel `reconnect` makes, or None if `stop` (q, Ctrl-C) comes first; `draw` every second meanwhile,
+    so that the outage's line reaches the screen."""
+    task = asyncio.ensure_future(reconnect)
+    try:
+        while not task.done() and not stop.is_set():
+            draw()
+            await asyncio.wait([task], timeout=1)
+        if stop.is_set():
+            return None
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+        elif stop.is_set() and not task.cancelled() and task.exception() is None:
+            task.result().close()
 
 
 @contextlib.contextmanager

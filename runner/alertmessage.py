@@ -1,7 +1,8 @@
 """What an alert says: its summary line and its text (runner/alerttext.py renders the text for each receiver).
 
 The *summary* is one line, `job 12 (name) on host: what happened`; the *text* (its body) adds the job's
-fields, its last losses and the last lines of its output.
+fields, its last losses and the last lines of its output: of a failed job on several Slurm nodes, those of the
+task that failed first (its task-I.log, when that is not task 0: runner/slurm/task.py).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from pathlib import Path
 from typing import Optional
 
 from tfrun.constants import EXIT_LOST
+from tfrun.protocol.fields import JobState
 from tfrun.runner import jobdir
 from tfrun.runner.alerttext import INDENT
 from tfrun.runner.job import JobRow
 from tfrun.runner.lines import TerminalLines, display, plain
+from tfrun.runner.slurm.task import TASK_LOG, first_failed_task
 from tfrun.runner.spikes import DEFAULT_PATIENCE, Spike
 
 CONTEXT_LINES = 15
@@ -26,23 +29,43 @@ def body(host: str, row: JobRow, summary: str, losses: Collection[tuple[int, flo
     """The alert's text, laid out as runner/alerttext.py reads it back: mail shows it as HTML, Slack as
     mrkdwn, and both keep its lines. `losses`: the last (step, loss) seen; `offset`: how far the log is read."""
     command = " ".join([row.spec.script, *row.spec.args])
+    task = failed_task(row)
+    log = Path(row.job_dir) / (TASK_LOG.format(task) if task else jobdir.OUTPUT)
     lines = [
         summary,
         "",
         f"Host:        {host}",
         f"Job:         {label(row)}: {command} ({row.state})",
         f"Checkpoints: {row.checkpoint_dir}",
-        f"Log:         {Path(row.job_dir) / jobdir.OUTPUT}  (tfrun logs {row.id})",
+        f"Log:         {log}  (tfrun logs {row.id}{f' --task {task}' if task else ''})",
     ]
     if row.restarted_as:
         lines.append(f"Restarted:   as job {row.restarted_as}")
     if losses:
         shown = ", ".join(f"{step}: {loss:.4g}" for step, loss in losses)
         lines += ["", "Last losses (step: loss):", f"{INDENT}{shown}"]
-    tail = _last_lines(Path(row.job_dir) / jobdir.OUTPUT, offset)
+    tail = _last_lines(log, _size(log) if task else offset)
     if tail:
-        lines += ["", "Last lines of output:", *(f"{INDENT}{line}" for line in tail)]
+        caption = f"Last lines of task {task}'s output:" if task else "Last lines of output:"
+        lines += ["", caption, *(f"{INDENT}{line}" for line in tail)]
     return "\n".join(lines) + "\n"
+
+
+def failed_task(row: JobRow) -> Optional[int]:
+    """The task of a failed job on several Slurm nodes whose command failed first, if not task 0: its output,
+    not the job's log (task 0's, most often only its stop), says why the job failed. None otherwise."""
+    tasks = row.spec.nodes or 1
+    if row.state != JobState.FAILED or tasks < 2:
+        return None
+    return first_failed_task(row.job_dir, tasks) or None
+
+
+def _size(path: Path) -> int:
+    """How long the file is now (0 if it is missing): a task's log is read whole, the job being over."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def spike_summary(spike: Spike, position: str = "", name: Optional[str] = None) -> str:
@@ -65,6 +88,9 @@ def failure(row: JobRow) -> str:
         how = f"exited with code {row.exit_code}"
     if row.reason and row.reason not in how:
         how += f": {row.reason}"
+    task = failed_task(row)
+    if task:
+        how += f" (task {task} of {row.spec.nodes} failed first)"
     after = f" after {minutes(runtime(row))}" if row.started_at else ""
     again = f"; running it again as job {row.restarted_as}" if row.restarted_as else ""
     return f"failed{after}: {how}{again}"

@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 from tfrun.losses import TrainingLoss
 from tfrun.protocol.fields import JobState
-from tfrun.runner import alertmessage, cgroup, jobdir, oom
+from tfrun.runner import alertmessage, jobdir, oom
 from tfrun.runner.config import Config
 from tfrun.runner.gpus import GpuReading, read_gpu_memory
 from tfrun.runner.job import JobRow
@@ -306,7 +306,7 @@ class Alerts:
         if row.state == JobState.FAILED and "oom" in rules:
             if row.reason == oom.SLURM_OUT_OF_MEMORY:
                 self._fire(row, watch, settings, "oom", "killed by Slurm over its memory limit (sbatch --mem)")
-            elif row.signal == 9 and _oom_killed(row):
+            elif row.signal == 9 and oom.killed_by_oom_killer(Path(row.job_dir)):
                 self._fire(row, watch, settings, "oom", "killed by the kernel's OOM killer (SIGKILL)")
         if row.state == JobState.FAILED and "failed" in rules:
             self._fire(row, watch, settings, "failed", alertmessage.failure(row))
@@ -347,17 +347,6 @@ class Alerts:
                 running = [alertmessage.label(row) for row in self.store.list(include_final=False)]
                 body = f"{summary}\n\nRunning jobs: {', '.join(running) or 'none'}\n"
                 self.outbox.record(None, "gpu-memory", summary, body, list(self.config.notify))
-
-
-def _oom_killed(row: JobRow) -> bool:
-    """Whether the kernel's OOM killer struck the job's cgroup while it ran (its count rose since the start)."""
-    try:
-        shim = jobdir.read_shim(Path(row.job_dir) / jobdir.SHIM) or {}
-    except ValueError:
-        return False
-    before, counter_file = shim.get("oom_kills"), shim.get("oom_file")
-    now = cgroup.oom_kills(counter_file) if isinstance(counter_file, str) else None
-    return isinstance(before, int) and now is not None and now > before
 
 
 def _mtime(path: Path) -> float:

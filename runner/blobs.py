@@ -63,15 +63,19 @@ class BlobStore:
         return False
 
     def missing(self, digests: list[str], holder: Optional[str] = None) -> list[str]:
-        """The digests not stored. With `holder` (a connection's key), the connection holds all of them until
-        it hangs up (`discard`): a content it was told is here stays here until its submit has made its job."""
+        """The digests not stored, once each, in the order given. With `holder` (a connection's key), the
+        connection holds all of them until it hangs up (`discard`): a content it was told is here stays here
+        until its submit has made its job. They are held before they are looked up, so no collection removes
+        one between its look and the answer: the looks (100,000 stats) run outside the lock, which the event
+        loop takes when a connection ends. Not sorted: sorting 100,000 digests held the GIL for 40 ms."""
         bad = [d for d in digests if not valid_digest(d)]
         if bad:
             raise ManifestError(f"not a SHA-256 digest: {bad[0][:80]!r}")
         with self._lock:
-            if holder is not None:
-                self._holds.setdefault(holder, set()).update(digests)
-            return sorted({d for d in digests if not self.has(d)})
+            if holder is None:
+                return [d for d in dict.fromkeys(digests) if not self.has(d)]
+            self._holds.setdefault(holder, set()).update(digests)
+        return [d for d in dict.fromkeys(digests) if not self.has(d)]  # held: no removal races these looks
 
     def write_chunk(self, key: str, digest: str, offset: int, data: bytes, last: bool) -> None:
         """Append a chunk to the partial content `key` (one per connection); on the last, verify and keep it.

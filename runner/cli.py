@@ -80,7 +80,7 @@ def run() -> None:
     except OSError as exc:
         _fail(f"{exc.filename or layout.home}: {exc.strerror or exc}")
     try:
-        asyncio.run(Daemon(layout, config, store).serve())
+        asyncio.run(Daemon(layout, config, store, lock).serve())
     finally:
         store.close()
         lock.close()

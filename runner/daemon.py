@@ -1,13 +1,22 @@
 """tfrund's main loop: hold the home's lock, reconcile, serve the protocol on the Unix socket.
 
 One daemon per TFRUN_HOME: it holds an flock on run/tfrund.lock for its whole life, so a second one
-refuses to start, and a crashed one's lock vanishes with it (no stale pid file to clean up).
+refuses to start, and a crashed one's lock vanishes with it (no stale pid file to clean up). A daemon whose
+home, lock file or socket is removed or replaced under it (`rm -rf ~/.local/state/tfrun`) no longer serves
+that home: nobody can reach it, and the next verb starts another beside it. It looks every few seconds
+(`HomeWatch`) and stops, saying why; its jobs keep running, and the next daemon adopts those it can find.
+
+Requests are read and handled on one event loop. A big one (a `have_blobs` of 100,000 digests is a 6.6 MB
+frame) is decoded and served in a worker thread, so that the other clients wait for none of it, and the
+memory it took is given back to the system once it is answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import ctypes
 import fcntl
 import logging
 import os
@@ -16,14 +25,25 @@ import signal
 import time
 from collections.abc import Awaitable, Coroutine
 from pathlib import Path
-from typing import IO, Any, Callable, Optional, Union
+from typing import IO, Any, Callable, Optional, TypeVar, Union
 
 import tfrun
 from tfrun.constants import MAX_HEADER_BYTES
 from tfrun.paths import Layout
 from tfrun.protocol.channel import daemon_hello, mismatch_message
 from tfrun.protocol.fields import ErrorCode, JobState
-from tfrun.protocol.wire import PROTOCOL_VERSION, Error, Hello, Message, ProtocolError, read_message, write_message
+from tfrun.protocol.wire import (
+    PROTOCOL_VERSION,
+    Error,
+    Hello,
+    Message,
+    ProtocolError,
+    decode_header,
+    read_header,
+    read_message,
+    read_rest,
+    write_message,
+)
 from tfrun.runner import liveconfig
 from tfrun.runner.alerts import Alerts
 from tfrun.runner.blobs import BlobStore, Spares
@@ -43,6 +63,11 @@ from tfrun.runner.supervisor import Supervisor
 log = logging.getLogger("tfrund")
 
 _HELLO_TIMEOUT_S = 10.0
+_WATCH_S = 2.0  # how often the daemon looks whether its home, lock and socket are still its own: three stats
+_BIG_FRAME_BYTES = 256 << 10  # a request header above this is decoded off the event loop, its memory given back
+_HEAVY_THREADS = 2  # threads for big requests: they queue behind each other, not in front of the other clients
+
+T = TypeVar("T")
 
 
 class DaemonError(Exception):
@@ -113,9 +138,56 @@ def install_job_pythonpath(layout: Layout) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-class Daemon:
-    def __init__(self, layout: Layout, config: Config, store: Store) -> None:
+Identity = tuple[int, int]  # a file's (device, inode): the same path may come to name another file
+
+
+def identity(path: Path) -> Optional[Identity]:
+    """What file `path` names now, or None if it names none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class HomeWatch:
+    """Whether this daemon still serves its home: the home, its lock file and its socket are the files it
+    took at start. The lock's flock holds only the file it was taken on: once that file is unlinked (the
+    home removed, or the lock file alone), the next verb finds no lock and no socket, starts a second
+    daemon, and this one serves nobody. A stat of each, every few seconds, costs nothing beside the jobs."""
+
+    def __init__(self, layout: Layout, lock: IO[str]) -> None:
         self.layout = layout
+        self.home = identity(layout.home)
+        held = os.fstat(lock.fileno())
+        self.lock: Identity = (held.st_dev, held.st_ino)
+        self.socket: Optional[Identity] = None  # once it is bound
+
+    def bound(self) -> None:
+        """Note the socket this daemon listens on, just bound."""
+        self.socket = identity(self.layout.socket)
+
+    def owns_socket(self) -> bool:
+        """Whether the socket's path still names the socket this daemon bound (not one of a later daemon)."""
+        return self.socket is not None and identity(self.layout.socket) == self.socket
+
+    def lost(self) -> Optional[str]:
+        """Why this daemon no longer serves its home, in words, or None while it does."""
+        if identity(self.layout.home) != self.home:
+            return f"its home {self.layout.home} was removed or replaced"
+        if identity(self.layout.lock) != self.lock:
+            return f"its lock file {self.layout.lock} was removed or replaced"
+        if self.socket is not None and not self.owns_socket():
+            return f"its socket {self.layout.socket} was removed or replaced"
+        return None
+
+
+class Daemon:
+    def __init__(self, layout: Layout, config: Config, store: Store, lock: IO[str]) -> None:
+        self.layout = layout
+        self.watch = HomeWatch(layout, lock)
+        self.heavy = concurrent.futures.ThreadPoolExecutor(_HEAVY_THREADS, thread_name_prefix="tfrund-heavy")
+        self._trimming = False  # a malloc_trim under way
         self.config = config
         self.store = store
         self.lifecycle = Lifecycle(store, layout.jobs_dir, lambda: self.config.checkpoint_root)
@@ -151,6 +223,15 @@ class Daemon:
         future = loop.create_task(work) if asyncio.iscoroutine(work) else loop.run_in_executor(None, work)
         self._background.add(future)
         future.add_done_callback(done)
+
+    async def off_loop(self, work: Callable[[], T]) -> T:
+        """`work()`, run in a thread for big requests: what it costs holds up no other client. Its result
+        comes back through a list, not as the future's result: a concurrent future and the callback that
+        chains it to asyncio's refer to each other, so it lives until the garbage collector's rare full pass
+        (a 6.6 MB request stayed in memory with it)."""
+        found: list[T] = []
+        await asyncio.get_running_loop().run_in_executor(self.heavy, lambda: found.append(work()))
+        return found.pop()
 
     def _after_end(self, job_id: int) -> None:
         """Once a job's end is committed: its restart, if it called for one, is built and started, and its
@@ -203,6 +284,7 @@ class Daemon:
         socket_path.unlink(missing_ok=True)  # left by a daemon that died; we hold the lock, so it is stale
         server = await asyncio.get_running_loop().create_unix_server(self._protocol, path=str(socket_path))
         socket_path.chmod(0o600)
+        self.watch.bound()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
@@ -210,16 +292,66 @@ class Daemon:
         monitor = asyncio.create_task(self.supervisor.monitor())
         watch = asyncio.create_task(self.alerts.run(self.log_growth))
         outbox = asyncio.create_task(self.outbox.run())
+        home = asyncio.create_task(self._watch_home())
         log.info("tfrund %s (pid %d) serving %s", tfrun.__version__, os.getpid(), socket_path)
         try:
             await self._stopping.wait()
         finally:
             server.close()
-            for task in (monitor, watch, outbox):
+            for task in (monitor, watch, outbox, home):
                 task.cancel()
             self.log_growth.stop()
-            socket_path.unlink(missing_ok=True)
+            self.heavy.shutdown(wait=False)
+            if self.watch.owns_socket():  # never a later daemon's
+                socket_path.unlink(missing_ok=True)
             log.info("tfrund (pid %d) stopped; running jobs keep running", os.getpid())
+
+    async def _watch_home(self) -> None:
+        """Stop once this daemon no longer serves its home (`HomeWatch`), saying why."""
+        while True:
+            await asyncio.sleep(_WATCH_S)
+            reason = self.watch.lost()
+            if reason is not None:
+                _say_last(f"tfrund (pid {os.getpid()}) stops: {reason}; its jobs keep running, and the next tfrun "
+                          "verb starts a daemon for the home")  # fmt: skip
+                self.stop()
+                return
+
+    async def _decode(self, reader: _ClientReader, line: bytes, big: bool) -> Message:
+        """The request whose header is `line`: a big one decoded and checked in a worker thread (100,000
+        digests cost 25 ms of JSON and checks that the other clients would wait through)."""
+        decoded = await self.off_loop(lambda: decode_header(line)) if big else decode_header(line)
+        return await read_rest(reader, *decoded)
+
+    async def _serve(self, msg: Message, conn: Connection, reader: _ClientReader) -> bool:
+        """Answer one request; False when the connection is to end (not a request, or its client hung up)."""
+        handler = HANDLERS.get(type(msg))
+        if handler is None:
+            await conn.send(Error(ErrorCode.BAD_REQUEST, f"{msg.TYPE!r} is not a request"))
+            return False
+        try:
+            if isinstance(msg, WATCHING):
+                return await _unless_hung_up(handler(self, msg, conn), reader.hung_up)
+            await handler(self, msg, conn)
+        except RequestError as exc:
+            await conn.send(Error(exc.code, exc.message))
+        return True
+
+    def _give_memory_back(self) -> None:
+        """After a big request: hand the memory it took back to the system, in a worker thread. glibc keeps
+        what is freed for reuse (a worker thread's arena too), so without this a daemon that once read
+        ten 6.6 MB requests stayed 110 MB larger for the rest of its life. One trim at a time."""
+        if _MALLOC_TRIM is None or self._trimming:
+            return
+        self._trimming = True
+
+        def trim() -> None:
+            try:
+                _MALLOC_TRIM(0)
+            finally:
+                self._trimming = False
+
+        self.in_background(trim)
 
     def _protocol(self) -> asyncio.StreamReaderProtocol:
         """What asyncio.start_unix_server makes for each client, with a reader that tells of a hang-up."""
@@ -240,21 +372,16 @@ class Daemon:
                 return
             await conn.send(daemon_hello())
             while True:
-                msg = await read_message(reader)
-                if msg is None:
+                line = await read_header(reader)
+                if line is None:
                     return
-                handler = HANDLERS.get(type(msg))
-                if handler is None:
-                    await conn.send(Error(ErrorCode.BAD_REQUEST, f"{msg.TYPE!r} is not a request"))
+                big = len(line) > _BIG_FRAME_BYTES
+                if not await self._serve(await self._decode(reader, line, big), conn, reader):
                     return
-                try:
-                    if isinstance(msg, WATCHING):
-                        if not await _unless_hung_up(handler(self, msg, conn), reader.hung_up):
-                            return
-                    else:
-                        await handler(self, msg, conn)
-                except RequestError as exc:
-                    await conn.send(Error(exc.code, exc.message))
+                if big:
+                    del line  # before the trim: the frame is the largest block it can give back
+                    conn.big = True
+                    self._give_memory_back()
         except ProtocolError as exc:  # ends the connection: logged once, as one line, whatever the peer sends
             log.warning("%s: bad request: %.200s", conn.key, exc)
             await _try_send(writer, Error(ErrorCode.BAD_REQUEST, str(exc)))
@@ -266,6 +393,8 @@ class Daemon:
         finally:
             self.blobs.discard(conn.key)
             writer.close()
+            if conn.big:  # what it held (the digests of its uploads) is given back too
+                self._give_memory_back()
 
 
 class _ClientReader(asyncio.StreamReader):
@@ -303,6 +432,35 @@ async def _unless_hung_up(work: Awaitable[None], hung_up: asyncio.Event) -> bool
         return False
     task.result()  # its RequestError, or a failure, as if it had been awaited directly
     return True
+
+
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim  # the C library the interpreter uses
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def _say_last(line: str) -> None:
+    """Log the daemon's last words: to stderr, as every line (a `tfrund run` in a terminal, a container's
+    log, the home's tfrund.log for a daemon a verb started). When stderr is a file that is gone (the home's
+    log, removed with the home), to syslog too, the one place left that a person may look: a daemon never
+    makes again a home that someone removed. Where there is no syslog, the line is lost with the log."""
+    log.error("%s", line)
+    try:
+        gone = os.fstat(2).st_nlink == 0
+    except OSError:
+        gone = True
+    if gone:
+        import syslog  # here: only a daemon whose home went needs it
+
+        syslog.openlog("tfrund", syslog.LOG_PID, syslog.LOG_DAEMON)
+        syslog.syslog(syslog.LOG_ERR, line)
 
 
 async def _try_send(writer: asyncio.StreamWriter, msg: Message) -> None:

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol, Union
 import tfrun
 from tfrun.constants import EXIT_LOST
 from tfrun.paths import Layout
-from tfrun.protocol.fields import JobState, State
-from tfrun.runner import jobdir
+from tfrun.protocol.fields import Cause, JobState, State
+from tfrun.runner import jobdir, oom
 from tfrun.runner.job import JobRow
 from tfrun.runner.process import Identity, boot_id
 
@@ -79,6 +79,9 @@ class Ended(NamedTuple):
     started_at: Optional[float] = None
     finished_at: Optional[float] = None
     reason: Optional[str] = None
+    # why it failed, where the executor saw more than its state and signal tell (an OOM kill: "oom"); else
+    # the lifecycle tells it from them (runner/lifecycle.py)
+    cause: Optional[Cause] = None
 
     def values(self) -> dict[str, Any]:
         """The job's fields this sets, besides its state."""
@@ -317,7 +320,8 @@ def tty_command(layout: Layout, row: JobRow) -> list[str]:
 
 
 def _finished(row: JobRow, exit_info: ExitRecord) -> Ended:
-    """The end an exit record says: cancelled, succeeded (code 0) or failed."""
+    """The end an exit record says: cancelled, succeeded (code 0) or failed; a SIGKILL with a risen OOM-kill
+    count of its cgroup failed for want of memory (what --restart-on oom restarts)."""
     code = exit_info.get("exit_code")
     code = code if isinstance(code, int) else 255
     sig = exit_info.get("signal") if isinstance(exit_info.get("signal"), int) else None
@@ -327,6 +331,7 @@ def _finished(row: JobRow, exit_info: ExitRecord) -> Ended:
         state = JobState.SUCCEEDED
     else:
         state = JobState.FAILED
+    oom_killed = state == JobState.FAILED and sig == signal.SIGKILL and oom.killed_by_oom_killer(Path(row.job_dir))
     return Ended(
         state,
         exit_code=code,
@@ -334,6 +339,7 @@ def _finished(row: JobRow, exit_info: ExitRecord) -> Ended:
         started_at=row.started_at or exit_info.get("started_at"),
         finished_at=exit_info.get("finished_at"),
         reason=exit_info.get("error") or row.reason,
+        cause="oom" if oom_killed else None,
     )
 
 

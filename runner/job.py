@@ -17,7 +17,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from tfrun.protocol.fields import JobState, State
+from tfrun import restarts
+from tfrun.protocol.fields import CAUSES, Cause, JobState, State
 from tfrun.protocol.jobs import Job
 from tfrun.runner import jobdir
 
@@ -46,10 +47,13 @@ class JobSpec:
     nodes: Optional[int] = None  # Slurm: sbatch --nodes, one task a node (runner/slurm/task.py)
     service: Optional[str] = None  # a service's kind (tensorboard, jupyter): runner/services.py
     port: Optional[int] = None  # the box port a service listens on (127.0.0.1)
+    restart_on: tuple[Cause, ...] = restarts.DEFAULT  # the failures `max_restarts` restarts (--restart-on)
+    restarts: int = 0  # automatic restarts before this job in its chain (0: a submit's): "restart 2 of 3"
 
     def to_json(self) -> str:
         """The spec as stored: the keys in the order tfrund always wrote them, `restart_of` and the Slurm
-        options only where set."""
+        options only where set, `restart_on` where it is not every cause (as a spec without it reads) and
+        `restarts` where there were any."""
         data: dict[str, Any] = {
             "source": self.source,
             "script": self.script,
@@ -71,21 +75,30 @@ class JobSpec:
         for key in ("partition", "time_limit", "nodes", "service", "port"):  # only where set (older tfrunds)
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
+        if self.restart_on != CAUSES:
+            data["restart_on"] = list(self.restart_on)
+        if self.restarts:
+            data["restarts"] = self.restarts
         return json.dumps(data)
 
     def rerun(self, of: int, max_restarts: Optional[int] = None) -> JobSpec:
-        """The spec of the job that runs job `of` (this spec's) again, with `max_restarts` left if given."""
-        left = self.max_restarts if max_restarts is None else max_restarts
-        return replace(self, restart_of=of, max_restarts=left)
+        """The spec of the job that runs job `of` (this spec's) again, with `max_restarts` left if given: an
+        automatic restart, which counts in `restarts` (a `tfrun restart` does not)."""
+        if max_restarts is None:
+            return replace(self, restart_of=of)
+        return replace(self, restart_of=of, max_restarts=max_restarts, restarts=self.restarts + 1)
 
 
-_LISTS = ("args", "command", "after")  # JSON arrays, kept as tuples
+_LISTS = ("args", "command", "after", "restart_on")  # JSON arrays, kept as tuples
 
 
 def from_json(text: str) -> JobSpec:
-    """A spec as stored by any tfrund: an absent key takes its default (the field's), an unknown one is ignored."""
+    """A spec as stored by any tfrund: an absent key takes its default (the field's), an unknown one is
+    ignored; but an absent `restart_on` is every cause, as a tfrund from before --restart-on restarted after
+    any failure, and that is what the job was submitted with."""
     data = json.loads(text)
     values = {f.name: data[f.name] for f in fields(JobSpec) if f.name in data}
+    values.setdefault("restart_on", CAUSES)
     for name in _LISTS:
         if name in values:
             values[name] = tuple(values[name])
@@ -118,6 +131,7 @@ class JobRow:
     waiting: Optional[str] = None
     array_id: Optional[int] = None  # a task of an array: the array's id (its first task's job id)
     array_index: Optional[int] = None  # the task's index in its array
+    cause: Optional[str] = None  # why it failed or was lost, in --restart-on's words (runner/lifecycle.py)
 
     @property
     def final(self) -> bool:
@@ -152,6 +166,9 @@ class JobRow:
             restart_of=self.spec.restart_of,
             restarted_as=self.restarted_as,
             restarts_left=self.spec.max_restarts,
+            restart_on=list(self.spec.restart_on),
+            restarts=self.spec.restarts,
+            cause=self.cause,
             gpus_requested=self.spec.gpus,
             gpus=self.gpus or [],
             priority=self.spec.priority,

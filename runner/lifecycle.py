@@ -5,8 +5,9 @@ Each move is one SQLite transaction through the store, made only if the job is s
 caller holds it in (a move from a state it has left is refused, as is any move not in MOVES: nothing is
 written and ForbiddenMove names the move). The row a move wrote is returned, so nobody reads the database
 again to learn what they just wrote. A job's end also records, in the same transaction, that its end
-alerts are due and the restart its `--max-restarts` calls for, with the new job: a daemon killed at any
-point leaves all of that or none of it (runner/faults.py crash points let the tests check).
+alerts are due, why it failed (its cause: lost, oom, signal, error) and the restart its `--max-restarts`
+and `--restart-on` call for, with the new job: a daemon killed at any point leaves all of that or none of it
+(runner/faults.py crash points let the tests check).
 
 The moves, as ARCHITECTURE.md's table gives them with when and where each is made:
 
@@ -28,7 +29,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from tfrun.protocol.fields import JobState, State
+from tfrun import restarts
+from tfrun.protocol.fields import Cause, JobState, State
+from tfrun.runner import jobdir, oom
 from tfrun.runner.faults import crash_point
 from tfrun.runner.job import JobRow, JobSpec
 from tfrun.runner.store import Store
@@ -47,8 +50,6 @@ MOVES: Mapping[Optional[State], tuple[State, ...]] = {
     JobState.LOST: (),
 }
 """Every move a job makes: its state (None: not yet a job) to the states it may move to."""
-
-_RESTARTED_FROM: tuple[State, ...] = (JobState.FAILED, JobState.LOST)  # the ends `--max-restarts` restarts
 
 
 class ForbiddenMove(Exception):
@@ -96,9 +97,10 @@ class Lifecycle:
 
     def rerun(self, row: JobRow, restarts_left: Optional[int] = None) -> JobRow:
         """The queued job that runs `row` again (same spec, alert settings and checkpoint folder); `row`
-        records it as its restart, in memory too. One transaction, or part of the one that ends `row`, so
-        whoever waits for `row` learns of the new job at once, and a daemon killed at any point leaves
-        both or neither. Its work dir is built later (Scheduler.build_restart), which a new daemon redoes."""
+        records it as its restart, in memory too; with `restarts_left`, an automatic restart (counted in its
+        spec's `restarts`). One transaction, or part of the one that ends `row`, so whoever waits for `row`
+        learns of the new job at once, and a daemon killed at any point leaves both or neither. Its work dir
+        is built later (Scheduler.build_restart), which a new daemon redoes."""
         spec = row.spec.rerun(row.id, restarts_left)
         with self.store.transaction():
             new = self.store.create_job(
@@ -117,12 +119,15 @@ class Lifecycle:
         return self._move(row, JobState.RUNNING, values)
 
     def end(self, row: JobRow, state: State, **values: Any) -> tuple[JobRow, Optional[JobRow]]:
-        """Make a job final, in one transaction with what its end calls for: its end alerts are due (the
-        watch stores them once it has read the rest of the log), and a failed or lost job with restarts
-        left runs again as a new job. The row as written, and the restart if one was made. A daemon killed
-        before the commit leaves the job unfinished, to be ended again from its exit record."""
+        """Make a job final, in one transaction with what its end calls for: its cause (`values`' where the
+        executor gave one, else `end_cause`'s), its end alerts are due (the watch stores them once it has
+        read the rest of the log), and a job that failed or was lost for a cause of its --restart-on, with
+        restarts left, runs again as a new job. The row as written, and the restart if one was made. A
+        daemon killed before the commit leaves the job unfinished, to be ended again from its exit record."""
         if state not in _ENDS:
             raise ForbiddenMove(row.id, row.state, state)
+        if values.get("cause") is None:
+            values["cause"] = end_cause(replace(row, state=state, **values))  # before the write lock: it reads
         with self.store.transaction():
             ended = self._move(row, state, values)
             self.store.end_alerts_due(row.id)
@@ -141,12 +146,32 @@ class Lifecycle:
         return replace(row, state=state, **values)
 
     def _restart_if_wanted(self, row: JobRow) -> Optional[JobRow]:
-        """The restart policy, applied the moment a job becomes final: a job that failed or was lost and
-        has restarts left runs again (same snapshot, same checkpoint folder) as a new job."""
+        """The restart policy, applied the moment a job becomes final: a job that failed or was lost for a
+        cause its --restart-on names, with restarts left, runs again (same snapshot, same checkpoint folder)
+        as a new job. A bug fails the same way every time: by default (tfrun/restarts.py) an error is not
+        run again, so that it fails once and alerts once."""
         left = row.spec.max_restarts
-        if row.state not in _RESTARTED_FROM or left <= 0 or row.restarted_as:
+        if row.cause is None or left <= 0 or row.restarted_as:
+            return None
+        if row.cause not in row.spec.restart_on:
+            shown = restarts.shown(row.spec.restart_on)
+            log.info("job %d: %s (%s), not restarted: --restart-on is %s", row.id, row.state, row.cause, shown)
             return None
         new = self.rerun(row, restarts_left=left - 1)
-        reason = f"{row.state} with exit code {row.exit_code}; {left - 1} automatic restart(s) left"
+        reason = f"{row.state} ({row.cause}) with exit code {row.exit_code}; {left - 1} automatic restart(s) left"
         log.info("job %d: %s; running it again as job %d", row.id, reason, new.id)
         return new
+
+
+def end_cause(row: JobRow) -> Optional[Cause]:
+    """Why a job that just became final ended, as --restart-on names causes: None for a success or a
+    cancel. The executor gives `oom` where only it can tell (a kill by the kernel's OOM killer, Slurm's
+    OUT_OF_MEMORY); a log whose last words are a fatal out-of-memory message is `oom` whoever ran it; then a
+    signal, else an error (a non-zero exit, or no start at all)."""
+    if row.state == JobState.LOST:
+        return "lost"
+    if row.state != JobState.FAILED:
+        return None
+    if oom.log_ends_in_oom(Path(row.job_dir) / jobdir.OUTPUT):
+        return "oom"
+    return "signal" if row.signal is not None else "error"

@@ -4,7 +4,8 @@ as the log grows until the job is final (LogEnd says where it stopped, so a clie
 
 A *chunk* is a run of the log's bytes; a *line* is a terminal line (runner/lines.py), as the job's output
 shows on a terminal once carriage returns and erasures are applied. Times come from the shim's log index
-(runner/logindex.py). Offsets are byte offsets in output.log; a line-wise stream resumes at a line's end.
+(runner/logindex.py). Offsets are byte offsets in the log read (output.log, or task-I.log for a task of a job on
+several Slurm nodes: `ReadLog.task`); a line-wise stream resumes at a line's end.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tfrun.runner.job import JobRow
 from tfrun.runner.lines import BlockMatcher, LineFilter, Selector, Tail, TerminalLines, display
 from tfrun.runner.loggrowth import LogGrowth
 from tfrun.runner.logindex import LogIndex, Stamper
+from tfrun.runner.slurm.task import TASK_LOG
 
 Send = Callable[[Message], Awaitable[None]]
 
@@ -34,8 +36,32 @@ Send = Callable[[Message], Awaitable[None]]
 _FILTERS = concurrent.futures.ThreadPoolExecutor(FILTER_THREADS, thread_name_prefix="tfrund-filter")
 
 
+_JOIN_LINES = 4096  # lines joined into one frame's text at most (see _LineReader._send)
+
+
 class PastTheEnd(Exception):
     """The request starts at an offset past the end of the log."""
+
+
+class NoSuchLog(Exception):
+    """The request names a task the job does not have, or asks a task's log for times it does not hold; the
+    message says so, for the client."""
+
+
+def log_path(req: ReadLog, row: JobRow) -> Path:
+    """The log the request reads: the job's own (its task 0's), or task-I.log, which task I of a job on
+    several Slurm nodes writes (runner/slurm/task.py). Only the job's own log has an (offset, time) index (the
+    shim's, beside it): a task's is written by its command on another node, so `since` and `timestamps` on it
+    are refused rather than answered wrong."""
+    tasks = row.spec.nodes or 1
+    if req.task >= tasks:
+        have = f"tasks 0-{tasks - 1}" if tasks > 1 else "task 0 only"
+        raise NoSuchLog(f"job {row.id} has {have}; no task {req.task}")
+    if req.task == 0:
+        return Path(row.job_dir) / jobdir.OUTPUT
+    if req.since is not None or req.since_ago is not None or req.timestamps:
+        raise NoSuchLog(f"task {req.task}'s log has no times (only task 0's has): --since and -t are for task 0")
+    return Path(row.job_dir) / TASK_LOG.format(req.task)
 
 
 class Selection(NamedTuple):
@@ -72,7 +98,7 @@ async def stream(
     only once the final job's log has not grown for this long (a log written on another machine, on a
     shared filesystem, may show its last bytes after the job's end is known: Slurm)."""
     since = time.time() - req.since_ago if req.since_ago is not None else req.since
-    path = Path(row.job_dir) / jobdir.OUTPUT
+    path = log_path(req, row)
     index = LogIndex(Path(row.job_dir) / jobdir.INDEX) if since is not None or req.timestamps else None
     lines = _line_reader(req, chosen, send, path, index, since)
     with log_growth.follow(path) as grew, contextlib.ExitStack() as cleanup:
@@ -85,6 +111,9 @@ async def stream(
                 handle = cleanup.enter_context(open(path, "rb"))
                 if offset > os.fstat(handle.fileno()).st_size:
                     raise PastTheEnd(f"offset {offset} is past the end of the log")
+                if lines is not None and lines.tail is not None and chosen.compiled is None and not req.invert:
+                    offset = lines.boundary = await _tail_start(handle, lines.tail.n, offset)
+                    lines.tail = None  # every line from there is the tail's: sent as read, none held
                 if since is not None and index is not None and lines is not None:
                     offset = lines.boundary = _line_start(handle, max(offset, index.offset_since(since)), offset)
             data = b""
@@ -129,6 +158,34 @@ def _line_reader(
     plain_selection = not req.invert and not req.after and not req.before and stamper is None
     blocks = chosen.blocks if plain_selection else None
     return _LineReader(send, selector, req.offset, req.tail, index, since, stamper, blocks)
+
+
+async def _tail_start(handle: BinaryIO, n: int, floor: int) -> int:
+    """Where the last `n` finished lines after `floor` begin, found as GNU tail does, from the end backwards:
+    just after the (n+1)th newline from the end, else `floor`. So a --tail without a filter reads only
+    the lines it sends and holds none, however large `n` (any count: more than the log has is all of it).
+    In a worker thread: that can be a whole log's bytes."""
+    end = os.fstat(handle.fileno()).st_size
+    if n >= end - floor:  # every line holds a byte at least: all of them
+        return floor
+
+    def work() -> int:
+        pos, wanted = end, n + 1
+        while pos > floor:
+            step = min(LOG_CHUNK_BYTES, pos - floor)
+            handle.seek(pos - step)
+            block = handle.read(step)
+            count = block.count(b"\n")
+            if count >= wanted:
+                cut = len(block)
+                for _ in range(wanted):
+                    cut = block.rfind(b"\n", 0, cut)
+                return pos - step + cut + 1
+            wanted -= count
+            pos -= step
+        return floor
+
+    return await asyncio.get_running_loop().run_in_executor(_FILTERS, work)
 
 
 def _line_start(handle: BinaryIO, offset: int, floor: int) -> int:
@@ -203,7 +260,7 @@ class _LineReader:
     async def caught_up(self, final: bool, end: int) -> None:
         """At the end of what the file holds: release --tail's lines, and a last line without newline."""
         if self.tail is not None:
-            await self._send(list(self.tail.lines), self.boundary)
+            await self._send(self.tail.release(), self.boundary)
             self.tail = None
         if final:
             last = self.terminal.pending()
@@ -230,10 +287,23 @@ class _LineReader:
         return [text.encode("utf-8", "backslashreplace") for text in texts]
 
     async def _send(self, lines: list[bytes], next_offset: int) -> None:
+        """Send `lines`, in frames of about LOG_CHUNK_BYTES cut at line ends: a --tail may hold 64 MB, and a
+        frame's payload is at most MAX_PAYLOAD_BYTES. Joined _JOIN_LINES at a time: bytes.join takes 80
+        bytes per item besides, 100 MB for a tail of a million short lines. Where in the log the lines of
+        a frame end is known only for the last, so the others say the position where they start (a
+        follower that reconnects in the middle of a tail reads again from before it: no line is lost)."""
+        for first in range(0, len(lines), _JOIN_LINES):
+            data = b"\n".join(lines[first : first + _JOIN_LINES]) + b"\n"
+            start = 0
+            while len(data) - start > LOG_CHUNK_BYTES:
+                cut = data.rfind(b"\n", start, start + LOG_CHUNK_BYTES) + 1
+                if cut <= start:  # one line longer than a frame: a frame of its own
+                    cut = data.find(b"\n", start + LOG_CHUNK_BYTES) + 1
+                await self.send(LogLines(offset=self.resume_at, next_offset=self.resume_at, data=data[start:cut]))
+                start = cut
+            done = first + _JOIN_LINES >= len(lines)
+            await self.send(LogLines(self.resume_at, next_offset if done else self.resume_at, data[start:]))
         if lines:
-            lines.append(b"")
-            data = b"\n".join(lines)
-            await self.send(LogLines(offset=self.resume_at, next_offset=next_offset, data=data))
             self.resume_at = next_offset
 
 

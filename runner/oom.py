@@ -15,8 +15,13 @@ comes first. tests/test_oom.py holds the real lines each framework and version p
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Optional
+
+from tfrun.runner import cgroup, jobdir
+from tfrun.runner.lines import display, plain
 
 # A Slurm job's reason when Slurm killed it for its memory (runner/slurm/states.py): its oom alert's cue.
 SLURM_OUT_OF_MEMORY = "out of memory: Slurm killed it over its memory limit"
@@ -89,3 +94,32 @@ def oom_kind(line: str) -> Optional[str]:
         if pattern.search(line):
             return kind
     return None
+
+
+def killed_by_oom_killer(job_dir: Path) -> bool:
+    """Whether the kernel's OOM killer struck the job's cgroup while it ran: its count (runner/cgroup.py) rose
+    above the one its shim recorded just before the job started."""
+    try:
+        shim = jobdir.read_shim(job_dir / jobdir.SHIM) or {}
+    except ValueError:
+        return False
+    before, counter_file = shim.get("oom_kills"), shim.get("oom_file")
+    now = cgroup.oom_kills(counter_file) if isinstance(counter_file, str) else None
+    return isinstance(before, int) and now is not None and now > before
+
+
+TAIL_BYTES = 64 << 10  # where a failed job's last words are: its traceback
+
+
+def log_ends_in_oom(log_path: Path) -> bool:
+    """Whether the last TAIL_BYTES of a failed job's log hold a fatal out-of-memory line (the framework's
+    traceback, as the oom alert reads it): the job failed for want of memory, not for a bug of its own."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return False
+    if not may_hold_oom(tail):
+        return False
+    return any(oom_kind(plain(display(line)).strip()) for line in re.split(rb"[\r\n]", tail) if may_hold_oom(line))

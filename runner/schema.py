@@ -96,4 +96,9 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE jobs ADD COLUMN array_index INTEGER;
     CREATE INDEX jobs_array ON jobs(array_id, array_index);
     """,
+    7: """
+    -- Why a failed or lost job ended, as submit --restart-on names causes: lost, oom, signal or error (NULL:
+    -- it did not fail, or it ended under an older tfrund). Written in the move that ends it, with its restart.
+    ALTER TABLE jobs ADD COLUMN cause TEXT;
+    """,
 }

@@ -39,7 +39,7 @@ class StoreError(Exception):
 _COLUMNS = [
     "id", "name", "state", "spec", "job_dir", "checkpoint_dir", "created_at", "started_at", "finished_at",
     "exit_code", "signal", "pid", "shim_pid", "shim_start", "boot_id", "reason", "restarted_as", "prepared",
-    "gpus", "waiting", "array_id", "array_index",
+    "gpus", "waiting", "array_id", "array_index", "cause",
 ]  # fmt: skip
 # A state moves only by `move`; a job's array is fixed when it is made.
 _UPDATABLE = set(_COLUMNS) - {"id", "state", "spec", "created_at", "array_id", "array_index"}

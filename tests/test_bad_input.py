@@ -35,10 +35,24 @@ def one_line_error(stderr: str, *expected: str) -> None:
         (["wait", "1" + "0" * 30], 3, f"no job '1{'0' * 30}'"),
         (["status", "²"], 3, "no job '²'"),  # a digit to str.isdigit, not to int(): a name
         (["logs", "①"], 3, "no job '①'"),
-        (["status", "\udcff"], 2, "get.job: not UTF-8 text"),  # the byte 0xff: no job name is ever that
-        (["logs", "\udcff"], 2, "read_log.job: not UTF-8 text"),
-        (["cancel", "\udcff"], 2, "cancel.jobs[0]: not UTF-8 text"),
-        (["logs", "1", "--tail", "1" + "0" * 30], 2, "is not in the range 0<=x<=1000000"),
+        # The byte 0xff: no job name is ever that. Said in the words typed, not as the request's field.
+        (["status", "job\udcff"], 2, "not a job id or name: 'job\\xff' (not UTF-8 text)"),
+        (["logs", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
+        (["logs", "-f", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
+        (["cancel", "1", "\udcfe"], 2, "not a job id or name: '\\xfe' (not UTF-8 text)"),
+        (["wait", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
+        (["rm", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
+        (["pull", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
+        (["restart", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
+        (["metrics", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
+        (["alerts", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
+        (["checkpoints", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
+        (["attach", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
+        (["stop", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
+        (["submit", "--after", "\udcff", "x.py"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
+        (["status", "x" * 129], 2, f"not a job id or name: '{'x' * 40}'... (longer than 128 characters)"),
+        (["status", "1" * 129], 2, f"not a job id or name: '{'1' * 40}'... (longer than 128 characters)"),
+        (["logs", "1", "--tail", "1" + "0" * 30], 3, "no job '1'"),  # any count, as GNU tail takes
         (["prune", "--keep-last", "1" + "0" * 30], 2, "is not in the range 0<=x<=9223372036854775807"),
         (["logs", "1", *["-e", "x"] * 1001], 2, "at most 1000 patterns of 65536 characters in all"),
         (["logs", "1", "-e", "x" * 65537], 2, "at most 1000 patterns of 65536 characters in all"),

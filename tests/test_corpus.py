@@ -235,6 +235,15 @@ def test_no_negative_losses_where_the_truth_is_positive(scores: dict[str, Score]
     assert not {run: s.negatives for run, s in scores.items() if s.negatives}
 
 
+@pytest.mark.parametrize("run", runs())
+def test_a_progress_bar_gives_one_sample_a_step(run: str) -> None:
+    """A bar drawn again at a step it was taken at (Lightning's, after each validation) adds no sample: two of
+    one step would count its loss twice towards the spike rule's losses in a row."""
+    for seed in (0, 1):
+        steps = [s.step for s in chunked((REAL / f"{run}.log").read_bytes(), seed) if s.source in ("lightning", "bar")]
+        assert len(steps) == len(set(steps)), sorted({step for step in steps if steps.count(step) > 1})
+
+
 @pytest.mark.parametrize("run", [run for run in runs() if not run.endswith((".nan", ".diverge"))])
 def test_any_chunking_reads_the_same(run: str) -> None:
     log = (REAL / f"{run}.log").read_bytes()

@@ -249,16 +249,17 @@ def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_jobs(tf: Tfrun
     with db:  # what a tfrund of schema 1 left behind: no later columns (nor their index), no alert tables
         db.execute("DROP INDEX jobs_submission")
         db.execute("DROP INDEX jobs_array")
-        for column in ("restarted_as", "prepared", "gpus", "waiting", "submission_id", "array_id", "array_index"):
+        columns = ("restarted_as", "prepared", "gpus", "waiting", "submission_id", "array_id", "array_index", "cause")
+        for column in columns:
             db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
         for table in ("job_alerts", "watches", "deliveries", "alerts"):
             db.execute(f"DROP TABLE {table}")
         db.execute("PRAGMA user_version=1")
     db.close()
     assert tf.job(job)["state"] == "succeeded" and tf.log(job) == b"kept\n"
-    assert tf.job(job)["restarted_as"] is None
+    assert tf.job(job)["restarted_as"] is None and tf.job(job)["cause"] is None
     db = sqlite3.connect(tf.home / "tfrun.db")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     db.close()
 
 

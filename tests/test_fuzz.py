@@ -23,7 +23,7 @@ from conftest import Tfrun, write_script
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfrun.constants import MAX_CANCEL_JOBS, MAX_PATTERN_CHARS, MAX_PATTERNS
+from tfrun.constants import MAX_CANCEL_JOBS, MAX_NODES, MAX_PATTERN_CHARS, MAX_PATTERNS
 from tfrun.protocol.admin import Shutdown
 from tfrun.protocol.channel import client_hello
 from tfrun.protocol.fields import UTF8, Limit, Range
@@ -290,6 +290,8 @@ def test_every_request_type_takes_hostile_values_without_an_internal_error(box: 
         ({"type": "get", "job": "\udcff"}, "get.job: not UTF-8 text"),
         ({"type": "read_log", "job": "1", "tail": 10**30}, "read_log.tail: out of range"),
         ({"type": "read_log", "job": "1", "offset": -1}, "read_log.offset: out of range"),
+        ({"type": "read_log", "job": "1", "task": -1}, "read_log.task: out of range"),
+        ({"type": "read_log", "job": "1", "task": MAX_NODES}, "read_log.task: out of range"),
         ({"type": "read_file", "job": "1", "path": "output.log", "offset": -1}, "read_file.offset: out of range"),
         ({"type": "read_file", "job": "1", "path": "output.log", "offset": 10**30}, "read_file.offset: out of range"),
         ({"type": "cancel", "jobs": ["1"], "grace": float("nan")}, "cancel.grace: expected a finite number"),

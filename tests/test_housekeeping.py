@@ -116,7 +116,7 @@ while not os.path.exists(GATE):
 
 def test_a_restart_chain_keeps_what_it_shares(tf: Tfrun, project: Path, gate: Path) -> None:
     script = write_script(project, "resume.py", RESTARTED.replace("GATE", repr(str(gate))))
-    first = tf.submit("--max-restarts", "1", str(script))
+    first = tf.submit("--max-restarts", "1", "--restart-on", "error", str(script))
     second = wait_for(lambda: tf.job(first)["restarted_as"], what="the restart")
     checkpoints = Path(tf.job(first)["checkpoint_dir"])
     refused = tf.run("rm", "--checkpoints", str(first))

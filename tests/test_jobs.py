@@ -209,7 +209,7 @@ def test_restart_runs_the_snapshot_again_with_the_same_checkpoint_folder(tf: Tfr
 def test_max_restarts_runs_a_failing_job_again_until_the_budget_is_spent(tf: Tfrun, project: Path) -> None:
     write_script(project, "flaky.py", COUNTING + "raise SystemExit(3)\n")
     (project / "data.txt").write_text("v1")
-    followed = tf.run("submit", "-f", "--max-restarts", "2", str(project / "flaky.py"))
+    followed = tf.run("submit", "-f", "--max-restarts", "2", "--restart-on", "error", str(project / "flaky.py"))
     assert followed.returncode == 3
     assert followed.stdout == "run 1 v1\nrun 2 v1\nrun 3 v1\n"
     assert followed.stderr.count("restarted as job") == 2

@@ -32,7 +32,7 @@ def test_a_daemon_killed_anywhere_in_a_jobs_end_leaves_what_the_next_one_finishe
     """The job fails with restarts left while a daemon that dies at `point` supervises it; the next daemon
     must leave the job failed with its own code and run exactly one restart."""
     write_script(project, "flaky.py", FLAKY.format(ran=str(tmp_path / "ran"), gate=str(gate)))
-    job = tf.submit("--max-restarts", "1", str(project / "flaky.py"))
+    job = tf.submit("--max-restarts", "1", "--restart-on", "error", str(project / "flaky.py"))
     tf.shim_pid(job)
     tf.kill_daemon()
     tf.env[CRASH_AT_ENV] = point  # only for the daemon that re-adopts the job and sees it end

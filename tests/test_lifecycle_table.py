@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tfrun.protocol.fields import JobState, State
+from tfrun.protocol.fields import CAUSES, Cause, JobState, State
 from tfrun.runner.job import JobRow, JobSpec
 from tfrun.runner.lifecycle import MOVES, ForbiddenMove, Lifecycle, allowed
 from tfrun.runner.store import Store
@@ -34,13 +34,16 @@ def lifecycle(tmp_path: Path) -> Iterator[Lifecycle]:
     store.close()
 
 
-def _spec(max_restarts: int = 0) -> JobSpec:
-    return JobSpec(script="train.py", args=(), command=("python3", "train.py"), env={}, max_restarts=max_restarts)
+def _spec(max_restarts: int = 0, restart_on: tuple[Cause, ...] = CAUSES) -> JobSpec:
+    return JobSpec(script="train.py", args=(), command=("python3", "train.py"), env={}, max_restarts=max_restarts,
+                   restart_on=restart_on)  # fmt: skip
 
 
-def _in_state(lifecycle: Lifecycle, state: State, max_restarts: int = 0) -> JobRow:
+def _in_state(
+    lifecycle: Lifecycle, state: State, max_restarts: int = 0, restart_on: tuple[Cause, ...] = CAUSES
+) -> JobRow:
     """A new job brought to `state` by allowed moves."""
-    row = lifecycle.create("j", _spec(max_restarts))
+    row = lifecycle.create("j", _spec(max_restarts, restart_on))
     if state == JobState.QUEUED:
         return row
     row = lifecycle.start(row, pid=11, shim_pid=10, shim_start=5, boot_id="b", started_at=1.0)
@@ -138,6 +141,37 @@ def test_other_ends_get_no_restart(lifecycle: Lifecycle, end: State, restarts: i
     ended, restart = lifecycle.end(row, end, exit_code=0, finished_at=2.0)
     assert restart is None and ended.restarted_as is None
     assert [r.id for r in lifecycle.store.list(include_final=True)] == [row.id]
+
+
+# How an end's values tell its cause (--restart-on), where the executor gave none, and whether the default
+# (lost, oom, signal) restarts it.
+CAUSED = [
+    (JobState.LOST, {"exit_code": 255, "reason": "its shim is gone"}, "lost", True),
+    (JobState.FAILED, {"exit_code": 137, "signal": 9}, "signal", True),
+    (JobState.FAILED, {"exit_code": 137, "signal": 9, "cause": "oom"}, "oom", True),  # the executor saw an OOM kill
+    (JobState.FAILED, {"exit_code": 1}, "error", False),
+    (JobState.FAILED, {"reason": "job 3, which it runs after, failed"}, "error", False),  # it never started
+    (JobState.SUCCEEDED, {"exit_code": 0}, None, False),
+    (JobState.CANCELLED, {"exit_code": 143, "signal": 15}, None, False),
+]
+
+
+@pytest.mark.parametrize(("end", "values", "cause", "restarted"), CAUSED)
+def test_an_end_records_its_cause_and_restarts_only_for_a_cause_of_restart_on(
+    lifecycle: Lifecycle, end: State, values: dict[str, object], cause: str, restarted: bool
+) -> None:
+    row = _in_state(lifecycle, JobState.RUNNING, max_restarts=1, restart_on=("lost", "oom", "signal"))
+    ended, restart = lifecycle.end(row, end, finished_at=2.0, **values)
+    assert ended.cause == cause and lifecycle.store.get(row.id) == ended
+    assert (restart is not None, ended.restarted_as is not None) == (restarted, restarted)
+    assert len(lifecycle.store.list(include_final=True)) == 1 + restarted
+
+
+def test_a_failed_jobs_log_ending_in_an_out_of_memory_traceback_is_an_oom(lifecycle: Lifecycle) -> None:
+    row = _in_state(lifecycle, JobState.RUNNING, max_restarts=1, restart_on=("oom",))
+    (Path(row.job_dir) / "output.log").write_text("step 1\ntorch.OutOfMemoryError: CUDA out of memory.\n")
+    ended, restart = lifecycle.end(row, JobState.FAILED, exit_code=1, finished_at=2.0)
+    assert ended.cause == "oom" and restart is not None
 
 
 def test_an_end_that_fails_half_way_leaves_the_job_as_it_was(

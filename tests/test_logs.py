@@ -120,6 +120,16 @@ def test_invalid_utf8_is_shown_escaped_never_dropped(tf: Tfrun, project: Path) -
     assert tf.log(job) == b"loss \xff\xfe ok\nlast line without newline loss \xc3", "unfiltered: bytes as written"
 
 
+def test_a_job_of_one_task_has_task_0_only(tf: Tfrun, project: Path) -> None:
+    """`--task 0` is the job's log (multi-node jobs: tests/test_slurm_multinode.py); another task is one line."""
+    job = tf.submit(str(job_printing(project, b"only line\n")))
+    tf.ok("wait", str(job))
+    assert tf.ok("logs", "--task", "0", "-t", str(job)).endswith("Z only line\n")
+    result = tf.run("logs", "--task", "1", str(job))
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [f"tfrun: error: job {job} has task 0 only; no task 1"]
+
+
 def test_an_invalid_pattern_is_refused_before_anything_runs(tf: Tfrun, project: Path) -> None:
     job = tf.submit(str(job_printing(project, b"x\n")))
     result = tf.run("logs", "-f", str(job), "-e", "loss(")

@@ -283,6 +283,37 @@ def test_lightning_keeps_the_last_redraw_of_each_step_and_reads_nan_0() -> None:
         assert repr(feed_in_pieces(data, size)) == repr(samples)
 
 
+def test_a_lightning_bar_drawn_again_after_validation_gives_its_step_once() -> None:
+    """Each validation opens its bar under the training bar (a newline ends the training bar's line, or a line
+    not its own follows a rich bar), and Lightning draws the training bar again at the same step after it, with
+    the val_loss (tests/data/real/lightning_tqdm.log, lightning_rich_terminal.log): one sample of that step, as
+    its line ended, wherever the chunks are cut."""
+    bar = "\rEpoch {}: {:3d}%|#####     | {}/2 [00:01<00:00,  2.00it/s, v_num=0, train_loss={}{}]"
+    tqdm = (
+        bar.format(0, 50, 1, "5.70", "") + bar.format(0, 100, 2, "5.70", "") + bar.format(0, 100, 2, "5.60", "") + "\n"
+        "\rValidation DataLoader 0: 100%|##########| 2/2 [00:00<00:00,  5.05it/s]\x1b[A\n\r          \x1b[A"
+        + bar.format(0, 100, 2, "5.60", ", val_loss=5.50")
+        + bar.format(1, 50, 1, "5.40", ", val_loss=5.50")
+        + "\n"
+    ).encode()
+    rich_bar = (
+        "\x1b[2KEpoch {}/1  \u2501\u2501\u2578 {}/2 0:00:01 \u2022 0:00:01 2.00it/s v_num: 0.000\n  train_loss: {}{}\r"
+    )
+    rich = (
+        rich_bar.format(0, 1, "5.70", "")
+        + rich_bar.format(0, 2, "5.60", "")
+        + "Validation \u2501\u2501\u2578 1/2 0:00:00 \u2022 -:--:-- 0.00it/s\r"
+        + rich_bar.format(0, 2, "5.60", "\n  val_loss: 5.50")
+        + rich_bar.format(1, 1, "5.40", "\n  val_loss: 5.50")
+        + rich_bar.format(1, 2, "5.30", "\n  val_loss: 5.50")  # step 3 is taken once the bar draws step 4
+    ).encode()
+    for data, steps in ((tqdm, [1, 2, 3]), (rich, [1, 2, 3])):
+        for size in (1, 7, len(data)):
+            samples = feed_in_pieces(data, size)
+            assert [s.step for s in samples] == steps, (size, samples)
+            assert [s.values["train_loss"] for s in samples] == [5.7, 5.6, 5.4]
+
+
 def test_lightning_bar_without_a_total() -> None:
     bar = "\rEpoch {}: |          | {}/? [00:00<00:00, 30.00it/s, v_num=3, loss={}]"
     data = "".join(bar.format(epoch, batch, loss) for epoch, batch, loss in [(0, 2, 1.5), (0, 3, 1.4), (1, 1, 1.2)])

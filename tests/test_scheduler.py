@@ -132,13 +132,13 @@ def test_after_a_job_that_is_restarted_waits_for_its_last_run(tf: Tfrun, project
     flaky = write_script(project, "flaky.py", f"import os, sys\nif not os.path.exists({str(marker)!r}):\n"
                          f"    open({str(marker)!r}, 'w').close()\n    sys.exit(3)\n")  # fmt: skip
     write_script(project, "after.py", "print('after it')\n")
-    first = tf.submit("--max-restarts", "1", str(flaky))
+    first = tf.submit("--max-restarts", "1", "--restart-on", "error", str(flaky))
     second = tf.submit("--after", str(first), str(project / "after.py"))
     assert tf.run("wait", str(second)).returncode == 0, tf.job(second)["reason"]
     assert tf.job(first)["state"] == "failed" and tf.job(tf.job(first)["restarted_as"])["state"] == "succeeded"
     assert tf.log(second) == b"after it\n"
     write_script(project, "fails.py", "raise SystemExit(4)\n")
-    failing = tf.submit("--max-restarts", "1", str(project / "fails.py"))
+    failing = tf.submit("--max-restarts", "1", "--restart-on", "error", str(project / "fails.py"))
     third = tf.submit("--after", str(failing), str(project / "after.py"))
     assert tf.run("wait", str(third)).returncode != 0
     restart = tf.job(failing)["restarted_as"]

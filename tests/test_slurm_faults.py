@@ -71,6 +71,7 @@ def test_slurm_killing_a_job_over_its_memory_gives_an_oom_alert(
     assert tf.run("wait", str(job), timeout=90).returncode == 137
     ended = tf.job(job)
     assert (ended["state"], ended["signal"], ended["reason"]) == ("failed", 9, SLURM_OUT_OF_MEMORY), ended
+    assert ended["cause"] == "oom", "what --restart-on oom restarts"
     out = (tf.job_dir(job) / f"slurm-{job}.out").read_text()
     assert "exceeded memory limit" in out  # slurmstepd's own words: Slurm's state is only FAILED here
 

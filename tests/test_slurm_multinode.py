@@ -4,13 +4,16 @@ across them; tfrun.jobs writes metrics and checkpoints on the chief alone.
 
 First the pure parts (Slurm's notations, TF_CONFIG, sbatch's options, the chief), then a real tfrund with
 `executor = "slurm"` on a real two-node cluster (tests/slurmcluster.py, `nodes=2`: two slurmds on this machine):
-a tf-keras job trained by two workers that end with the same weights, a failing task, a cancel."""
+a tf-keras job trained by two workers that end with the same weights, a failing task, a cancel, task 1's output
+through `logs --task 1`, `pull` and the API, and the failed alert quoting the task that failed."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from conftest import Tfrun, wait_for, write_script
+from conftest import Receiver, Tfrun, no_internet, wait_for, write_script
 from slurmcluster import SlurmCluster, Unavailable, use_cluster
 
 from tfrun.constants import MAX_NODES
@@ -94,7 +97,7 @@ def test_the_first_task_to_fail_gives_the_jobs_code(tmp_path: Path) -> None:
     (tmp_path / "task-0.json").write_text(json.dumps({"exit_code": 143, "ended_at": 20.0}))  # killed by srun after
     (tmp_path / "task-1.json").write_text(json.dumps({"exit_code": 3, "ended_at": 10.0}))
     (tmp_path / "task-2.json").write_text("{")  # torn: ignored
-    assert task.first_failure(str(tmp_path), 3) == 3
+    assert task.first_failure(str(tmp_path), 3) == 3 and task.first_failed_task(str(tmp_path), 3) == 1
     (tmp_path / "task-1.json").write_text(json.dumps({"exit_code": 0, "ended_at": 10.0}))
     assert task.first_failure(str(tmp_path), 3) == 143
     assert task.first_failure(str(tmp_path / "none"), 3) is None
@@ -280,3 +283,69 @@ print("looping", flush=True)
 while True:
     time.sleep(0.1)
 """
+
+
+# Each task prints three numbered lines a second apart (task 1's go to task-1.log), then a line of its own.
+TALK = """\
+import os, sys, time
+me = os.environ["TFRUN_TASK_INDEX"]
+for line in range(1, 4):
+    print(f"task {me} line {line}", flush=True)
+    time.sleep(1)
+print(f"task {me} done", flush=True)
+"""
+
+
+def test_logs_task_1_is_the_output_of_task_1(on_two_nodes: Tfrun, project: Path, tmp_path: Path) -> None:
+    """`logs --task 1` (followed while it runs, filtered, its tail) shows task 1's task-I.log, `pull` copies it,
+    the API reads it; a task the job does not have, or times on a task's log, are one line each."""
+    tf = on_two_nodes
+    write_script(project, "talk.py", TALK)
+    job = str(tf.submit("--nodes", "2", "--gpus", "0", str(project / "talk.py")))
+    followed = tf.run("logs", "-f", "--task", "1", job, timeout=120)  # from before it starts to its end
+    assert followed.returncode == 0, followed.stderr
+    task_1 = [f"task 1 line {n}" for n in (1, 2, 3)] + ["task 1 done"]
+    assert followed.stdout.splitlines() == task_1
+    assert tf.ok("logs", "--task", "1", job).splitlines() == task_1
+    assert tf.ok("logs", "--task", "1", "--grep", "line [23]", job).splitlines() == task_1[1:3]
+    assert tf.ok("logs", "--task", "1", "-n", "1", job).splitlines() == ["task 1 done"]
+    assert "task 0 done" in tf.ok("logs", "--task", "0", job) == tf.ok("logs", job)
+    for args, said in (
+        (["--task", "2"], f"job {job} has tasks 0-1; no task 2"),
+        (["--task", "1", "--since", "1h"], "task 1's log has no times (only task 0's has)"),
+        (["--task", "1", "-t"], "task 1's log has no times (only task 0's has)"),
+    ):
+        refused = tf.run("logs", *args, job)
+        assert refused.returncode != 0 and said in refused.stderr and len(refused.stderr.splitlines()) == 1, refused
+    tf.ok("pull", job, "task-1.log", "--to", str(tmp_path / "pulled"))
+    assert (tmp_path / "pulled" / "task-1.log").read_text().splitlines() == task_1
+    env = {**os.environ, **tf.env}
+    api = "import sys, tfrun; print('|'.join(tfrun.Client().logs(sys.argv[1], query=tfrun.LogQuery(task=1))))"
+    read = subprocess.run([sys.executable, "-c", api, job], env=env, capture_output=True, text=True, timeout=60)
+    assert read.stdout.strip() == "|".join(task_1), read.stderr
+
+
+def test_the_failed_alert_quotes_the_task_that_failed(on_two_nodes: Tfrun, project: Path, receiver: Receiver) -> None:
+    """Task 1 fails first: the failed alert says so and quotes task-1.log, not the chief's log (which shows
+    only that it was stopped)."""
+    tf = on_two_nodes
+    no_internet(tf.env)
+    write_script(
+        project,
+        "crash.py",
+        "import os, sys, time\nif os.environ['TFRUN_TASK_INDEX'] == '1':\n"
+        "    print('worker loading shard 7', flush=True)\n"
+        "    raise RuntimeError('worker 1: shard 7 is corrupt')\n"
+        "print('chief waiting for the workers', flush=True)\ntime.sleep(60)\n",
+    )
+    job = tf.submit("--nodes", "2", "--gpus", "0", "--notify", receiver.url, str(project / "crash.py"))
+    assert tf.run("wait", str(job), timeout=90).returncode == 1
+    wait_for(lambda: receiver.posts, timeout=60, what="the failed alert")
+    (alert,) = [a for a in json.loads(tf.ok("alerts", "--json", str(job))) if a["rule"] == "failed"]
+    assert "(task 1 of 2 failed first)" in alert["summary"], alert
+    body = alert["body"].splitlines()
+    quoted = body[body.index("Last lines of task 1's output:") + 1 :]
+    assert quoted[0] == "    worker loading shard 7" and "    RuntimeError: worker 1: shard 7 is corrupt" in quoted
+    assert not any("chief" in line for line in quoted)
+    assert f"Log:         {tf.job_dir(job) / 'task-1.log'}  (tfrun logs {job} --task 1)" in body
+    assert receiver.posts[0]["message"].rstrip("\n") == alert["body"].rstrip("\n")

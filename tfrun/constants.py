@@ -36,7 +36,6 @@ MAX_STRING = 64 << 10
 MAX_NAME = 128
 MAX_CONTEXT = 10_000  # lines of `logs -A/-B` context a request may ask for
 MAX_INT64 = (1 << 63) - 1  # the largest integer SQLite stores and C's off_t holds: the default bound of an int field
-MAX_TAIL = 1_000_000  # lines of `logs --tail`: the daemon holds them in memory until it reaches the end of the log
 # `logs -e`: each pattern is compiled, and every filtered line matched against all of them together, so their
 # number and size bound what one client's request costs the daemon.
 MAX_PATTERNS = 1000
@@ -51,6 +50,14 @@ MAX_NODES = 128
 MAX_ALERTS = 10_000  # alerts one `tfrun alerts` lists
 MAX_TOP_RECENT = 100  # ended jobs `tfrun top` shows
 MAX_TOP_LOSSES = 1000  # losses per job `tfrun top` draws
+
+# A link that dies without closing (a laptop asleep, a Wi-Fi or VPN change, a NAT that forgot the flow): every
+# SSH connection tfrun opens sends a keepalive after SSH_ALIVE_INTERVAL_S without a word from the box and is
+# declared dead once SSH_ALIVE_COUNT_MAX of them go unanswered (15 s of silence), and a connect gives up after
+# SSH_CONNECT_TIMEOUT_S. ~/.ssh/config's ServerAliveInterval, ServerAliveCountMax and ConnectTimeout win.
+SSH_ALIVE_INTERVAL_S = 5.0
+SSH_ALIVE_COUNT_MAX = 2
+SSH_CONNECT_TIMEOUT_S = 15.0
 
 # Seconds a client waits for a daemon it started to accept connections.
 DAEMON_START_TIMEOUT_S = 30.0

@@ -42,8 +42,9 @@ def pull(job: str, paths: tuple[str, ...], dest: Path) -> None:
     """Copy a job's checkpoints or files back to this machine.
 
     PATH is "checkpoints[/...]" (the job's checkpoint folder, the default), "work/..." (its work dir
-    snapshot, with whatever the job wrote there), or "output.log". Each lands under --to with its last
-    part's name: `tfrun pull 3 work/results` writes ./results/. Symlinks are not followed or copied.
+    snapshot, with whatever the job wrote there), "output.log", or "task-I.log" (the output of task I > 0 of
+    a job on several Slurm nodes, submit --nodes). Each lands under --to with its last part's name:
+    `tfrun pull 3 work/results` writes ./results/. Symlinks are not followed or copied.
     """
     dest.mkdir(parents=True, exist_ok=True)
     files, total = cli.run(cli.client().pull(job, list(paths) or ["checkpoints"], dest))

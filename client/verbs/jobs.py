@@ -59,8 +59,16 @@ def _snapshot_notes(snap: Snapshot) -> None:
 )
 @click.option("-f", "--follow", is_flag=True, help="Follow the job's output and exit with its exit code.")
 @click.option("--max-restarts", type=click.IntRange(0, MAX_RESTARTS), default=0, metavar="N", help="If the job "
-              "fails or is lost (not cancelled), run it again as a new job with the same snapshot and checkpoint "
-              "folder, up to N times; with tfrun.jobs it resumes from its last checkpoint.")  # fmt: skip
+              "fails or is lost (not cancelled) for a cause of --restart-on, run it again as a new job with the "
+              "same snapshot and checkpoint folder, up to N times; with tfrun.jobs it resumes from its last "
+              "checkpoint.")  # fmt: skip
+@click.option("--restart-on", "restart_on", callback=lambda ctx, param, value: _restart_on(value),
+              metavar="CAUSE[,...]", help="The failures --max-restarts restarts: lost (its shim, tfrund or the "
+              "machine went; on Slurm a node failure or preemption), oom (out of memory: the OOM killer, Slurm's "
+              "memory limit, or an OOM traceback), signal (killed by a signal, not a cancel), error (any other "
+              "failure: a non-zero exit), or all. Default lost,oom,signal: an error is mostly the script's own "
+              "bug, which fails the same way again (all: after any failure, as tfrun did before "
+              "--restart-on).")  # fmt: skip
 @click.option("--gpus", type=click.IntRange(min=0), metavar="N", help="GPUs of its own (CUDA_VISIBLE_DEVICES); "
               "it waits until N are free. Default: the daemon's default_gpus, else 1 if the box has GPUs.")  # fmt: skip
 @click.option("--priority", type=click.IntRange(-MAX_PRIORITY, MAX_PRIORITY), default=0, metavar="P",
@@ -109,6 +117,7 @@ def submit(
     python: Optional[str],
     follow: bool,
     max_restarts: int,
+    restart_on: Optional[tuple[str, ...]],
     gpus: Optional[int],
     priority: int,
     after: tuple[str, ...],
@@ -175,6 +184,8 @@ def submit(
 
     if name is not None and validate_name(name):
         raise click.BadParameter(str(validate_name(name)), param_hint="--name")
+    if restart_on is not None and not max_restarts:
+        raise click.UsageError("--restart-on goes with --max-restarts N (how many restarts at most)")
     env = cli.parse_env(env_pairs)
     axes = _array(array, env)
     if axes and follow:
@@ -203,6 +214,7 @@ def submit(
             env=env,
             python=python,
             max_restarts=max_restarts,
+            restart_on=restart_on,
             alerts=_split(alerts),
             no_alerts=_split(no_alerts),
             notify=list(notify),
@@ -253,6 +265,19 @@ def _array(options: tuple[str, ...], env: dict[str, str]) -> list[tuple[str, lis
     except arrays.ArrayError as exc:
         raise click.BadParameter(str(exc), param_hint="--array") from None
     return axes
+
+
+def _restart_on(value: Optional[str]) -> Optional[tuple[str, ...]]:
+    """--restart-on's causes, checked here as the daemon checks them: an unknown one is a usage error in one
+    line that names the valid ones, before anything is uploaded."""
+    from tfrun import restarts
+
+    if value is None:
+        return None
+    try:
+        return restarts.parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--restart-on") from None
 
 
 def _print_array(tasks: list[Job], as_json: bool, host: str) -> None:

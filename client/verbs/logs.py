@@ -14,7 +14,7 @@ from tfrun.client.api import AsyncClient
 from tfrun.client.errors import TfrunError
 from tfrun.client.follow import LogCursor, LogQuery
 from tfrun.client.timespec import Since, since_option
-from tfrun.constants import EXIT_OK, MAX_CONTEXT, MAX_PATTERN_CHARS, MAX_PATTERNS, MAX_TAIL
+from tfrun.constants import EXIT_OK, MAX_CONTEXT, MAX_INT64, MAX_NODES, MAX_PATTERN_CHARS, MAX_PATTERNS
 from tfrun.protocol.logs import LogEnd
 from tfrun.protocol.wire import ProtocolError
 
@@ -31,8 +31,8 @@ from tfrun.protocol.wire import ProtocolError
 @click.option("-v", "--invert-match", "invert", is_flag=True, help="Only lines that do NOT match.")
 @click.option("-i", "--ignore-case", is_flag=True, help="Match upper and lower case alike.")
 @click.option("-F", "--fixed-strings", "fixed", is_flag=True, help="Patterns are plain strings, not expressions.")
-@click.option("-n", "--tail", type=click.IntRange(0, MAX_TAIL), metavar="N", help="Start with the last N lines "
-              "(that match).")  # fmt: skip
+@click.option("-n", "--tail", type=click.IntRange(0), metavar="N", help="Start with the last N lines "
+              "(that match); any count, more than the log has prints all of it.")  # fmt: skip
 @click.option("-A", "--after-context", "after", type=click.IntRange(0, MAX_CONTEXT), default=0, metavar="N",
               help="Also N lines after each match.")  # fmt: skip
 @click.option("-B", "--before-context", "before", type=click.IntRange(0, MAX_CONTEXT), default=0, metavar="N",
@@ -43,6 +43,9 @@ from tfrun.protocol.wire import ProtocolError
               "it ends in Z or names a zone).")  # fmt: skip
 @click.option("-t", "--timestamps", is_flag=True, help="Start each line with the time it was written (UTC, "
               "RFC 3339, to within 0.1 s).")  # fmt: skip
+@click.option("--task", type=click.IntRange(0, MAX_NODES - 1), default=0, metavar="I", help="The output of task "
+              "I of a job on several Slurm nodes (submit --nodes), e.g. the worker that crashed; 0, the default, is "
+              "the job's own log. A task's log has no times: not with --since or -t.")  # fmt: skip
 def logs(
     job: Optional[str],
     follow: bool,
@@ -57,6 +60,7 @@ def logs(
     context: Optional[int],
     since: Optional[Since],
     timestamps: bool,
+    task: int,
 ) -> None:
     """Print JOB's output (stdout and stderr, as the job wrote them); without JOB, the newest job's (which
     one is said on stderr).
@@ -72,18 +76,20 @@ def logs(
       tfrun logs 12 -i -e error -e nan         lines with error or NaN, any case
       tfrun logs 12 -n 20                      the last 20 lines (-n is --tail)
       tfrun logs 12 --since 10m -t             the last ten minutes, each line with its time
+      tfrun logs 12 --task 1 -n 30             the last 30 lines of task 1 (submit --nodes 2)
     """
     wanted = LogQuery(
         patterns=[*patterns, *grep_patterns],
         invert=invert,
         ignore_case=ignore_case,
         fixed=fixed,
-        tail=tail,
+        tail=None if tail is None else min(tail, MAX_INT64),  # beyond the wire's integers: all the same
         after=after if context is None else context,
         before=before if context is None else context,
         since_at=since.at if since else None,
         since_ago=since.ago if since else None,
         timestamps=timestamps,
+        task=task,
     )
     if (invert or ignore_case or fixed or wanted.after or wanted.before) and not wanted.patterns:
         raise click.UsageError("-v, -i, -F, -A, -B and -C need a pattern (-e PATTERN or --grep PATTERN)")

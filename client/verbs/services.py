@@ -254,7 +254,7 @@ def stop(name: str) -> None:
     """Stop a service: NAME as `tfrun services` shows it (tensorboard, jupyter-2) or its job id. It gets
     SIGTERM, and SIGKILL 10 s later if it is still there. A job is stopped with `tfrun cancel`."""
     client = cli.client()
-    job = cli.run(client.status(name))
+    job = cli.run(client.status(cli.job_refs(name)))
     if job.service is None:
         cli.fail(f"{name} is job {job.id}, not a service: tfrun cancel {name}", EXIT_USAGE)
     (result,) = cli.run(client.cancel([job.id]))

@@ -77,7 +77,8 @@ def top(interval: float, once: bool) -> None:
         return
     from tfrun.client.top import show
 
-    cli.run(cli.client().session(lambda channel: show(channel, cli.console(), interval, once)))
+    client = cli.client()
+    cli.run(show(client.connect, cli.console(), interval, once, client.place))
 
 
 # -- alerts and metrics -------------------------------------------------------------------------------------

@@ -38,9 +38,15 @@ class Connection:
     def __init__(self, writer: asyncio.StreamWriter, key: str) -> None:
         self.writer = writer
         self.key = key
+        self.big = False  # whether it sent a big request (runner/daemon.py gives its memory back)
 
     async def send(self, msg: Message) -> None:
         await write_message(self.writer, msg)
+
+    async def send_frame(self, frame: bytes) -> None:
+        """Send a message already encoded (`wire.encode`): a big reply is encoded in a worker thread."""
+        self.writer.write(frame)
+        await self.writer.drain()
 
 
 class RequestError(Exception):

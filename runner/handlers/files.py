@@ -9,7 +9,7 @@ from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.files import FileList, ListFiles, ReadFile
 from tfrun.protocol.logs import ReadLog
 from tfrun.protocol.submit import HaveBlobs, MissingBlobs, PutBlob, PutBlobs
-from tfrun.protocol.wire import Ok
+from tfrun.protocol.wire import Ok, encode
 from tfrun.runner import jobfiles, logstream
 from tfrun.runner.handlers.base import Connection, RequestError, find, handles, invalid
 from tfrun.runner.lines import PatternError
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 @handles(ReadLog)
 async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
-    """Send the log from `offset`; when following, until the job is final and all is sent (runner/logstream.py)."""
+    """Send the log (the job's, or one task's) from `offset`; when following, until the job is final and all is
+    sent (runner/logstream.py)."""
     row = find(daemon, req.job)
     try:
         chosen = await logstream.selection(req)
@@ -34,20 +35,29 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
         )
     except logstream.PastTheEnd as exc:
         raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
+    except logstream.NoSuchLog as exc:
+        raise invalid(str(exc)) from None
 
 
 @handles(HaveBlobs)
 async def have_blobs(daemon: Daemon, req: HaveBlobs, conn: Connection) -> None:
+    """The contents not stored, looked up (a stat each) and encoded in a worker thread: a request may name
+    100,000 of them, which took the event loop from every other client for most of a second."""
+
+    def work() -> bytes:
+        return encode(MissingBlobs(daemon.blobs.missing(req.digests, holder=conn.key)))
+
     try:
-        await conn.send(MissingBlobs(daemon.blobs.missing(req.digests, holder=conn.key)))
+        await conn.send_frame(await daemon.off_loop(work))
     except ManifestError as exc:
         raise invalid(str(exc)) from None
 
 
 @handles(PutBlobs)
 async def put_blobs(daemon: Daemon, req: PutBlobs, conn: Connection) -> None:
+    """Contents packed in one frame (4 MB of small files), hashed and written in a worker thread."""
     try:
-        daemon.blobs.write_many(req.digests, req.sizes, req.data)
+        await daemon.off_loop(lambda: daemon.blobs.write_many(req.digests, req.sizes, req.data))
     except ManifestError as exc:
         raise invalid(str(exc)) from None
     await conn.send(Ok())
@@ -55,8 +65,10 @@ async def put_blobs(daemon: Daemon, req: PutBlobs, conn: Connection) -> None:
 
 @handles(PutBlob)
 async def put_blob(daemon: Daemon, req: PutBlob, conn: Connection) -> None:
+    """A chunk of one content, written (and on the last, hashed) in a worker thread; a connection's chunks
+    still follow each other, as the daemon reads its next request once this one is done."""
     try:
-        daemon.blobs.write_chunk(conn.key, req.digest, req.offset, req.data, req.last)
+        await daemon.off_loop(lambda: daemon.blobs.write_chunk(conn.key, req.digest, req.offset, req.data, req.last))
     except ManifestError as exc:
         raise invalid(str(exc)) from None
     if req.last:

@@ -11,12 +11,12 @@ from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Optional
 
-from tfrun import arrays
+from tfrun import arrays, restarts
 from tfrun.constants import (
     DEFAULT_GRACE_S,
 )
 from tfrun.content import ManifestError, check_manifest
-from tfrun.protocol.fields import ErrorCode, is_job_id, validate_name
+from tfrun.protocol.fields import Cause, ErrorCode, is_job_id, validate_name
 from tfrun.protocol.jobs import (
     Cancel,
     CancelReply,
@@ -113,6 +113,7 @@ async def _new_jobs(
         files=len(req.files),
         bytes=sum(e.size for e in req.files if e.kind == "file"),
         max_restarts=req.max_restarts,
+        restart_on=_restart_on(req),
         gpus=gpus,
         priority=req.priority,
         after=after,
@@ -141,6 +142,17 @@ async def _new_jobs(
     daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
     housekeeping.after_submit(daemon)
     return rows
+
+
+def _restart_on(req: Submit) -> tuple[Cause, ...]:
+    """The causes whose failures restart the job: the request's, each once (the protocol checked each; an
+    empty list is refused, as the option refuses it), else tfrun's default."""
+    if req.restart_on is None:
+        return restarts.DEFAULT
+    try:
+        return restarts.parse(req.restart_on)
+    except ValueError as exc:
+        raise invalid(f"--restart-on: {exc}") from None
 
 
 async def _build_array(daemon: Daemon, rows: list[JobRow], files: list[FileEntry]) -> list[JobRow]:

@@ -9,10 +9,11 @@ the end of a chunk waits for the next. Recognised, in this order (ANSI colour re
 - a tqdm bar with metrics in its postfix or description, Lightning's among them:
   `Epoch 0:  45%|████▌     | 45/100 [00:01<00:02, 25.0it/s, v_num=0, loss=1.23]`. One sample a step: a bar
   redraws a step more than once (Lightning twice, the first time with the previous step's loss), so a step is
-  taken, as its last redraw, when the bar draws the next step or ends its line; a bar at 0 (a new epoch's, still
-  showing the last epoch's loss) is no step;
+  taken, as its last redraw, when the bar draws the next step or ends its line, and once: a bar drawn again at a
+  step already taken (Lightning's after each validation, with the val_loss) adds no sample; a bar at 0 (a new
+  epoch's, still showing the last epoch's loss) is no step;
 - Lightning's rich bar, `Epoch 0/3  ━━━╺━━━ 4/20 0:00:01 • 0:00:07 2.35it/s v_num: 0.000`, its metrics on the
-  lines under it, wrapped anywhere; again the last redraw of each step;
+  lines under it, wrapped anywhere; again the last redraw of each step, once;
 - a table: a header of names, one a loss (fastai's `epoch  train_loss  valid_loss  accuracy  time`), then its
   rows of numbers;
 - a plain print with a loss: `Epoch 1, Avg Loss: 0.2345`, `step 100 loss=1.23`, `iter 100 | loss 1.2300`,

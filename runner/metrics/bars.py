@@ -110,19 +110,27 @@ class ProgressBars(Reader):
             + "; a step's last redraw is taken when the next is drawn or the line ends"
         )
         held = counters.bar_held
-        closed = [held_sample(held)] if held is not None and held["step"] != step else []
-        current = {
+        closed = self._bar_take() if held is not None and held["step"] != step else []
+        counters.bar_held = {
             "step": step,
             "values": {name: json_float(value) for name, value in values.items()},
             "epoch": epoch,
             "batch": n,
             "source": "lightning" if lightning else "bar",
         }
-        if line_end:  # the bar's last redraw, closed with a newline: no redraw of this step follows
-            counters.bar_held = None
-            return [*closed, held_sample(current)]
-        counters.bar_held = current
+        if line_end:  # the bar's line ends: its step is taken now, not when (or if) another step is drawn
+            return [*closed, *self._bar_take()]
         return closed
+
+    def _bar_take(self) -> list[Sample]:
+        """The held redraw as its step's sample, once: none if that step was taken already. A bar's line may end
+        (another bar opens under it) and the bar be drawn again at the same step: Lightning's, after each
+        validation, with the val_loss added; a second sample of one step would count its loss twice."""
+        held, self.counters.bar_held = self.counters.bar_held, None
+        if held is None or held["step"] == self.counters.bar_taken:
+            return []
+        self.counters.bar_taken = held["step"]
+        return [held_sample(held)]
 
     def _rich(self, bar: re.Match[str]) -> list[Sample]:
         """A redraw of a rich bar: the step it shows is held, and its metrics gathered (see rich_held)."""
@@ -147,14 +155,22 @@ class ProgressBars(Reader):
 
     def _rich_release(self) -> list[Sample]:
         """The held rich redraw as a sample; none for a bar at 0 (before its first step, its metrics are the last
-        epoch's) or with no metric."""
+        epoch's), with no metric, or at the step its bar was taken at already (a bar drawn again at the same step
+        after a line not its own, as Lightning's after its validation bar: one sample a step)."""
         held, self.counters.rich_held = self.counters.rich_held, None
         if held is None or not held["batch"]:
             return []
         values = {
             name: json_float(parse_float(v)) for name, v in _RICH_PAIR.findall(held.pop("text")) if name != "v_num"
         }
-        return [held_sample({**held, "values": values})] if values else []
+        taken = self.counters.rich_taken
+        if not values or taken.get(held["desc"]) == held["step"]:
+            return []
+        taken.pop(held["desc"], None)
+        taken[held["desc"]] = held["step"]  # the newest last
+        while len(taken) > MAX_BARS:
+            del taken[next(iter(taken))]
+        return [held_sample({**held, "values": values})]
 
     def _bar_count(self, n: int, total: Optional[str]) -> int:
         """A tqdm bar's count made global over epochs (see Counters.bar_counts)."""

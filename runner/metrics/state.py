@@ -67,6 +67,9 @@ class Counters:
     # step more than once (Lightning twice, the first time with the previous step's loss), so a step is taken
     # when the next one is drawn or the bar's line ends.
     bar_held: Optional[dict[str, Any]] = None
+    # The step the bar's last sample was taken at: a bar redrawn at that step after its line ended (Lightning's,
+    # after each validation, with val_loss) gives no second sample of it.
+    bar_taken: Optional[int] = None
     header_epoch: Optional[int] = None  # the epoch of a line that names one and no metric (`Start of epoch 3`)
     # Each tqdm bar's [base, last count], by its total: a bar of the same total whose count goes back is the next
     # epoch's (base grows by the total); a bar of another total is another bar (an evaluation's).
@@ -79,6 +82,9 @@ class Counters:
     # The last redraw of a rich bar, as JSON (step, values, epoch, batch, source, desc), its metrics growing with
     # the lines under it: taken when the bar is redrawn at another step, or a line that is not its own comes.
     rich_held: Optional[dict[str, Any]] = None
+    # The step each rich bar (by its desc, the newest last) was last taken at: a bar redrawn at that step after a
+    # line not its own (Lightning's validation bar) gives no second sample of it.
+    rich_taken: dict[str, int] = field(default_factory=dict)
     prints: int = 0  # samples from plain prints
     print_last: Optional[int] = None  # the last step counter printed
     print_offset: int = 0  # added to printed steps that restart at each epoch

@@ -2,9 +2,9 @@
 
 A job's exit record (exit.json, written by tfrun's shim in the batch script) is exact: its code is the
 job's own, and it says whether tfrun cancelled it. Slurm's final state adds what the shim cannot know: the
-allocation ran out of memory or time, or its node failed or it was preempted (then the job is `lost`, which
-starts `--max-restarts`). Without an exit record (the shim was killed, or never ran) Slurm's state and
-exit code are all there is.
+allocation ran out of memory (the cause `oom` of --restart-on) or time, or its node failed or it was
+preempted (then the job is `lost`, which `--max-restarts` restarts under the default --restart-on). Without
+an exit record (the shim was killed, or never ran) Slurm's state and exit code are all there is.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from tfrun.constants import EXIT_LOST
-from tfrun.protocol.fields import JobState
+from tfrun.protocol.fields import Cause, JobState
 from tfrun.runner.executor import Ended
 from tfrun.runner.oom import SLURM_OUT_OF_MEMORY as OUT_OF_MEMORY
 
@@ -32,6 +32,8 @@ FAILED = {
     "REVOKED": "Slurm revoked it",
 }
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", *LOST, *FAILED, "SPECIAL_EXIT"})
+# What a failed state says of the cause (--restart-on) beyond the job's signal and code: lost is LOST's.
+CAUSES: dict[str, Cause] = {"OUT_OF_MEMORY": "oom"}
 
 
 def normal(state: str) -> str:
@@ -86,7 +88,8 @@ def end_of(
         ended = from_record(record, started_at)
         if name in FAILED:
             failed_code = ended.exit_code or 1  # killed for it, whatever the shim saw
-            return ended._replace(state=JobState.FAILED, exit_code=failed_code, reason=FAILED[name])
+            cause = CAUSES.get(name)
+            return ended._replace(state=JobState.FAILED, exit_code=failed_code, reason=FAILED[name], cause=cause)
         return ended
     code, sig = slurm_exit
     if name == "CANCELLED" or cancel_requested:
@@ -94,7 +97,7 @@ def end_of(
         return Ended(JobState.CANCELLED, exit_code=code, signal=sig, started_at=started_at, finished_at=now, reason=by)
     if name in FAILED:
         return Ended(JobState.FAILED, exit_code=code or 1, signal=sig, started_at=started_at, finished_at=now,
-                     reason=FAILED[name])  # fmt: skip
+                     reason=FAILED[name], cause=CAUSES.get(name))  # fmt: skip
     if not ran and name:  # Slurm took it, then could not run it: no restart would do better
         because = f" ({why})" if why and why != "None" else ""
         return Ended(JobState.FAILED, exit_code=code or 1, signal=sig, finished_at=now,

@@ -190,6 +190,19 @@ def srun_command(python: str, tasks: int, command: list[str]) -> list[str]:
 
 def first_failure(job_dir: str, tasks: int) -> Optional[int]:
     """The exit code (128+N for signal N) of the task whose command failed first, by the tasks' records."""
+    failed = _failures(job_dir, tasks)
+    return min(failed)[2] if failed else None
+
+
+def first_failed_task(job_dir: str, tasks: int) -> Optional[int]:
+    """The index of the task whose command failed first, by the tasks' records: the one whose output says why
+    the job failed (the others were stopped because it did), which the failed alert quotes."""
+    failed = _failures(job_dir, tasks)
+    return min(failed)[1] if failed else None
+
+
+def _failures(job_dir: str, tasks: int) -> list[tuple[float, int, int]]:
+    """(when it ended, its index, its exit code) of each task whose command failed, from its task-I.json."""
     failed = []
     for index in range(tasks):
         try:
@@ -199,8 +212,8 @@ def first_failure(job_dir: str, tasks: int) -> Optional[int]:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # never started, or killed before it could say
         if code != 0:
-            failed.append((ended_at, code))
-    return min(failed)[1] if failed else None
+            failed.append((ended_at, index, code))
+    return failed
 
 
 def launch(tasks: int, command: list[str]) -> int:

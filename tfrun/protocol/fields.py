@@ -40,6 +40,12 @@ class JobState:
     FINAL: tuple[str, ...] = (SUCCEEDED, FAILED, CANCELLED, LOST)
 
 
+# Why a failed or lost job ended, as `submit --restart-on` names the causes (tfrun/restarts.py says each):
+# its shim, daemon or machine went (lost), it ran out of memory, a signal killed it, it exited non-zero.
+Cause = Literal["lost", "oom", "signal", "error"]
+CAUSES: tuple[Cause, ...] = ("lost", "oom", "signal", "error")
+
+
 class ErrorCode:
     """Machine-readable reasons in `Error.code`; the message says the same to a person."""
 

@@ -45,6 +45,11 @@ class Job:
     restart_of: Optional[int] = None  # the job this one runs again (same snapshot, same checkpoint folder)
     restarted_as: Optional[int] = None  # the job that runs this one again
     restarts_left: int = 0  # automatic restarts still allowed after a failure (submit --max-restarts)
+    restart_on: list[str] = field(default_factory=list)  # the causes that restart it (submit --restart-on)
+    restarts: int = 0  # automatic restarts before this job in its chain: 0 for a submit's
+    # why it failed or was lost, as --restart-on names causes (tfrun/restarts.py): lost, oom, signal, error;
+    # None while it runs, once it succeeded or was cancelled, or if it ended under a tfrund without causes
+    cause: Optional[str] = None
     alert_rules: list[str] = field(default_factory=list)  # the rules that watch it, e.g. "stall=30m"
     notify: list[str] = field(default_factory=list)  # its own alert URLs, secrets masked (never the URLs)
     gpus_requested: int = 0  # GPUs it asked for (submit --gpus)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Optional, Union
 
 from tfrun.constants import (
-    MAX_TAIL,
+    MAX_NODES,
 )
 from tfrun.protocol.fields import Context, JobRef, Offset, Patterns, Range
 from tfrun.protocol.wire import Message, Request, tagged
@@ -62,10 +62,13 @@ class ReadLog(Request[Union[LogChunk, LogLines, LogEnd]]):
     invert: bool = False
     ignore_case: bool = False
     fixed: bool = False  # patterns are plain strings
-    tail: Optional[Annotated[int, Range(0, MAX_TAIL)]] = None  # only the last N lines (that pass) of what is there now
+    tail: Optional[Offset] = None  # only the last N lines (that pass) of what is there now; any count
     after: Context = 0  # lines of context after each match, as grep -A
     before: Context = 0  # and before, as grep -B
     since: Optional[float] = None  # only lines complete at or after this time
     # only lines complete in the last this many seconds (the box's clock)
     since_ago: Optional[Annotated[float, Range(0, math.inf)]] = None
     timestamps: bool = False  # each line starts with the time it was complete, as RFC 3339 in UTC
+    # whose output, of a job on several Slurm nodes (submit --nodes): task 0's is the job's log; task I > 0
+    # writes task-I.log, which has no time index (no `since` or `timestamps` then)
+    task: Annotated[int, Range(0, MAX_NODES - 1)] = 0

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 from tfrun.arrays import MAX_ARRAY_AXES, MAX_ARRAY_TASKS, MAX_KEY, MAX_VALUE
 from tfrun.constants import MAX_NAME, MAX_PAYLOAD_BYTES, MAX_PRIORITY, MAX_RESTARTS
-from tfrun.protocol.fields import UTF8, JobRef, Limit, Mode, Offset, OsText, Patterns, Range, Text
+from tfrun.protocol.fields import CAUSES, UTF8, Cause, JobRef, Limit, Mode, Offset, OsText, Patterns, Range, Text
 from tfrun.protocol.jobs import JobList, JobReply
 from tfrun.protocol.wire import Message, Ok, Request, tagged
 
@@ -88,6 +88,8 @@ class Submit(Request[JobReply]):
     git_dirty: Optional[bool] = None
     # run it again (same snapshot, same checkpoints) after a failure, up to N times
     max_restarts: Annotated[int, Range(0, MAX_RESTARTS)] = 0
+    # the failures that restart it (submit --restart-on); None: tfrun.restarts.DEFAULT (lost, oom, signal)
+    restart_on: Optional[Annotated[list[Cause], Limit(items=len(CAUSES))]] = None
     alerts: list[Text] = field(default_factory=list)  # rules to turn on or tune for this job: "stall=10m", "done"
     no_alerts: list[Text] = field(default_factory=list)  # rules to turn off for this job ("all": every one)
     notify: list[Text] = field(default_factory=list)  # apprise URLs for this job's alerts; secret: never echoed

@@ -171,10 +171,17 @@ class Writer(Protocol):
 
 async def read_message(reader: Reader) -> Optional[Message]:
     """The next message, or None when the peer closed cleanly between frames."""
+    line = await read_header(reader)
+    return None if line is None else await read_rest(reader, *decode_header(line))
+
+
+async def read_header(reader: Reader) -> Optional[bytes]:
+    """The next frame's header line, not yet decoded, or None when the peer closed cleanly between frames.
+    Apart from `read_message` so that the daemon may decode a big header off its event loop."""
     import asyncio  # here, not above: a client that asks over a plain socket (client/syncchannel.py) never loads it
 
     try:
-        line = await reader.readuntil(b"\n")
+        line: bytes = await reader.readuntil(b"\n")
     except asyncio.IncompleteReadError as exc:
         if exc.partial:
             raise ConnectionClosed("connection closed in the middle of a frame") from None
@@ -185,7 +192,13 @@ async def read_message(reader: Reader) -> Optional[Message]:
         raise ProtocolError(f"bad frame: {exc}") from None
     if len(line) > MAX_HEADER_BYTES:
         raise ProtocolError(f"frame header longer than {MAX_HEADER_BYTES} bytes")
-    cls, fields, size = decode_header(line)
+    return line
+
+
+async def read_rest(reader: Reader, cls: type[Message], fields: dict[str, Any], size: int) -> Message:
+    """The message whose header `decode_header` read: its payload of `size` bytes read, if it has one."""
+    import asyncio
+
     name = bytes_field(cls)
     if name:
         try:
