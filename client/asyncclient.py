@@ -87,7 +87,8 @@ class AsyncClient:
     def link_notice(self, down: bool, why: str) -> None:
         """Tell of an outage of the link to the daemon (client/follow.py's `Notice`), naming the daemon."""
         if down:
-            self.say(f"lost the connection to {self.place} ({why}); trying again until it is back (jobs run on)")
+            why = f" ({why})" if why else ""
+            self.say(f"lost the connection to {self.place}{why}; trying again until it is back (jobs run on)")
         else:
             self.say(f"connected to {self.place} again, after {why}")
 

@@ -25,9 +25,11 @@ from tfrun.protocol.wire import ConnectionClosed, ProtocolError
 
 T = TypeVar("T")
 Connect = Callable[[], Awaitable[Channel]]
-# Hears, once an outage lasts beyond the first try to reconnect, that the link is down (True, and why), and
-# later that it is back (False): a follower silent for minutes must not look like a job that prints nothing.
+# Hears, once an outage has lasted NOTICE_AFTER_S, that the link is down (True, and why if a try to connect
+# said; else ""), and later that it is back (False, and for how long it was down): a follower silent for
+# minutes must not look like a job that prints nothing.
 Notice = Callable[[bool, str], None]
+NOTICE_AFTER_S = 5.0
 
 # What a daemon that went away in the middle of a conversation looks like: worth connecting again.
 DISCONNECTS = (ConnectionError, ConnectionClosed)
@@ -103,8 +105,7 @@ class Reconnect:
 
     With `hello_answers` False, a daemon that takes the connection but dies before answering the request does
     not count as answering: a submit that kills every daemon it reaches must not retry forever. `notice`
-    hears of an outage once its first try to reconnect failed (a daemon restart or a keeper that starts
-    afresh heals before that, silently), and of its end."""
+    hears of an outage that lasts (see `_Outage`), and of its end."""
 
     def __init__(self, connect: Connect, hello_answers: bool = True, notice: Optional[Notice] = None) -> None:
         self.connect = connect
@@ -117,27 +118,47 @@ class Reconnect:
         loop = asyncio.get_running_loop()
         if self.deadline is None or self.hello_answers:
             self.deadline = loop.time() + self.patience
-        down_since: Optional[float] = None
-        while True:
-            if loop.time() >= self.deadline:
-                raise TfrunError(
-                    f"no tfrund answered for {format_duration(self.patience)} ({_reason(lost)}); jobs run on "
-                    f"without it: try again later, or keep trying longer with {config.RECONNECT_ENV}",
-                    EXIT_DAEMON,
-                )
-            try:
-                channel = await self.connect()
-            except (OSError, TfrunError, ProtocolError) as exc:
-                lost = exc
-                if down_since is None:
-                    down_since = loop.time()
-                    if self.notice is not None:
-                        self.notice(True, _reason(lost))
-            else:
-                if down_since is not None and self.notice is not None:
-                    self.notice(False, format_duration(max(1, round(loop.time() - down_since))))
-                return channel
-            await asyncio.sleep(RECONNECT_PAUSE_S)
+        outage = _Outage(self.notice, loop.time(), lost)
+        try:
+            while True:
+                if loop.time() >= self.deadline:
+                    raise TfrunError(
+                        f"no tfrund answered for {format_duration(self.patience)} ({_reason(lost)}); jobs run on "
+                        f"without it: try again later, or keep trying longer with {config.RECONNECT_ENV}",
+                        EXIT_DAEMON,
+                    )
+                try:
+                    channel = await self.connect()
+                except (OSError, TfrunError, ProtocolError) as exc:
+                    lost = outage.lost = exc
+                else:
+                    outage.over(loop.time())
+                    return channel
+                await asyncio.sleep(RECONNECT_PAUSE_S)
+        finally:
+            outage.timer.cancel()
+
+
+class _Outage:
+    """One outage of a Reconnect: told to its `Notice` once it has lasted NOTICE_AFTER_S (a daemon restart or
+    a fresh keeper heals sooner, silently), and then its end. A timer, not the first failed try, since one try
+    may itself wait out a dead link's whole connect deadline."""
+
+    def __init__(self, notice: Optional[Notice], since: float, lost: Exception) -> None:
+        self.notice = notice
+        self.since = since
+        self.lost = lost
+        self.told = False
+        self.timer = asyncio.get_running_loop().call_at(since + NOTICE_AFTER_S, self._tell)
+
+    def _tell(self) -> None:
+        self.told = True
+        if self.notice is not None:
+            self.notice(True, _reason(self.lost) if isinstance(self.lost, TfrunError) else "")
+
+    def over(self, now: float) -> None:
+        if self.told and self.notice is not None:
+            self.notice(False, format_duration(max(1, round(now - self.since))))
 
 
 def _reason(lost: Exception) -> str:

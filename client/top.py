@@ -157,7 +157,8 @@ class _Screen:
 
     def notice(self, down: bool, why: str) -> None:
         """client/follow.py's `Notice`: an outage that outlasted the first try to reconnect, or its end."""
-        self.line = f"lost the connection to {self.place} ({why}); trying again (jobs run on)" if down else ""
+        why = f" ({why})" if why else ""
+        self.line = f"lost the connection to {self.place}{why}; trying again (jobs run on)" if down else ""
 
     def outage(self) -> RenderableType:
         from rich.console import Group

@@ -133,9 +133,10 @@ def test_a_frozen_link_heals_by_itself_and_no_verb_hangs(
     ticks = follower.ticks()
     assert ticks == list(range(len(ticks))), "a line lost or repeated"
     assert follower.lines[-1][1] == "done"
-    told = [line for line in follower.errors if "lost the connection to box" in line]
-    assert len(told) == 1, follower.errors
-    assert any("connected to box again" in line for line in follower.errors), follower.errors
+    # The 40 s outage is told once, and its end; a freeze healed by a fresh connection within 5 s is not.
+    down = [line for line in follower.errors if line.startswith("tfrun: lost the connection to box")]
+    back = [line for line in follower.errors if line.startswith("tfrun: connected to box again, after ")]
+    assert 1 <= len(down) == len(back) <= 2 and len(follower.errors) == len(down) + len(back), follower.errors
 
 
 def test_the_users_ssh_config_sets_the_connect_deadline(tf: Tfrun, sshd: Sshd, relay: Relay) -> None:
