@@ -46,9 +46,17 @@ try:
         marker = json.load(f)
 except (OSError, ValueError):
     marker = {}
+ours = os.path.exists(os.path.join(venv, "pyvenv.cfg")) and (
+    bool(installed) or os.path.exists(os.path.join(venv, "tfrun-install.json")))
+try:
+    other = not ours and bool(os.listdir(venv))
+except NotADirectoryError:
+    other = True
+except OSError:
+    other = False
 libc, libc_version = platform.libc_ver()
 print(json.dumps({"venv": venv, "installed": installed, "marker": marker, "system": platform.system(),
-    "has_venv": os.path.exists(os.path.join(venv, "bin", "python")),
+    "has_venv": os.path.exists(os.path.join(venv, "bin", "python")), "other_folder": other,
     "machine": platform.machine(), "libc": libc, "libc_version": libc_version,
     "implementation": sys.implementation.name, "python": list(sys.version_info[:2])}))
 """
@@ -154,10 +162,24 @@ async def send(conn: asyncssh.SSHClientConnection, python: BoxPython, files: lis
     return out.strip().splitlines()[-1]
 
 
+def refuse_other_folder(info: dict[str, Any], host: Host) -> None:
+    """Refuse a `--venv` folder that holds files and is not a tfrun install: making the venv clears it
+    (`venv --clear`), and ~/data would lose its files. Empty or missing is fine; a tfrun install is a venv
+    (pyvenv.cfg) with tfrun in it, or with the marker that `make_venv` leaves before tfrun is installed."""
+    if info.get("other_folder"):
+        raise TfrunError(
+            f"{info['venv']} on {host.name or 'the box'} has files in it and is not a tfrun install: installing "
+            "there would delete them; name an empty or new folder with --venv",
+            EXIT_FAILURE,
+        )
+
+
 async def make_venv(conn: asyncssh.SSHClientConnection, python: BoxPython, venv: str) -> None:
-    """The venv at `venv` on the box, made (or made again, if it lost its pip) with `python`."""
+    """The venv at `venv` on the box, made (or made again, if it lost its pip) with `python`; marked as
+    tfrun's at once, so that an install that fails after this may be tried again there."""
     pip_works = f"{shlex.quote(venv)}/bin/python -m pip --version >/dev/null 2>&1"
-    status, _, err = await _run(conn, _sh(f"{pip_works} || {shlex.join([python.path, '-m', 'venv', '--clear', venv])}"))
+    make = f"{shlex.join([python.path, '-m', 'venv', '--clear', venv])} && : >> {shlex.quote(f'{venv}/{_MARKER}')}"
+    status, _, err = await _run(conn, _sh(f"{pip_works} || {{ {make}; }}"))
     if status != 0:
         raise TfrunError(
             f"making a venv at {venv} with {python.path} failed: {_last_error(err)} (on Debian and Ubuntu: apt "
@@ -188,11 +210,12 @@ async def pip_install(
 async def start_daemon(conn: asyncssh.SSHClientConnection, host: Host, restart: bool) -> Optional[int]:
     """Start the installed tfrund (stopping an older one first: its jobs keep running, the new one re-adopts
     them); the pid it says it runs as."""
-    from tfrun.client.ssh import _remote_command as remote_command
+    from tfrun.client.ssh import remote_command
 
+    stop, start = remote_command(host, "stop"), remote_command(host, "start")  # the host's env on stdin
     if restart:
-        await _run(conn, remote_command(host, "stop"))
-    status, out, err = await _run(conn, remote_command(host, "start"))
+        await _run(conn, stop.line, stop.stdin)
+    status, out, err = await _run(conn, start.line, start.stdin)
     if status != 0:
         raise TfrunError(f"tfrund on {host.label} did not start: {_last_error(err)}", EXIT_DAEMON)
     match = re.search(r"pid (\d+)", out)

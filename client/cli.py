@@ -72,6 +72,7 @@ class StdoutClosed(Exception):
 
 def guarded(action: Callable[[], T]) -> T:
     """Run one verb's conversation with the daemon; every failure becomes one line and an exit code."""
+    from tfrun.private import NotPrivate
     from tfrun.protocol.channel import RemoteError
     from tfrun.protocol.fields import ErrorCode
     from tfrun.protocol.wire import ProtocolError
@@ -80,6 +81,8 @@ def guarded(action: Callable[[], T]) -> T:
         return action()
     except TfrunError as exc:
         fail(exc.message, exc.exit_code)
+    except NotPrivate as exc:  # a socket or its folder another user could have made (tfrun/private.py)
+        fail(exc.message, EXIT_DAEMON)
     except RemoteError as exc:  # "no job" names the box (client/api.py's NoSuchJob)
         remote_exit = {ErrorCode.NO_SUCH_JOB: EXIT_NO_SUCH_JOB, ErrorCode.INVALID_INPUT: EXIT_USAGE,
                        ErrorCode.BAD_REQUEST: EXIT_USAGE}  # fmt: skip

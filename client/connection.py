@@ -10,6 +10,7 @@ from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON
 from tfrun.paths import Layout
+from tfrun.private import NotPrivate
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import ConnectionClosed
@@ -36,6 +37,14 @@ class Target:
         return f"{self.host.name} ({self.host.destination})" if full and self.host.name else self.host.label
 
     async def connect(self) -> Channel:
+        """A channel to the target's daemon. A socket, or its folder, that is not this user's alone (another
+        user's, on a shared machine: tfrun/private.py) is one line naming it and the fix, never a connection."""
+        try:
+            return await self._connect()
+        except NotPrivate as exc:
+            raise TfrunError(exc.message, EXIT_DAEMON) from None
+
+    async def _connect(self) -> Channel:
         if self.host is None:
             return await connect_local(Layout.from_env())
         from tfrun.client import keeper

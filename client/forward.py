@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON, EXIT_USAGE
+from tfrun.private import NotPrivate, check_peer
 
 
 class NothingListens(TfrunError):
@@ -108,6 +109,11 @@ def keeper_opener(host: Host, accept_new: bool) -> Opener:
                     "after 10 idle minutes, or forward without it (TFRUN_SSH_PERSIST=0)",
                     EXIT_DAEMON,
                 ) from None
+        try:
+            check_peer(writer.get_extra_info("socket"), str(path))  # before the port: another user's is told nothing
+        except NotPrivate as exc:
+            writer.close()
+            raise TfrunError(exc.message, EXIT_DAEMON) from None
         writer.write(f"{port}\n".encode())
         answer = (await reader.readline()).decode(errors="replace").strip()
         if answer != "ok":

@@ -80,6 +80,8 @@ def _removal_line(removal: Removal, dry_run: bool) -> str:
         text += f"; its checkpoints stay in {removal.checkpoint_dir} (--checkpoints removes them)"
     elif removal.checkpoints == "shared":
         text += f"; its checkpoints stay in {removal.checkpoint_dir}, which a kept job shares"
+    elif removal.checkpoints == "foreign":
+        text += f"; {removal.checkpoint_dir} stays: tfrun did not make it for this job (an older tfrun's, or not yours)"
     if removal.message:
         text += f"; {removal.message}"
     return text

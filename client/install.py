@@ -27,6 +27,7 @@ from tfrun.client.boxinstall import (
     find_python,
     make_venv,
     pip_install,
+    refuse_other_folder,
     send,
     start_daemon,
     version_tuple,
@@ -116,6 +117,7 @@ async def install(name: Optional[str], options: Options, accept_new: bool, progr
     try:
         python = await find_python(conn, host, options.python)
         info = await box_info(conn, python, options.venv)
+        refuse_other_folder(info, host)
         venv = info["venv"]
         wheel, digest = await asyncio.to_thread(build_wheel, version)
         installed = info["installed"][0] if info["installed"] else None

@@ -25,8 +25,11 @@ caller's own environment, so it opens each connection as that caller would. Star
 most the verb's timeout (a pool's fleet timeout): a box not ready by then is reported as not answering, and
 the process gives it up by itself (or is killed, if it readied no box), so a dead box never hangs a verb.
 
-    python -m tfrun.client.keeper HOST_JSON SOCKET [HOST_JSON SOCKET ...] [--accept-new-host-key]
-        [--timeout SECONDS]   (started by the client only; says "ready I" or "error I WHY" for each box)
+    python -m tfrun.client.keeper   (started by the client only; says "ready I" or "error I WHY" for each box)
+
+The parameters come on its stdin, one JSON document (`_start`): {"boxes": [[HOST, SOCKET], ...], "accept_new":
+BOOL, "timeout": SECONDS or null}. Never on its command line, which every user of the machine reads in `ps`: a
+host's env holds secrets, and a socket's path tells where to wait for the next keeper.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from tfrun.client.errors import TfrunError
 from tfrun.client.forward import forward_path, pump, serve_forward
 from tfrun.client.keepertrust import socket_path
 from tfrun.constants import EXIT_DAEMON
+from tfrun.private import check_private, peer_is_self
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.wire import ConnectionClosed
 
@@ -175,8 +179,7 @@ def _start(
     import select
     import subprocess
 
-    hosts[0][1].parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(hosts[0][1].parent, 0o700)
+    check_private(hosts[0][1].parent)  # made by socket_path; looked at again before a lock or socket goes in
     locks: dict[Path, Any] = {}
     with contextlib.ExitStack() as held:  # each lock closed (let go) at the end, if not as soon as its box is told
         todo = []
@@ -191,21 +194,18 @@ def _start(
         if not todo:
             return
         # The paths are handed over: the keeper's own view could differ (accept-new writes known_hosts).
-        command = [sys.executable, "-m", "tfrun.client.keeper"]
-        for host, path in todo:
-            command += [json.dumps(dataclasses.asdict(host)), str(path)]
-        if accept_new:
-            command.append("--accept-new-host-key")
-        if timeout is not None:
-            command += ["--timeout", repr(timeout)]
+        boxes = [[dataclasses.asdict(host), str(path)] for host, path in todo]
+        params = json.dumps({"boxes": boxes, "accept_new": accept_new, "timeout": timeout})
         proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "tfrun.client.keeper"],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        with contextlib.suppress(BrokenPipeError), proc.stdin:  # one that died unread says why on stderr
+            proc.stdin.write(params.encode())
         waiting = {index: path for index, (_, path) in enumerate(todo)}
         timeout = _START_TIMEOUT_S if timeout is None else timeout  # a verb never waits for ever
         deadline = time.monotonic() + timeout
@@ -242,10 +242,11 @@ def _start(
 
 
 def _answers(path: Path) -> bool:
+    """Whether a keeper of this user's listens at `path` (another user's socket is none: it is replaced)."""
     import socket
 
     with socket.socket(socket.AF_UNIX) as sock:
-        return sock.connect_ex(str(path)) == 0
+        return sock.connect_ex(str(path)) == 0 and peer_is_self(sock)
 
 
 class Keeper:
@@ -292,9 +293,13 @@ class Keeper:
         self.listening.clear()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Pipe one local connection to the daemon over an SSH channel of its own, both ways."""
+        """Pipe one local connection to the daemon over an SSH channel of its own, both ways. A caller of
+        another uid (root aside, none can reach the 0700 folder) is hung up on unheard."""
         from tfrun.client.ssh import open_raw
 
+        if not peer_is_self(writer.get_extra_info("socket")):
+            writer.close()
+            return
         self.active += 1
         try:
             try:
@@ -315,7 +320,11 @@ class Keeper:
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One `tfrun forward` connection: a direct-tcpip channel to a port on the box (client/forward.py).
-        It counts as use, so the keeper does not idle out under a browser's open connection."""
+        It counts as use, so the keeper does not idle out under a browser's open connection. A caller of
+        another uid is hung up on, as in `_client`."""
+        if not peer_is_self(writer.get_extra_info("socket")):
+            writer.close()
+            return
         self.active += 1
         try:
             await serve_forward(self.conn, reader, writer)
@@ -382,18 +391,12 @@ async def _main(boxes: list[tuple[Host, Path]], accept_new: bool, timeout: Optio
     await asyncio.gather(*keeps, return_exceptions=True)  # the process ends with its last connection
 
 
-def main(argv: list[str]) -> None:
-    args = argv[1:]
-    timeout = None
-    if "--timeout" in args:
-        at = args.index("--timeout")
-        timeout = float(args[at + 1])
-        del args[at : at + 2]
-    accept_new = "--accept-new-host-key" in args
-    args = [arg for arg in args if arg != "--accept-new-host-key"]
-    boxes = [(Host(**json.loads(args[i])), Path(args[i + 1])) for i in range(0, len(args), 2)]
-    asyncio.run(_main(boxes, accept_new, timeout))
+def main() -> None:
+    """Serve the boxes named by the JSON document on stdin (see the module's docstring)."""
+    params = json.loads(sys.stdin.read())
+    boxes = [(Host(**host), Path(path)) for host, path in params["boxes"]]
+    asyncio.run(_main(boxes, bool(params["accept_new"]), params["timeout"]))
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main()

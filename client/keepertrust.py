@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from tfrun.client.config import Host
+from tfrun.private import private_dir, runtime_dir
 
 
 def socket_path(host: Host, accept_new: bool) -> Path:
     """Where the keeper for `host` listens, for this caller: short, per user, named by what identifies the
     daemon, by the way there (jump hosts, identity file) and by what decides trust (see `_trust`), so no caller
-    rides a connection it could not open."""
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/tfrun-{os.getuid()}") / "keepers"
+    rides a connection it could not open. Its folder is made and checked here, before anyone connects: one that
+    is not this user's alone raises NotPrivate (tfrun/private.py)."""
+    base = private_dir(runtime_dir(), "keepers", fix="remove it, or set XDG_RUNTIME_DIR to a folder of your own")
     login = [host.jump, host.identity_file and _fingerprint(Path(host.identity_file).expanduser())]
     key = json.dumps([host.identity, login, _trust(accept_new or host.accept_new_host_key)])
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]

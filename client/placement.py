@@ -1,7 +1,8 @@
 """Where `tfrun submit --host POOL` puts a job: on the member that can start it soonest.
 
 Each member's figures come from one `Top` request (its unfinished jobs and its GPUs, with the job holding
-each), asked of all at once (client/fleet.py). The rule, in order:
+each, or who holds it outside that daemon: another user's job, a process outside tfrun), asked of all at once
+(client/fleet.py). A GPU held outside the daemon is not free. The rule, in order:
 
 1. A box that can start it now: N GPUs free and nothing queued (a queued job is ahead of ours). Among
    those, the most free GPUs first: jobs spread over the boxes rather than crowd one, and the box with room
@@ -35,14 +36,16 @@ class Figures:
     running: int
     queued: int
     default_gpus: int  # what a job without --gpus gets here
+    outside: tuple[str, ...] = ()  # who holds each GPU held outside its daemon (not free, and no job of its)
 
     @classmethod
     def of(cls, host: Host, reply: TopReply) -> Figures:
         states = [job.state for job in reply.jobs]
-        free = sum(gpu.job is None for gpu in reply.gpus)
+        free = sum(gpu.job is None and gpu.held_by is None for gpu in reply.gpus)  # not another daemon's either
         default = reply.default_gpus if reply.default_gpus is not None else int(len(reply.gpus) > 0)  # older daemon
         running, queued = states.count(JobState.RUNNING), states.count(JobState.QUEUED)
-        return cls(host, free, len(reply.gpus), running, queued, default)
+        outside = tuple(gpu.held_by for gpu in reply.gpus if gpu.job is None and gpu.held_by is not None)
+        return cls(host, free, len(reply.gpus), running, queued, default, outside)
 
     def wanted(self, gpus: Optional[int]) -> int:
         """The GPUs the job would get on this box."""
@@ -52,7 +55,8 @@ class Figures:
         return self.free >= self.wanted(gpus) and self.queued == 0
 
     def line(self) -> str:
-        return f"{self.free} of {self.total} GPUs free, {self.running} running, {self.queued} queued"
+        held = f" ({len(self.outside)} held outside its tfrund, by {'; '.join(self.outside)})" if self.outside else ""
+        return f"{self.free} of {self.total} GPUs free{held}, {self.running} running, {self.queued} queued"
 
 
 @dataclass

@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from tfrun.client.lines import Styled, wants_color
+from tfrun.constants import GPU_HELD_OUTSIDE
 from tfrun.protocol.fields import JobState
 
 if TYPE_CHECKING:
@@ -130,6 +131,9 @@ def job_table(jobs: list[Job], out: Output, where: str) -> None:
         return
     out.write(f"jobs on {where}", style="dim")
     print_table(out, ("ID", *_JOB_COLUMNS), _job_rows(jobs))
+    for job in jobs:  # what no column shows: a GPU that no job here holds is someone else's on a shared box
+        if job.state == JobState.QUEUED and job.waiting and GPU_HELD_OUTSIDE in job.waiting:
+            out.write(f"job {job.id} {job.waiting}", style="dim")
 
 
 def _job_rows(jobs: list[Job], host: Optional[str] = None) -> list[list[Cell]]:
@@ -388,13 +392,15 @@ def gpu_table(gpus: list[Gpu], out: Output) -> None:
 
 
 def gpu_cells(gpu: Gpu) -> tuple[str, str, str, str, str]:
-    """A GPU's row in `tfrun gpus` and `tfrun top`: device, name, memory, utilisation, job."""
+    """A GPU's row in `tfrun gpus` and `tfrun top`: device, name, memory, utilisation, and its job, or who
+    holds it outside this daemon (another user's job, a process outside tfrun), which keeps jobs off it."""
     memory = "-"
     if gpu.memory_used is not None and gpu.memory_total:
         percent = 100 * gpu.memory_used / gpu.memory_total
         memory = f"{size(gpu.memory_used)} / {size(gpu.memory_total)} ({percent:.0f}%)"
     utilization = "-" if gpu.utilization is None else f"{gpu.utilization}%"
-    return gpu.device, gpu.name or "-", memory, utilization, "-" if gpu.job is None else str(gpu.job)
+    job = str(gpu.job) if gpu.job is not None else f"held by {gpu.held_by}" if gpu.held_by else "-"
+    return gpu.device, gpu.name or "-", memory, utilization, job
 
 
 _DELIVERY_STYLE = {"sent": "green", "pending": "yellow", "expired": "red", "failed": "red"}

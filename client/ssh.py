@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shlex
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -222,10 +224,49 @@ def fix_hint(host: Host, upgrade: bool = False) -> str:
     )
 
 
-def _remote_command(host: Host, *args: str) -> str:
-    """The shell command for the box: the host's environment, then tfrund with `args`, all quoted."""
-    env = [f"{k}={v}" for k, v in sorted(host.env.items())]
-    return shlex.join([*(["env", *env] if env else []), *shlex.split(host.tfrund), *args])
+# A host's environment reaches the box on the command's stdin, never on its command line, which every user
+# of the box sees in `ps` (its values may be secrets: a TFRUN_NOTIFY for the daemon it starts). This POSIX sh
+# reads K=V lines up to an empty one (from a pipe, `read` takes no byte past its line, so what follows is the
+# command's own input: the protocol), exports them, and becomes the command.
+_ENV_FROM_STDIN = 'while IFS= read -r kv && [ -n "$kv" ]; do export "$kv" || exit 2; done; exec "$@"'
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class RemoteCommand:
+    """A command for the box: `line` is what sshd runs (no secret in it); `stdin` goes first on its input."""
+
+    line: str
+    stdin: bytes = b""
+
+
+def remote_command(host: Host, *args: str) -> RemoteCommand:
+    """tfrund with `args` on the box, in the host's environment, which travels on stdin (`_ENV_FROM_STDIN`)."""
+    tfrund = [*shlex.split(host.tfrund), *args]
+    if not host.env:
+        return RemoteCommand(shlex.join(tfrund))
+    return RemoteCommand(shlex.join(["sh", "-c", _ENV_FROM_STDIN, "sh", *tfrund]), _env_lines(host))
+
+
+def _env_lines(host: Host) -> bytes:
+    """The host's environment as K=V lines and the empty line that ends them; a name or value these lines
+    cannot carry is refused, naming it."""
+    for key, value in host.env.items():
+        if not _ENV_NAME.fullmatch(key) or "\n" in value or "\0" in value:
+            raise TfrunError(
+                f"host {host.label}: env {key!r} cannot be sent to the box (a name must be letters, digits and _, "
+                "a value one line): fix it with `tfrun hosts add` or in the hosts config",
+                EXIT_USAGE,
+            )
+    return "".join(f"{key}={value}\n" for key, value in sorted(host.env.items())).encode() + b"\n"
+
+
+async def start_process(conn: asyncssh.SSHClientConnection, command: RemoteCommand) -> Any:
+    """`command` started on the box (bytes in and out), its environment already written to its stdin."""
+    process = await conn.create_process(command.line, encoding=None)
+    if command.stdin:
+        process.stdin.write(command.stdin)
+    return process
 
 
 class _Stream:
@@ -334,7 +375,7 @@ async def open_raw(conn: asyncssh.SSHClientConnection, host: Host) -> tuple[Any,
             return await conn.open_unix_connection(known["socket"])
         except asyncssh.ChannelOpenError:
             pass  # the daemon went away: dial-stdio starts a new one
-    process = await conn.create_process(_remote_command(host, "dial-stdio"), encoding=None)
+    process = await start_process(conn, remote_command(host, "dial-stdio"))
     return process.stdout, process.stdin
 
 
@@ -349,7 +390,7 @@ async def can_forward(conn: asyncssh.SSHClientConnection, socket_path: str) -> b
 
 
 async def _dial_stdio(conn: asyncssh.SSHClientConnection, host: Host) -> Channel:
-    process = await conn.create_process(_remote_command(host, "dial-stdio"), encoding=None)
+    process = await start_process(conn, remote_command(host, "dial-stdio"))
     try:
         channel = await _open_stream(process.stdout, process.stdin)
     except RemoteError as exc:
@@ -369,10 +410,10 @@ async def _dial_stdio(conn: asyncssh.SSHClientConnection, host: Host) -> Channel
     return channel
 
 
-async def run_command(conn: asyncssh.SSHClientConnection, command: str) -> tuple[int, str]:
+async def run_command(conn: asyncssh.SSHClientConnection, command: RemoteCommand) -> tuple[int, str]:
     """(exit status, stdout) of a command on the box; for `hosts check`."""
-    result = await conn.run(command, check=False)
-    out = result.stdout if isinstance(result.stdout, str) else ""
+    result = await conn.run(command.line, check=False, input=command.stdin, encoding=None)
+    out = result.stdout.decode(errors="replace") if isinstance(result.stdout, bytes) else ""
     return int(result.exit_status or 0), out
 
 
@@ -389,7 +430,7 @@ async def check(host: Host, accept_new: bool, report: Report) -> bool:
         report(
             True, f"ssh: connected to {host.destination} as {conn.get_extra_info('username')}, host key {fingerprint}"
         )
-        status, out = await run_command(conn, _remote_command(host, "--version"))
+        status, out = await run_command(conn, remote_command(host, "--version"))
         if status != 0:
             report(False, f"tfrund: {host.tfrund!r} not found on the box (exit {status}): {fix_hint(host)}")
             return False

@@ -14,6 +14,7 @@ import typing
 from typing import Any, TypeVar
 
 from tfrun.constants import MAX_HEADER_BYTES
+from tfrun.private import check_peer
 from tfrun.protocol.channel import RemoteError, check_reply, checked_hello, client_hello
 from tfrun.protocol.wire import ConnectionClosed, Error, Message, ProtocolError, Request, decode_header, encode
 
@@ -29,10 +30,12 @@ class SyncChannel:
 
     @classmethod
     def connect(cls, path: str) -> SyncChannel:
-        """A channel to the daemon listening at `path`; FileNotFoundError or ConnectionRefusedError if none is."""
+        """A channel to the daemon listening at `path`; FileNotFoundError or ConnectionRefusedError if none is,
+        NotPrivate if another user's process listens there (before a byte is sent)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
+            check_peer(sock, path)
             channel = cls(sock)
             channel.hello()
         except BaseException:

@@ -77,9 +77,12 @@ usermod --password '*' "$user"
 mkdir -p /etc/tfrun
 printf '%s\n' "$user" >/etc/tfrun/user
 
-# The volumes' mount points, owned as they will be used: Docker gives a new named volume this ownership.
+# The volumes' mount points, owned as they will be used: Docker gives a new named volume this ownership (and
+# mode). tfrund's state is its user's alone (alert URLs, jobs' environments): 0700; each job's checkpoint folder
+# under /mnt/checkpoints is made 0700 by tfrund.
 group=$(getent group "$gid" | cut -d: -f1)
-install -d -o "$user" -g "$group" -m 0755 /var/lib/tfrun /mnt/checkpoints /mnt/data
+install -d -o "$user" -g "$group" -m 0700 /var/lib/tfrun
+install -d -o "$user" -g "$group" -m 0755 /mnt/checkpoints /mnt/data
 install -d -o root -g root -m 0700 /etc/ssh/keys
 
 say "configuring sshd"

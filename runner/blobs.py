@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from tfrun.constants import SPARE_COUNT, SPARE_MAX_BYTES
+from tfrun.constants import SPARE_COUNT, SPARE_MAX_BYTES, WORK_FILE_MODE_MASK
 from tfrun.content import ManifestError, check_manifest, sha256_file, valid_digest
 from tfrun.protocol.submit import FileEntry
 from tfrun.protocol.wire import plain
@@ -369,7 +369,9 @@ def _spare_key(source: str) -> str:
 
 def _copy_new(source: str, target: Path, mode: int) -> None:
     """Copy to a file that must not exist yet (O_EXCL | O_NOFOLLOW: never through a link), in the kernel."""
-    mode = stat.S_IMODE(mode) & 0o777 | 0o600  # the daemon's user keeps read and write access
+    # The daemon's user keeps read and write access; no one else ever writes (a file sent with mode 0777 in a
+    # job's copy or a spare would let another user change what the user's next job runs).
+    mode = stat.S_IMODE(mode) & WORK_FILE_MODE_MASK | 0o600
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         src = os.open(source, os.O_RDONLY)

@@ -23,6 +23,7 @@ import click
 from tfrun import __version__
 from tfrun.constants import DAEMON_START_TIMEOUT_S, EXIT_FAILURE, EXIT_OK, HELLO_WAIT_S, MAX_HEADER_BYTES
 from tfrun.paths import Layout
+from tfrun.private import NotPrivate, check_peer
 from tfrun.protocol.admin import DaemonInfo, DaemonStatus, Shutdown
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
@@ -34,8 +35,10 @@ from tfrun.runner.daemon import (
     DaemonError,
     acquire_lock,
     install_job_pythonpath,
+    keep_private,
     lock_holder,
     prepare_dirs,
+    tighten_home,
 )
 from tfrun.runner.store import Store, StoreError
 from tfrun.usage import OneLineUsageGroup
@@ -64,10 +67,12 @@ def run() -> None:
 
     Jobs keep running when it stops; the next daemon re-adopts them.
     """
+    keep_private()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s tfrund[%(process)d] %(levelname)s %(message)s")
     layout = Layout.from_env()
     try:
         prepare_dirs(layout)
+        tighten_home(layout)
         lock = acquire_lock(layout)
         config = Config.load(layout)
         store = Store(layout.database)
@@ -107,12 +112,12 @@ def ensure_started(layout: Layout) -> int:
         prepare_dirs(layout)
     except OSError as exc:
         raise DaemonError(str(exc)) from None
-    with open(layout.start_lock, "a") as start_lock:
+    with open(layout.start_lock, "a", opener=_private) as start_lock:
         fcntl.flock(start_lock, fcntl.LOCK_EX)  # released when the file closes, even if we crash
         info = _status(layout)
         if info is not None:
             return info.pid
-        with open(layout.daemon_log, "ab") as daemon_log:
+        with open(layout.daemon_log, "ab", opener=_private) as daemon_log:
             log_offset = daemon_log.tell()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tfrun.runner", "run"],
@@ -131,6 +136,11 @@ def ensure_started(layout: Layout) -> int:
                 raise DaemonError(_last_error(layout, log_offset) or f"tfrund exited with code {proc.returncode}")
             time.sleep(0.05)
         raise DaemonError(f"tfrund did not answer within {DAEMON_START_TIMEOUT_S:g}s; see {layout.daemon_log}")
+
+
+def _private(path: str, flags: int) -> int:
+    """Open as 0600: made here, in the caller's process, before the daemon's own umask 077 applies."""
+    return os.open(path, flags, 0o600)
 
 
 def _last_error(layout: Layout, offset: int) -> Optional[str]:
@@ -162,6 +172,8 @@ def _status(layout: Layout) -> Optional[DaemonInfo]:
     except (OSError, ProtocolError):
         return None
     except RemoteError as exc:
+        _fail(exc.message)
+    except NotPrivate as exc:  # another user's socket at the daemon's place: told nothing, and named
         _fail(exc.message)
     return reply if isinstance(reply, DaemonInfo) else None
 
@@ -257,8 +269,11 @@ def dial_stdio() -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(str(layout.socket))
+        check_peer(sock, str(layout.socket))  # the SSH client's bytes (code, env) go to its own user's daemon alone
     except OSError as exc:
         _fail(f"cannot connect to {layout.socket}: {exc.strerror or exc}")
+    except NotPrivate as exc:
+        _fail(exc.message)
 
     def upstream() -> None:
         try:

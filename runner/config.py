@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tfrun import tomltext
-from tfrun.constants import BLOB_GRACE_S
+from tfrun.constants import BLOB_GRACE_S, DAEMON_ONLY_ENV
 from tfrun.duration import parse_duration
 from tfrun.paths import Layout
 from tfrun.runner import rules
@@ -283,3 +283,10 @@ def _seconds(raw: dict[str, Any], key: str, default: float, where: str) -> float
     if seconds is None:
         raise ConfigError(f"{where} {key} must be a duration such as 15m")
     return seconds
+
+
+def inherited_env() -> dict[str, str]:
+    """tfrund's environment less its own secrets (TFRUN_NOTIFY): what everything it starts begins with (a
+    shim, a job, a service, sbatch and so a batch job), since a job's environment is readable by its code and
+    by whoever the job hands it to, and a job that needs alerts asks the daemon (`--notify`)."""
+    return {key: value for key, value in os.environ.items() if key not in DAEMON_ONLY_ENV}

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import IO, Any, Callable, Optional, TypeVar, Union
 
 import tfrun
-from tfrun.constants import MAX_HEADER_BYTES
+from tfrun.constants import JOB_UMASK_ENV, MAX_HEADER_BYTES, PRIVATE_DIR_MODE, PRIVATE_UMASK
 from tfrun.paths import Layout
+from tfrun.private import NotPrivate, peer_is_self, private_dir
 from tfrun.protocol.channel import daemon_hello, mismatch_message
 from tfrun.protocol.fields import ErrorCode, JobState
 from tfrun.protocol.wire import (
@@ -79,14 +80,35 @@ class AlreadyRunning(DaemonError):
 
 
 def prepare_dirs(layout: Layout) -> None:
-    """Create the home and the 0700 socket folder; refuse a socket folder that another user owns."""
+    """Create the home and the 0700 socket folder; refuse a socket folder that is not this user's alone."""
     layout.home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for folder in {layout.run_dir, layout.socket.parent}:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if folder.stat().st_uid != os.getuid():
-            raise DaemonError(f"{folder} belongs to another user; point TFRUN_HOME elsewhere")
-        folder.chmod(0o700)
+    try:  # each made 0700 and checked with lstat (tfrun/private.py): no other user's folder holds our socket
+        for folder in {layout.run_dir, layout.socket.parent}:
+            private_dir(folder.parent, folder.name, fix="remove it, or point TFRUN_HOME elsewhere")
+    except NotPrivate as exc:
+        raise DaemonError(exc.message) from None
     layout.spare_exits_dir.mkdir(mode=0o700, exist_ok=True)
+
+
+def keep_private() -> None:
+    """Make all that tfrund and its shims create from now on private (umask 077), before anything is made.
+
+    A box is shared: the database and its WAL hold the alert URLs, spec.json a job's whole environment. The
+    umask the daemon was started with is kept in its environment (JOB_UMASK_ENV) for the shims to give each
+    job: a job's own outputs follow its user's habit, in folders that are the user's alone anyway.
+    """
+    started_with = os.umask(PRIVATE_UMASK)
+    os.environ.setdefault(JOB_UMASK_ENV, f"{started_with:03o}")
+
+
+def tighten_home(layout: Layout) -> None:
+    """Make a TFRUN_HOME that others may enter 0700 (one made before, or by hand: TFRUN_HOME=/data/tfrun, a
+    volume made 0755), saying so in the log: everything under it was readable by every user of the box."""
+    mode = layout.home.stat().st_mode & 0o777
+    if mode != PRIVATE_DIR_MODE:
+        layout.home.chmod(PRIVATE_DIR_MODE)
+        log.warning("%s was mode %03o, open to other users of this machine; made it %03o", layout.home, mode,
+                    PRIVATE_DIR_MODE)  # fmt: skip
 
 
 def acquire_lock(layout: Layout) -> IO[str]:
@@ -358,8 +380,13 @@ class Daemon:
         return asyncio.StreamReaderProtocol(_ClientReader(MAX_HEADER_BYTES + 1), self._connection)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One client: the version handshake, then requests until it hangs up."""
+        """One client: the version handshake, then requests until it hangs up. A client of another uid (root
+        aside, none can reach the 0700 folder) is hung up on unheard: tfrund serves its own user alone."""
         assert isinstance(reader, _ClientReader)
+        if not peer_is_self(writer.get_extra_info("socket")):
+            log.warning("a client of another user connected: hung up on")
+            writer.close()
+            return
         self._connections += 1
         conn = Connection(writer, f"c{os.getpid()}-{self._connections}")
         try:

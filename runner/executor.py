@@ -46,6 +46,7 @@ from tfrun.constants import EXIT_LOST
 from tfrun.paths import Layout
 from tfrun.protocol.fields import Cause, JobState, State
 from tfrun.runner import jobdir, oom
+from tfrun.runner.config import inherited_env
 from tfrun.runner.job import JobRow
 from tfrun.runner.process import Identity, boot_id
 
@@ -183,7 +184,7 @@ class LocalExecutor:
                 "-m",
                 "tfrun.runner.shim",
                 str(job_dir),
-                env={**os.environ, "PYTHONPATH": _TFRUN_PARENT},
+                env={**inherited_env(), "PYTHONPATH": _TFRUN_PARENT},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=shim_log,

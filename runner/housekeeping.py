@@ -14,7 +14,8 @@ What stays:
 - a job that an unfinished job needs: the job it runs again (a restart is built from its manifest) and the
   jobs it runs `--after` (the scheduler fails a job whose dependency is gone);
 - checkpoint folders, unless asked (`--checkpoints`; empty ones go anyway), and even then one that a kept
-  job shares: a restart chain shares its first job's folder;
+  job shares (a restart chain shares its first job's folder) or one this daemon did not make (another home's
+  or another user's on a shared root, a link, one named by an older tfrun: `checkpoints.made_here`);
 - contents a kept job's manifest names (what `tfrun restart` builds from), that a spare names (a re-submit
   from that folder would otherwise send them again), that a connection holds (a submit between `HaveBlobs`
   and `Submit`), or that arrived less than `blob_grace` ago (runner/blobs.py).
@@ -45,6 +46,7 @@ from tfrun.protocol.admin import DiskReport, FolderUsage
 from tfrun.protocol.jobs import Prune, Removal, RemoveReply
 from tfrun.runner import jobdir
 from tfrun.runner.blobs import BlobStore, Collected, manifest_digests
+from tfrun.runner.checkpoints import made_here
 from tfrun.runner.job import JobRow
 from tfrun.runner.slurm import arrays as slurm_arrays
 
@@ -144,7 +146,7 @@ async def _remove_jobs(
     ids = {row.id for row in rows}
     shared = {row.checkpoint_dir for row in daemon.store.list(include_final=True) if row.id not in ids}
     loop = asyncio.get_running_loop()
-    removals = await loop.run_in_executor(None, _measure, rows, checkpoints, shared)
+    removals = await loop.run_in_executor(None, _measure, rows, checkpoints, shared, daemon.store.daemon_id)
     if not dry_run:
         needs = needed_by(daemon.store.list(include_final=True))  # again: a restart may have begun meanwhile
         for removal in removals:
@@ -167,8 +169,9 @@ async def _end_alerts_stored(daemon: Daemon, ids: list[int]) -> None:
         await asyncio.sleep(0.1)
 
 
-def _measure(rows: list[JobRow], checkpoints: bool, shared: set[str]) -> list[Removal]:
-    """What removing each of `rows` frees, and what becomes of its checkpoint folder."""
+def _measure(rows: list[JobRow], checkpoints: bool, shared: set[str], daemon_id: str) -> list[Removal]:
+    """What removing each of `rows` frees, and what becomes of its checkpoint folder: only one this daemon
+    made may go (runner/checkpoints.py), never another home's or another user's on a shared root."""
     seen: set[tuple[int, int]] = set()
     counted: set[str] = set()  # checkpoint folders measured already: a restart chain removed whole shares one
     removals = []
@@ -179,6 +182,8 @@ def _measure(rows: list[JobRow], checkpoints: bool, shared: set[str]) -> list[Re
         if os.path.lexists(folder):
             if row.checkpoint_dir in shared:
                 fate = "shared"
+            elif not made_here(folder, daemon_id):
+                fate = "foreign"
             elif checkpoints or _empty(folder):
                 fate = "removed"
                 size += 0 if row.checkpoint_dir in counted else tree_usage(folder, seen)[0]

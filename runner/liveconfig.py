@@ -22,7 +22,7 @@ from tfrun.protocol.admin import Setting
 from tfrun.runner import rules
 from tfrun.runner.config import COUNT, KEYS, STRINGS, Config, ConfigError
 from tfrun.runner.doctor import job_python
-from tfrun.runner.outbox import diagnose, masked, usable
+from tfrun.runner.outbox import diagnose, shown_url, usable
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -31,14 +31,14 @@ log = logging.getLogger("tfrund")
 FILE = "config.toml"
 
 
-def effective(daemon: Daemon) -> list[Setting]:
-    """Every key as the daemon uses it now, with where it came from; URLs masked, never whole. A key with no
-    way of its own here shows the Config field of its name, as JSON."""
+def effective(daemon: Daemon, secrets: bool = False) -> list[Setting]:
+    """Every key as the daemon uses it now, with where it came from; URLs masked unless its user asked for
+    `secrets`. A key with no way of its own here shows the Config field of its name, as JSON."""
     config, scheduler = daemon.config, daemon.scheduler
     shown: dict[str, Any] = {
         "checkpoint_root": str(config.checkpoint_root),
         "job_python": job_python(config.job_python),
-        "notify": [masked(url) for url in config.notify],
+        "notify": [shown_url(url, secrets) for url in config.notify],
         "gpus": list(scheduler.devices),
         "default_gpus": scheduler.default_gpus(),
         "max_cpu_jobs": config.max_cpu_jobs,

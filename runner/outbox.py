@@ -3,7 +3,7 @@ background, retried with backoff until it is sent or expires, across daemon rest
 
 Apprise speaks to mail servers, Slack, and a hundred other services, each named by a URL; the URLs hold
 passwords and tokens. They stay in the daemon's database and config: what leaves the daemon (replies to
-clients, its own log, the error texts it keeps) shows them masked, as apprise itself masks them.
+clients, its own log, the error texts it keeps) shows them masked past their scheme and host (`masked`).
 """
 
 from __future__ import annotations
@@ -54,15 +54,29 @@ def usable(url: str) -> bool:
     return _plugin(url) is not None
 
 
+_HOSTNAME = re.compile(r"(localhost|\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+)(:[0-9]+)?")
+MASK = "***"
+
+
 @functools.lru_cache(maxsize=256)
 def masked(url: str) -> str:
-    """`url` with its secrets masked (apprise's privacy form, less its query of settings); unknown kinds of
-    URL show only their scheme."""
-    plugin = _plugin(url)
-    if plugin is None:
-        scheme = url.partition("://")[0] if "://" in url else ""
-        return f"{scheme}://…" if scheme.isalnum() else "(not a URL)"
-    return str(plugin.url(privacy=True)).split("?", 1)[0]
+    """`url` as it may be shown: its scheme and host, everything else (user, password, path, query) masked,
+    json://hooks.example.com/***, mailto://***@smtp.example.com?***. Apprise's own privacy form is not
+    enough: it shows a json:// or xml:// path, an ntfy topic, whole, and those are the secret. A "host" that
+    is no host name (slack://TOKEN/..., ntfy://TOPIC) is masked too."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        return "(not a URL)"
+    netloc, tail = re.match(r"([^/?#]*)(.*)", rest, re.S).groups()  # type: ignore[union-attr]
+    _, at, host = netloc.rpartition("@")
+    head = f"{scheme}://{MASK + '@' if at else ''}{host if _HOSTNAME.fullmatch(host) else MASK}"
+    path, query, _ = tail.partition("?")
+    return head + (f"/{MASK}" if path.strip("/") else "") + (f"?{MASK}" if query else "")
+
+
+def shown_url(url: str, secrets: bool) -> str:
+    """`url` whole where its own user asked for it (`tfrun config --show-secrets`), else masked."""
+    return url if secrets else masked(url)
 
 
 def secret_parts(url: str) -> list[str]:

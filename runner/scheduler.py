@@ -9,6 +9,12 @@ does not fit holds back the GPU jobs behind it, so a 2-GPU job is not starved by
 Jobs without GPUs wait only for the cap on concurrent CPU-only jobs (`max_cpu_jobs`, none by default). A
 job submitted `--after` others waits until they have all succeeded; if one did not, it fails, saying which.
 
+A GPU is free only if no other tfrund's job holds its box-wide lease and no process outside tfrun holds more
+than a little of its memory (runner/gpus.py, runner/gpulease.py): a pass that has GPU jobs to place holds the
+box's hand-out lock, tries the leases, and the shim of each job it starts takes its GPUs' leases before the
+lock is let go. A job that waits for a GPU held outside the daemon says by whom, and the pass runs again every
+GPU_RECHECK_S while it does (the end of another daemon's job makes no event here).
+
 A pass runs whenever a job is submitted or ends and when the daemon starts; passes never overlap.
 
 Where the executor places jobs itself (Slurm: `Executor.places_jobs`), GPUs and CPU slots are its business:
@@ -21,6 +27,7 @@ array (submit --array) that are ready in one pass are handed over together (`Exe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -28,18 +35,22 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
-from tfrun.constants import DEFAULT_GRACE_S
+from tfrun.constants import DEFAULT_GRACE_S, GPU_HANDOUT_WAIT_S, GPU_HELD_OUTSIDE, GPU_RECHECK_S
 from tfrun.content import ManifestError
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.submit import FileEntry
-from tfrun.runner import jobdir
+from tfrun.runner import checkpoints, gpulease, jobdir
 from tfrun.runner.blobs import read_manifest, write_manifest
+from tfrun.runner.config import inherited_env
 from tfrun.runner.faults import crash_point
+from tfrun.runner.gpus import held_outside, lease_folder, lease_paths, read_gpu_memory
 from tfrun.runner.job import JobRow
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from tfrun.paths import Layout
     from tfrun.runner.blobs import Spares
     from tfrun.runner.config import Config
@@ -66,6 +77,8 @@ class Scheduler:
         self.layout = layout
         self.config = config  # the daemon's config as it is now: a reload replaces it
         self._lock = asyncio.Lock()
+        self._leases: dict[str, str] = {}  # in a pass: the lease file of each device that has one
+        self._recheck: Optional[asyncio.Task[None]] = None  # the pass to come for GPUs held outside
 
     @property
     def devices(self) -> list[str]:
@@ -87,7 +100,7 @@ class Scheduler:
             if not (job_dir / jobdir.WORK).exists():  # else built by a daemon that died before recording it
                 build = functools.partial(self.spares.build, files, job_dir / jobdir.WORK, row.spec.source)
                 await asyncio.get_running_loop().run_in_executor(None, build)
-            Path(row.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            checkpoints.claim(row, self.store.daemon_id)  # the job's alone: never one another made first
         except (ManifestError, OSError) as exc:
             if row.spec.restart_of is not None:
                 self.supervisor.mark_failed(row, f"could not build its work dir: {exc}")
@@ -132,9 +145,9 @@ class Scheduler:
     async def run_pass(self) -> None:
         """Start every waiting job whose turn it is and whose GPUs are free; fail those whose `--after`
         job did not succeed."""
-        async with self._lock:
+        async with self._lock, self._handing_out() as outside:
             held = self.held()
-            free = [d for d in self.devices if d not in held]
+            free = [d for d in self.devices if d not in held and d not in outside]
             # Services (TensorBoard, Jupyter) neither take nor wait for a CPU-only job slot: they mostly wait.
             cpu_running = sum(1 for row in self.store.list(include_final=False)
                               if row.gpus == [] and not _waiting(row) and row.spec.service is None)  # fmt: skip
@@ -156,7 +169,8 @@ class Scheduler:
                         self._wait(
                             row,
                             f"waiting for {need} GPU(s); {len(free)} free"
-                            + (", others first" if gpu_blocked and need <= len(free) else ""),
+                            + (", others first" if gpu_blocked and need <= len(free) else "")
+                            + _outside_text(outside),
                         )
                         gpu_blocked = True
                         continue
@@ -171,6 +185,51 @@ class Scheduler:
                 await self._start_on(row, devices)
             for tasks in arrays.values():
                 await self._start_array(tasks)
+            if gpu_blocked and outside:
+                self._recheck_soon()
+
+    @contextlib.asynccontextmanager
+    async def _handing_out(self) -> AsyncIterator[dict[str, str]]:
+        """For a pass with GPU jobs to place, on GPUs other daemons may lease: the box's hand-out lock held
+        for the pass, and who holds each device outside this daemon (in words). Without the lock in time
+        (another daemon hands out for longer than GPU_HANDOUT_WAIT_S), every leased device counts as held."""
+        self._leases = {}
+        if self.supervisor.executor.places_jobs() or not any(row.spec.gpus for row in self._waiting()):
+            yield {}
+            return
+        loop = asyncio.get_running_loop()
+        readings = await loop.run_in_executor(None, read_gpu_memory)
+        self._leases = lease_paths(self.devices, readings)
+        if not self._leases:
+            yield {}
+            return
+        handout = None
+        try:
+            gpulease.ensure_folder(lease_folder())
+            handout = await _take_handout()
+            candidates = [d for d in self.devices if d not in self.held()]
+            outside = (
+                held_outside(candidates, readings, test=True)
+                if handout is not None
+                else {d: "another daemon handing out GPUs now" for d in self._leases}
+            )
+        except gpulease.LeaseError as exc:
+            outside = {d: str(exc) for d in self._leases}
+        try:
+            yield outside
+        finally:
+            if handout is not None:
+                os.close(handout)
+
+    def _recheck_soon(self) -> None:
+        """A pass in GPU_RECHECK_S, unless one is due already: a GPU held outside frees with no event here."""
+        if self._recheck is None or self._recheck.done():
+            self._recheck = asyncio.get_running_loop().create_task(self._pass_later())
+
+    async def _pass_later(self) -> None:
+        await asyncio.sleep(GPU_RECHECK_S)
+        self._recheck = None  # this pass may call for the next
+        await self.run_pass()
 
     def _waiting(self) -> list[JobRow]:
         """Queued jobs whose work dir is built and that nobody is starting yet."""
@@ -208,6 +267,9 @@ class Scheduler:
         row = replace(row, gpus=devices, waiting=None)
         try:
             env = job_env(self.layout, row, devices, self.devices)
+            leases = [self._leases[d] for d in devices if d in self._leases]
+            if leases:  # its shim holds them for the job's life (runner/gpulease.py)
+                env[gpulease.LEASES_ENV] = os.pathsep.join(leases)
             await self.supervisor.start_job(row, env, DEFAULT_GRACE_S)
         except OSError as exc:  # e.g. a full disk: the job is recorded as failed, not left queued forever
             self.supervisor.mark_failed(row, f"could not start: {exc.strerror or exc}")
@@ -227,6 +289,23 @@ class Scheduler:
                     self.supervisor.mark_failed(current, f"could not start: {exc.strerror or exc}")
 
 
+async def _take_handout() -> Optional[int]:
+    """The box's GPU hand-out lock, waited for up to GPU_HANDOUT_WAIT_S (another daemon's pass holds it for
+    as long as it takes to start its jobs); None if it stays taken."""
+    path = os.path.join(lease_folder(), gpulease.HANDOUT)
+    deadline = asyncio.get_running_loop().time() + GPU_HANDOUT_WAIT_S
+    while (fd := gpulease.try_take(path)) is None and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    return fd
+
+
+def _outside_text(outside: dict[str, str]) -> str:
+    """Why GPUs are not free though no job of this daemon holds them, for a job's waiting reason."""
+    if not outside:
+        return ""
+    return f"; {GPU_HELD_OUTSIDE}: " + "; ".join(f"GPU {d} by {why}" for d, why in sorted(outside.items()))
+
+
 def snapshot_files(row: JobRow) -> list[FileEntry]:
     """The manifest a job's work dir was built from."""
     try:
@@ -240,8 +319,9 @@ def _waiting(row: JobRow) -> bool:
 
 
 def job_env(layout: Layout, row: JobRow, devices: list[str], box_devices: list[str]) -> dict[str, str]:
-    """The daemon's environment, the user's --env on top, and tfrun's own variables, which always win."""
-    env = dict(os.environ)
+    """The daemon's environment (less its secrets), the user's --env on top, and tfrun's own variables, which
+    always win."""
+    env = inherited_env()
     env["PYTHONUNBUFFERED"] = "1"
     env.update(row.spec.env)
     pythonpath = [str(layout.job_pythonpath), env.get("PYTHONPATH", "")]

@@ -101,4 +101,10 @@ MIGRATIONS: dict[int, str] = {
     -- it did not fail, or it ended under an older tfrund). Written in the move that ends it, with its restart.
     ALTER TABLE jobs ADD COLUMN cause TEXT;
     """,
+    8: """
+    -- This database's own random id, made once: it names the checkpoint folders of its jobs (N-ID), so that two
+    -- daemons (two homes) on one checkpoint root never take or delete each other's, whatever their job ids.
+    CREATE TABLE daemon (id TEXT NOT NULL);
+    INSERT INTO daemon (id) VALUES (lower(hex(randomblob(6))));
+    """,
 }

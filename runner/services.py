@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from tfrun.runner import jobdir
+from tfrun.runner.config import inherited_env
 
 TENSORBOARD, JUPYTER = "tensorboard", "jupyter"
 # The alert rules that watch a service, of the daemon's: an idle notebook is no stalled job and a server's log
@@ -38,11 +39,56 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def listening(port: int) -> bool:
-    """Whether something accepts connections on the box's 127.0.0.1:`port`."""
-    with socket.socket() as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+_TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+_TCP_LISTEN = "0A"  # the state column of /proc/net/tcp: TCP_LISTEN
+
+
+def listeners(port: int) -> list[tuple[int, int]]:
+    """(socket inode, uid) of every socket listening on TCP `port` of this box, at any address, from the
+    kernel's tables (/proc/net/tcp and tcp6), which list every user's sockets."""
+    found = []
+    for table in _TCP_TABLES:
+        try:
+            with open(table) as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        for row in rows:
+            if len(row) > 9 and row[3] == _TCP_LISTEN and int(row[1].rpartition(":")[2], 16) == port:
+                found.append((int(row[9]), int(row[7])))
+    return found
+
+
+def socket_inodes(pids: list[int]) -> set[int]:
+    """The inodes of the sockets that the processes `pids` hold open (their /proc/PID/fd links)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # gone, or not ours
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def listens(port: int, pids: list[int]) -> bool:
+    """Whether the service's own processes (`pids`) listen on `port`; False while nothing does. Anything
+    else listening there is no service of ours: another user of the box who bound the port first would be
+    sent the browser's requests, a Jupyter token with them, so that is refused (ServiceError), naming it."""
+    found = listeners(port)
+    if not found:
+        return False
+    ours = socket_inodes(pids)
+    if any(inode in ours for inode, _ in found):
+        return True
+    uids = ", ".join(str(uid) for uid in sorted({uid for _, uid in found}))
+    raise ServiceError(f"port {port} is taken by another process (uid {uids}); nothing was sent to it")
 
 
 def importable(python: str, modules: tuple[str, ...]) -> Optional[str]:
@@ -54,7 +100,11 @@ def importable(python: str, modules: tuple[str, ...]) -> Optional[str]:
     )
     try:
         result = subprocess.run(
-            [python, "-c", probe, *modules], capture_output=True, text=True, timeout=_FIND_TIMEOUT_S
+            [python, "-c", probe, *modules],
+            capture_output=True,
+            text=True,
+            timeout=_FIND_TIMEOUT_S,
+            env=inherited_env(),
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ServiceError(f"cannot run the job interpreter {python}: {exc}") from None

@@ -20,6 +20,12 @@ A Slurm job that Slurm requeued runs its batch script again in the same folder: 
 earlier run's exit record aside (so that nobody takes it for this run's end), says so in the log, and
 records which run it is (SLURM_RESTART_COUNT) in shim.json.
 
+A job given GPUs by a daemon that leases them (runner/gpulease.py; TFRUN_GPU_LEASES in its launch record's
+environment) runs only once its shim holds every one of those leases, for as long as the shim lives; however
+the shim dies, the kernel frees them. A lease found held by someone else (a pass of another daemon cannot do that,
+but a job started again at daemon start, or a process outside tfrun, can) is the job's failure to start: it
+does not run on a GPU someone else has.
+
 Standard library only, and no more of it than needed: it starts once per job.
 """
 
@@ -30,7 +36,8 @@ import signal
 import sys
 import time
 
-from tfrun.runner import cgroup, jobdir, logindex
+from tfrun.constants import JOB_UMASK_ENV
+from tfrun.runner import cgroup, gpulease, jobdir, logindex
 from tfrun.runner.process import Identity, descendants
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the shim imports this)
@@ -43,6 +50,18 @@ if TYPE_CHECKING:  # no typing or pathlib at run time: the shim starts once per 
 _PR_SET_CHILD_SUBREAPER = 36
 _HANDLED = (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP)
 _DEFAULT_GRACE_S = 10.0
+
+
+def _job_umask() -> int:
+    """The umask the user's daemon was started with (JOB_UMASK_ENV, set by tfrund), for the job itself: its
+    outputs follow the user's habit, in folders that are the user's alone. Absent (a shim that no tfrund
+    started), the shim's own."""
+    current = os.umask(0o077)
+    os.umask(current)
+    try:
+        return int(os.environ.get(JOB_UMASK_ENV, ""), 8) & 0o777
+    except ValueError:
+        return current
 
 
 def _become_subreaper() -> None:
@@ -80,8 +99,10 @@ class Shim:
         log = os.open(os.path.join(self.job_dir, jobdir.OUTPUT), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if self.slurm_restarts:
             os.write(log, f"tfrun: Slurm requeued this job; it starts again (run {self.slurm_restarts + 1})\n".encode())
+        self._take_leases(log)
         oom_file = cgroup.oom_counter_file()  # the job inherits our cgroup: its OOM kills count there
         oom_kills = cgroup.oom_kills(oom_file)
+        tfrun_umask = os.umask(_job_umask())  # the job's own; the shim's files stay private (077)
         try:
             # posix_spawn rather than subprocess (which costs the shim ~15 ms of imports a job): the job gets
             # a session and process group of its own, an empty signal mask, /dev/null in, the log out.
@@ -98,7 +119,9 @@ class Shim:
                 setsid=True,
                 setsigmask=(),
             )
+            os.umask(tfrun_umask)
         except OSError as exc:
+            os.umask(tfrun_umask)
             os.write(log, f"tfrun: cannot start {self.launch['command'][0]}: {exc.strerror}\n".encode())
             self._write_exit(code=127, sig=None, started=time.time(), error=f"cannot start: {exc.strerror}")
             raise SystemExit(0) from None
@@ -124,6 +147,22 @@ class Shim:
         if self.batch:
             record["slurm_restarts"] = self.slurm_restarts
         jobdir.write_json(os.path.join(self.job_dir, jobdir.SHIM), record)
+
+    def _take_leases(self, log: int) -> None:
+        """Hold the job's GPU leases before it starts; if one is someone else's, record that as its exit."""
+        paths = self.launch["env"].get(gpulease.LEASES_ENV)
+        if not paths:
+            return
+        try:
+            taken = gpulease.take_all(paths.split(os.pathsep))
+        except gpulease.LeaseError as exc:
+            taken, why = "", str(exc)
+        else:
+            why = f"its GPU's lease {taken} is held by another job (tfrun gpus says whose); submit it again"
+        if taken is not None:
+            os.write(log, f"tfrun: not started: {why}\n".encode())
+            self._write_exit(code=127, sig=None, started=time.time(), error=f"not started: {why}")
+            raise SystemExit(0)
 
     def run(self) -> None:
         """Wait for the job and everything it started; handle cancel; record the exit."""

@@ -83,6 +83,7 @@ class Store:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
+            self.daemon_id: str = self.db.execute("SELECT id FROM daemon").fetchone()[0]
         except sqlite3.DatabaseError as exc:
             raise StoreError(
                 f"{path} is not a usable tfrun database ({exc}); move it aside to start afresh, "
@@ -141,7 +142,8 @@ class Store:
     ) -> JobRow:
         """Insert a queued job and create its folder; an id whose folder already exists is skipped.
 
-        The checkpoint folder is the job's own under the root, unless given (a restart shares its job's).
+        The checkpoint folder is the job's own under the root, named by its id and this database's
+        (`daemon_id`: no other home's job of the same id takes it), unless given (a restart shares its job's).
         A task of an array has its `array_index`, and the `array_id` of its array; none given, the job is an
         array's first task and its id is the array's. One transaction: a daemon killed half way leaves no
         record without its folders, and never a submission id without its job.
@@ -162,7 +164,7 @@ class Store:
                     # Left by an earlier database: never write into it; AUTOINCREMENT moves past this id.
                     self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
                     continue
-                checkpoints = checkpoint_dir or checkpoint_root / str(job_id)
+                checkpoints = checkpoint_dir or checkpoint_root / f"{job_id}-{self.daemon_id}"
                 array = None if array_index is None else array_id or job_id
                 self.db.execute(
                     "UPDATE jobs SET job_dir=?, checkpoint_dir=?, array_id=? WHERE id=?",

@@ -54,6 +54,20 @@ def keepers_of(tf: Tfrun) -> list[int]:
     return found
 
 
+def keeper_socket(pid: int) -> Path:
+    """The protocol socket the keeper `pid` listens on, found as `ss` finds it (its command line names none:
+    client/keeper.py reads its parameters on stdin); the forward socket beside it is this with `.fwd`."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    rows = (line.split() for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:])  # its netns
+    [path] = {Path(row[7]) for row in rows if len(row) > 7 and row[6] in inodes and row[7].endswith(".sock")}
+    return path
+
+
 def alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     try:

@@ -400,9 +400,9 @@ def test_a_slack_url_is_accepted_and_its_secrets_never_shown(tf: Tfrun, project:
         for token in tokens:
             assert token not in text
     record = tf.job(job)
-    assert record["notify"] == ["slack://T...2/A...D/T...Q/%23training/"]
+    assert record["notify"] == ["slack://***/***"]
     delivery = alerts_of(tf, job)[0]["deliveries"][0]
-    assert delivery["target"].startswith("slack://T...2/") and delivery["state"] == "pending"
+    assert delivery["target"] == "slack://***/***" and delivery["state"] == "pending"
 
 
 @pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)

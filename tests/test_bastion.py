@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import Sshd, Tfrun, box_sshd, keepers_of, wait_for, write_script
+from conftest import Sshd, Tfrun, box_sshd, keeper_socket, keepers_of, wait_for, write_script
 from netns import Namespace, Network, Unavailable
 
 
@@ -155,8 +155,7 @@ def test_the_keeper_holds_one_connection_through_the_bastion(bastion: Bastion) -
           "--identity-file", str(box.user_key))  # fmt: skip
     assert json.loads(tf.ok("ps", "--host", "box", "--json")) == []
     [keeper] = keepers_of(tf)
-    argv = Path(f"/proc/{keeper}/cmdline").read_bytes().decode().split("\0")
-    socket = Path(argv[argv.index("tfrun.client.keeper") + 2])
+    socket = keeper_socket(keeper)
     assert socket.is_socket()
 
     def one_connection() -> Optional[set[int]]:

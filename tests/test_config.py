@@ -50,13 +50,13 @@ def test_config_shows_what_the_daemon_uses_with_urls_masked(tf: Tfrun, receiver:
     write_config(tf, f'# my box\nnotify = ["{secret_url(receiver)}"]\nmax_cpu_jobs = 2\n\n[alerts]\ncooldown = "5m"\n')
     record = shown(tf)
     assert record["path"] == str(tf.home / "config.toml")
-    assert record["values"]["notify"] == [f"json://alice:****@127.0.0.1:{receiver.port}/alerts"]
+    assert record["values"]["notify"] == [f"json://***@127.0.0.1:{receiver.port}/***"]
     assert record["values"]["max_cpu_jobs"] == 2 and record["values"]["alerts"]["cooldown"] == "5m"
     assert record["values"]["alerts"]["expire"] == "1d" and record["sources"]["alerts.expire"] == "default"
     assert record["sources"]["notify"] == "config.toml"
     assert record["values"]["checkpoint_root"] == str(tf.home / "checkpoints")
     text = tf.ok("config")
-    assert SECRET not in text and f'notify = ["json://alice:****@127.0.0.1:{receiver.port}/alerts"]' in text
+    assert SECRET not in text and f'notify = ["json://***@127.0.0.1:{receiver.port}/***"]' in text
     assert "\n[alerts]\n" in text and 'cooldown = "5m"\nexpire = "1d"  # default\n' in text
     assert SECRET not in (tf.home / "tfrund.log").read_text()
 

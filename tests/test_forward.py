@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import Sshd, Tfrun, box_sshd, free_port, keepers_of
+from conftest import Sshd, Tfrun, box_sshd, free_port, keeper_socket, keepers_of
 from netns import Namespace, Network, Unavailable
 
 _FETCH = """
@@ -170,8 +170,7 @@ def test_a_keeper_of_an_older_tfrun_is_named_with_the_way_around(box: Box) -> No
     """A keeper started by a tfrun before forwards (no forward socket beside its own) is one line saying so."""
     box.tf.ok("ps", "--host", "box")  # starts the keeper
     (keeper,) = keepers_of(box.tf)
-    argv = Path(f"/proc/{keeper}/cmdline").read_bytes().split(b"\0")
-    socket_path = Path(argv[argv.index(b"tfrun.client.keeper") + 2].decode())
+    socket_path = keeper_socket(keeper)
     socket_path.with_suffix(".fwd").unlink()
     result = box.tf.run("forward", "--host", "box", str(box.web_port))
     assert (result.returncode, result.stdout) == (125, ""), result.stderr

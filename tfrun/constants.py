@@ -59,6 +59,11 @@ SSH_ALIVE_INTERVAL_S = 5.0
 SSH_ALIVE_COUNT_MAX = 2
 SSH_CONNECT_TIMEOUT_S = 15.0
 
+# Sockets without XDG_RUNTIME_DIR (tfrun/private.py): a folder of the user's own under this shared one, named
+# `tfrun-UID`; when another user took that name first, one under the user's cache folder instead.
+SHARED_RUNTIME_ROOT = "/tmp"
+CACHE_RUNTIME_DIR = ("tfrun", "run")  # under XDG_CACHE_HOME, else ~/.cache
+
 # Seconds a client waits for a daemon it started to accept connections.
 DAEMON_START_TIMEOUT_S = 30.0
 HELLO_WAIT_S = 10.0  # how long `tfrund dial-stdio` waits for a client's hello before telling why no daemon started
@@ -94,3 +99,27 @@ PYTHON_SEARCH_MAX = 40
 PYTHON_SEARCH_TIMEOUT_S = 10.0
 PYTHON_SEARCH_WORKERS = 8
 PYTHONS_NAMED = 4
+
+# tfrund's own secrets in its environment (the alert URLs of TFRUN_NOTIFY): the daemon reads them at start,
+# and neither a job nor a shim inherits them; a job that needs alerts asks the daemon (`--notify`).
+DAEMON_ONLY_ENV = ("TFRUN_NOTIFY",)
+
+# A box is shared (issue 27): tfrund and its shims create everything private (umask 077: folders 0700, files
+# 0600), and a job starts with the umask its user's daemon was started with, passed on in this variable, so
+# the job's own outputs follow the user's habit. Work files keep their execute bit but never group or other
+# write: a file sent with mode 0777 is built 0755 (the folders around it are the user's alone anyway).
+PRIVATE_UMASK = 0o077
+JOB_UMASK_ENV = "TFRUN_JOB_UMASK"
+WORK_FILE_MODE_MASK = 0o755
+PRIVATE_DIR_MODE = 0o700  # TFRUN_HOME and each job's checkpoint folder
+
+# GPUs shared by every tfrund on the box (runner/gpulease.py): a lease file per GPU in this sticky folder, held
+# by the job's shim. A GPU where some process outside tfrun holds more memory than GPU_FOREIGN_BYTES (a
+# notebook, another user's script) is not handed out either. While a job waits for a GPU held outside this
+# daemon, it looks again every GPU_RECHECK_S (a lease's end makes no event); it waits for another daemon's
+# hand-out at most GPU_HANDOUT_WAIT_S per pass.
+GPU_LEASE_DIR = "/tmp/tfrun-gpus"
+GPU_FOREIGN_BYTES = 256 << 20
+GPU_RECHECK_S = 1.0
+GPU_HANDOUT_WAIT_S = 5.0
+GPU_HELD_OUTSIDE = "held outside this daemon"  # in a job's waiting reason: `tfrun ps` then shows that reason

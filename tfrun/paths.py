@@ -39,14 +39,18 @@ class Layout:
 
     @property
     def socket(self) -> Path:
-        """The daemon's Unix socket; a short path under /tmp when the natural one would not fit."""
+        """The daemon's Unix socket; a short path in this user's private runtime folder (`/tmp/tfrun-UID`, or
+        its fallback where another user took that name: tfrun/private.py) when the natural one would not fit.
+        NotPrivate when neither is this user's alone."""
         natural = self.run_dir / "tfrund.sock"
         if len(os.fsencode(natural)) <= _MAX_SOCKET_PATH:
             return natural
         import hashlib  # here, not above: its OpenSSL costs every local `tfrun ps` some 4 ms, for a rare path
 
+        from tfrun.private import shared_runtime_dir
+
         digest = hashlib.sha256(os.fsencode(self.home)).hexdigest()[:16]
-        return Path("/tmp") / f"tfrun-{os.getuid()}" / f"{digest}.sock"
+        return shared_runtime_dir() / f"{digest}.sock"
 
     @property
     def spare_exits_dir(self) -> Path:

@@ -12,13 +12,14 @@ from tfrun.protocol.wire import Request
 @click.group("config", invoke_without_command=True)
 @cli.host_options
 @click.option("--json", "as_json", is_flag=True, help="Print path, values and sources as JSON.")
+@click.option("--show-secrets", is_flag=True, help="Show notify URLs whole, not masked past their host.")
 @click.pass_context
-def config_verb(ctx: click.Context, as_json: bool) -> None:
+def config_verb(ctx: click.Context, as_json: bool, show_secrets: bool) -> None:
     """The box's daemon config (config.toml in tfrund's TFRUN_HOME): show it, change it, reload it.
 
     Without a command: every setting as tfrund uses it now, as TOML, with where it came from when that is
-    not the file (the default, or a TFRUN_* variable in tfrund's environment); notify URLs with their
-    secrets masked.
+    not the file (the default, or a TFRUN_* variable in tfrund's environment); notify URLs masked past their
+    scheme and host (json://hooks.example.com/***) unless --show-secrets.
 
     Every change applies without a restart, and says from when: notify, gpus, max_cpu_jobs, name (the box's
     name in its alerts and top; default its hostname) and the alert cooldown at once (notify for the alerts
@@ -29,6 +30,7 @@ def config_verb(ctx: click.Context, as_json: bool) -> None:
     \b
     Examples:
       tfrun config                                what tfrund uses now (--json for scripts)
+      tfrun config --show-secrets                 the notify URLs whole
       tfrun config set notify 'mailtos://me:app-password@smtp.example.com?to=me@example.com'
       tfrun config set alerts.rules oom failed stall=1h
       tfrun config set max_cpu_jobs 2
@@ -38,7 +40,7 @@ def config_verb(ctx: click.Context, as_json: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    reply = cli.ask(GetConfig())
+    reply = cli.ask(GetConfig(secrets=show_secrets))
     if as_json:
         click.echo(daemonconfig.as_json(reply))
     else:

@@ -39,8 +39,9 @@ def doctor(python: Optional[str], as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of GPUs.")
 def gpus(as_json: bool) -> None:
     """The box's GPUs: memory in use, utilisation, and the job each is given to (`submit --gpus N` gives a
-    job N GPUs of its own). The devices are those NVML sees, or those the daemon's config or TFRUN_GPUS
-    names."""
+    job N GPUs of its own), or who holds it outside your daemon (another user's job, a process outside
+    tfrun), which keeps your jobs off it. The devices are those NVML sees, or those the daemon's config or
+    TFRUN_GPUS names."""
 
     found = cli.ask(ListGpus()).gpus
     if as_json:

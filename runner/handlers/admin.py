@@ -52,7 +52,7 @@ async def shutdown(daemon: Daemon, req: Shutdown, conn: Connection) -> None:
 
 @handles(GetConfig)
 async def get_config(daemon: Daemon, req: GetConfig, conn: Connection) -> None:
-    await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon)))
+    await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon, req.secrets)))
 
 
 @handles(ReloadConfig)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 from tfrun.duration import format_duration
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.services import ServiceReply, StartService
-from tfrun.runner import jobdir, services
+from tfrun.runner import jobdir, process, services
 from tfrun.runner.doctor import job_python
 from tfrun.runner.handlers.base import Connection, find, handles, invalid
 from tfrun.runner.handlers.jobs import public
@@ -41,6 +41,7 @@ async def start_service(daemon: Daemon, req: StartService, conn: Connection) -> 
         raise invalid(str(exc)) from None
     running = _running_same(daemon, spec)
     if running is not None:
+        _listens(running)  # still its own port: not one another user took since
         await conn.send(_reply(daemon, running, reused=True))
         return
     watched = {name: value for name, value in daemon.config.rules.items() if name in services.RULES}
@@ -93,15 +94,17 @@ def _name(daemon: Daemon, kind: str) -> str:
 
 
 async def _ready(daemon: Daemon, row: JobRow) -> JobRow:
-    """Wait until the service listens on its port; refused with its last output if it ends first or never
-    listens (then it is left running: `tfrun logs NAME` shows why, `tfrun stop NAME` ends it)."""
+    """Wait until the service itself listens on its port; refused with its last output if it ends first or
+    never listens (then it is left running: `tfrun logs NAME` shows why, `tfrun stop NAME` ends it), and with
+    the squatter's uid if another process holds its port."""
     assert row.spec.port is not None
     deadline = time.monotonic() + services.READY_TIMEOUT_S
     while time.monotonic() < deadline:
         current = daemon.store.get(row.id) or row
         if current.final:
+            _listens(current)  # a port taken first is why it ended: say so
             raise invalid(f"{row.spec.service} ended ({current.state}) before it listened: {_tail(current)}")
-        if current.state == JobState.RUNNING and services.listening(row.spec.port):
+        if current.state == JobState.RUNNING and _listens(current):
             return current
         if current.state == JobState.QUEUED and current.waiting:
             raise invalid(f"{row.spec.service} (job {row.id}) is queued: {current.waiting}; it starts when that "
@@ -109,6 +112,19 @@ async def _ready(daemon: Daemon, row: JobRow) -> JobRow:
         await asyncio.sleep(_LOOK_S)
     raise invalid(f"{row.spec.service} (job {row.id}) did not listen within {services.READY_TIMEOUT_S:g}s: "
                   f"tfrun logs {row.id}")  # fmt: skip
+
+
+def _listens(row: JobRow) -> bool:
+    """Whether the service's own processes (its shim's tree) listen on its port: anything accepting there is
+    not enough, since any user of the box may bind a loopback port; another's listener is refused, naming it."""
+    assert row.spec.port is not None
+    shim = jobdir.read_shim(os.path.join(row.job_dir, jobdir.SHIM))
+    pids = process.descendants(shim["shim_pid"]) if shim and shim.get("shim_pid") else []
+    try:
+        return services.listens(row.spec.port, pids)
+    except services.ServiceError as exc:
+        raise invalid(f"{row.spec.service} (job {row.id}) is not served: {exc}; tfrun stop {row.name or row.id}, "
+                      "then start it again (it gets another port)") from None  # fmt: skip
 
 
 def _tail(row: JobRow) -> str:

@@ -35,7 +35,7 @@ from tfrun.runner import jobdir
 from tfrun.runner.doctor import job_python, run_checks
 from tfrun.runner.executor import tty_socket
 from tfrun.runner.explain import explain
-from tfrun.runner.gpus import read_gpu_memory
+from tfrun.runner.gpus import held_outside, read_gpu_memory
 from tfrun.runner.handlers.base import Connection, find, handles, invalid
 from tfrun.runner.handlers.jobs import public
 from tfrun.runner.jobmetrics import read_metrics, recent_losses
@@ -142,13 +142,16 @@ async def top(daemon: Daemon, req: Top, conn: Connection) -> None:
 
 
 async def _gpus(daemon: Daemon) -> list[Gpu]:
-    """The devices jobs are given, with NVML's figures where it has them and the job holding each."""
+    """The devices jobs are given, with NVML's figures where it has them and the job holding each, or who
+    holds it outside this daemon (read, never tried: that could fail another daemon's job starting)."""
     readings = await asyncio.get_running_loop().run_in_executor(None, read_gpu_memory)
     held = daemon.scheduler.held()
+    places = daemon.supervisor.executor.places_jobs()  # Slurm decides: no leases
+    outside = {} if places else held_outside([d for d in daemon.scheduler.devices if d not in held], readings, False)
     gpus = []
     for device in daemon.scheduler.devices:
         reading = next((r for r in readings if r.is_device(device)), None)
-        gpu = Gpu(device=device, job=held.get(device))
+        gpu = Gpu(device=device, job=held.get(device), held_by=outside.get(device))
         if reading is not None:
             gpu.name, gpu.memory_used, gpu.memory_total = reading.name, reading.used, reading.total
             gpu.utilization = reading.utilization

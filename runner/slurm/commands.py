@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from tfrun.runner.config import inherited_env
+
 COMMAND_TIMEOUT_S = 15.0
 CHECK_TIMEOUT_S = 10.0  # `tfrun doctor`'s own questions (sinfo, sacct): a person waits for the answer
 ACCOUNTING_RETRY_S = 300.0  # accounting found off: ask sacct again this much later
@@ -97,7 +99,9 @@ def gpu_count(gres: str) -> int:
 def run(args: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
     """A Slurm command's stdout; SlurmError with its stderr if it fails, times out or is missing."""
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=inherited_env()
+        )
     except FileNotFoundError:
         raise SlurmError(f"{args[0]} not found: is this a Slurm login node?") from None
     except subprocess.TimeoutExpired:

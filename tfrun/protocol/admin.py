@@ -51,7 +51,7 @@ class Setting:
     """One key of the daemon's config as it is in use."""
 
     key: str  # "notify", or "alerts.cooldown" for a key in a table
-    value: str  # JSON; URLs with their secrets masked
+    value: str  # JSON; URLs masked past scheme and host, unless the request asked for secrets
     source: str  # "config.toml", "default" (or how the default is found), or the variable that overrides the file
 
 
@@ -109,7 +109,10 @@ class DiskUsage(Request[DiskReport]):
 @tagged("get_config")
 @dataclass
 class GetConfig(Request[ConfigReply]):
-    """The daemon's config as it uses it now, secrets masked; answered by `ConfigReply`."""
+    """The daemon's config as it uses it now, its URLs masked past scheme and host unless `secrets` (`tfrun
+    config --show-secrets`: only the daemon's own user reaches its socket); answered by `ConfigReply`."""
+
+    secrets: bool = False
 
 
 @tagged("reload_config")

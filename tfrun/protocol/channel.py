@@ -11,6 +11,7 @@ from tfrun import __version__
 from tfrun.constants import (
     MAX_HEADER_BYTES,
 )
+from tfrun.private import check_peer
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import (
     PROTOCOL_VERSION,
@@ -104,11 +105,13 @@ class Channel:
 
     @classmethod
     async def connect_unix(cls, path: str) -> Channel:
-        """A channel to whatever speaks the protocol on the Unix socket at `path` (a daemon, a keeper)."""
+        """A channel to whatever speaks the protocol on the Unix socket at `path` (a daemon, a keeper), once
+        its peer is known to run as this user: another user's socket raises NotPrivate before the hello."""
         import asyncio
 
         reader, writer = await asyncio.open_unix_connection(path, limit=MAX_HEADER_BYTES + 1)
         try:
+            check_peer(writer.get_extra_info("socket"), path)
             return await cls.open(reader, writer)
         except BaseException:
             writer.close()

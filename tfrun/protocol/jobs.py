@@ -85,7 +85,8 @@ class Removal:
     id: Optional[int] = None
     bytes: int = 0  # freed on disk: its folder, and its checkpoint folder where that goes too
     checkpoint_dir: Optional[str] = None
-    # its checkpoint folder: "removed", "kept" (not asked to), "shared" (a kept job's too), "" (none there)
+    # its checkpoint folder: "removed", "kept" (not asked to), "shared" (a kept job's too), "foreign" (not one
+    # this daemon made: never deleted, runner/checkpoints.py), "" (none there)
     checkpoints: str = ""
 
 

@@ -51,6 +51,9 @@ class Gpu:
     memory_total: Optional[int] = None
     utilization: Optional[int] = None  # percent
     job: Optional[int] = None  # the unfinished job it is given to
+    # who holds it outside this daemon, so that none of its jobs gets it: another user's job (its box-wide
+    # lease), a process outside tfrun with its memory; None from an older daemon
+    held_by: Optional[str] = None
 
 
 @dataclass

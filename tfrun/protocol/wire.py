@@ -18,7 +18,7 @@ from tfrun.constants import (
 from tfrun.protocol.fields import BadValue, Text, bytes_field, checked_kwargs
 
 # Bump on any change a peer of the previous version would misread. Both sides refuse a mismatch.
-PROTOCOL_VERSION = 3  # 3: ReadLog.task and Submit.restart_on, which a daemon of 2 would silently ignore
+PROTOCOL_VERSION = 3  # 3: ReadLog.task, Submit.restart_on, GetConfig.secrets: a daemon of 2 would ignore them
 
 
 class ProtocolError(Exception):
