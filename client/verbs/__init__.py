@@ -42,7 +42,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
                 "progress bars, prints such as `step 100 loss=1.23`, `iter 5: loss 2.1`, dicts and JSON lines, and "
                 "--metric patterns."),
     "gpus": ("watching", "gpus", "The box's GPUs: memory in use, utilisation, and the job each is given to (`submit "
-             "--gpus N` gives a job N GPUs of its own)."),
+             "--gpus N` gives a job N GPUs of its own), or who holds it outside your daemon (another user's job, a "
+             "process outside tfrun), which keeps your jobs off it."),
     "doctor": ("watching", "doctor", "Check the box for training, as its daemon sees it: the job interpreter and its "
                "TensorFlow (built with CUDA, GPUs seen, memory growth), the NVIDIA driver and CUDA version from "
                "nvidia-smi, and the checkpoint root (writable, free space)."),
