@@ -144,6 +144,8 @@ def test_an_unknown_cause_is_a_one_line_usage_error_naming_the_valid_ones(tf: Tf
     refused = tf.run("submit", "--max-restarts", "1", "--restart-on", "lost,reboot", script)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert "unknown cause 'reboot': the causes are lost, oom, signal, error, all" in refused.stderr
+    garbled = tf.run("submit", "--max-restarts", "1", "--restart-on", os.fsdecode(b"lost\xff"), script)
+    assert garbled.returncode == 2 and "unknown cause 'lost\\xff'" in garbled.stderr, garbled.stderr
     alone = tf.run("submit", "--restart-on", "all", script)
     assert alone.returncode == 2 and "--restart-on goes with --max-restarts N" in alone.stderr
     assert not (tf.home / "jobs").exists() or not any((tf.home / "jobs").iterdir()), "nothing was submitted"

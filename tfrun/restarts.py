@@ -36,7 +36,7 @@ def parse(causes: Union[str, Iterable[str]]) -> tuple[Cause, ...]:
     unknown = [word for word in words if word != ALL_WORD and word not in CAUSES]
     if unknown:
         valid = ", ".join((*CAUSES, ALL_WORD))
-        raise ValueError(f"unknown cause {', '.join(repr(w) for w in unknown)}: the causes are {valid}")
+        raise ValueError(f"unknown cause {', '.join(map(_as_typed, unknown))}: the causes are {valid}")
     if not words:
         raise ValueError(f"name at least one cause: {', '.join((*CAUSES, ALL_WORD))}")
     return CAUSES if ALL_WORD in words else tuple(cause for cause in CAUSES if cause in words)
@@ -45,3 +45,9 @@ def parse(causes: Union[str, Iterable[str]]) -> tuple[Cause, ...]:
 def shown(causes: Iterable[str]) -> str:
     """Causes as --restart-on takes them: "lost,oom,signal"."""
     return ",".join(causes) or "nothing"
+
+
+def _as_typed(word: str) -> str:
+    """`word` quoted as the user typed it: bytes that are not UTF-8 as \\xNN ('a\\xff', not 'a\\udcff')."""
+    shown = word.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "'" + "".join(c if c.isprintable() else repr(c)[1:-1] for c in shown) + "'"
