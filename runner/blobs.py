@@ -105,13 +105,15 @@ class BlobStore:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         os.replace(partial, target)
 
-    def write_many(self, digests: list[str], sizes: list[int], data: bytes) -> None:
-        """Keep several whole contents that arrived packed in one frame."""
+    def write_many(self, key: str, digests: list[str], sizes: list[int], data: bytes) -> None:
+        """Keep several whole contents that arrived packed in one frame, through the partials of connection
+        `key`: two submits of the same file at once each write their own (one shared name let the second
+        rename find nothing)."""
         if len(digests) != len(sizes) or sum(sizes) != len(data) or any(s < 0 for s in sizes):
             raise ManifestError("packed contents do not add up to the bytes sent")
         offset = 0
         for digest, size in zip(digests, sizes):
-            self.write_chunk("packed", digest, 0, data[offset : offset + size], True)
+            self.write_chunk(key, digest, 0, data[offset : offset + size], True)
             offset += size
 
     def discard(self, key: str) -> None:

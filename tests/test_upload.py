@@ -17,7 +17,7 @@ from conftest import Tfrun, wait_for, write_script
 
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel, RemoteError
-from tfrun.protocol.submit import FileEntry, HaveBlobs, PutBlob, Submit
+from tfrun.protocol.submit import FileEntry, HaveBlobs, PutBlob, PutBlobs, Submit
 
 both = pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
 
@@ -162,6 +162,36 @@ def test_a_blob_whose_bytes_do_not_match_its_name_is_refused(tf: Tfrun) -> None:
         _raw_submit(Layout(tf.home), [FileEntry("run.py", "file", digest="1" * 64)], {"1" * 64: b"other bytes"})
     )
     assert "does not match its digest" in answer
+
+
+def test_the_same_content_sent_packed_by_many_clients_at_once_is_kept_for_each(tf: Tfrun) -> None:
+    """Twenty submits of one script upload its bytes at once (CI saw one of them told `tfrund internal error`):
+    each connection's packed contents go through partials of its own."""
+    tf.daemon("start")
+    data = os.urandom(512 * 1024)  # long enough to write that two writes of it overlap
+    digest = hashlib.sha256(data).hexdigest()
+
+    async def one_client() -> list[str]:
+        channel = await Channel.connect_unix(str(Layout(tf.home).socket))
+        answers = []
+        try:
+            for _ in range(25):
+                try:
+                    await channel.request(PutBlobs([digest], [len(data)], data))
+                    answers.append("ok")
+                except RemoteError as exc:
+                    answers.append(exc.message)
+        finally:
+            channel.close()
+        return answers
+
+    async def all_clients() -> list[list[str]]:
+        return await asyncio.gather(*(one_client() for _ in range(8)))
+
+    answers = [answer for client in asyncio.run(all_clients()) for answer in client]
+    assert answers == ["ok"] * 200, sorted(set(answers))
+    assert (Layout(tf.home).blobs_dir / digest[:2] / digest).read_bytes() == data
+    assert not list((Layout(tf.home).blobs_dir / "incoming").iterdir())
 
 
 @both

@@ -57,7 +57,7 @@ async def have_blobs(daemon: Daemon, req: HaveBlobs, conn: Connection) -> None:
 async def put_blobs(daemon: Daemon, req: PutBlobs, conn: Connection) -> None:
     """Contents packed in one frame (4 MB of small files), hashed and written in a worker thread."""
     try:
-        await daemon.off_loop(lambda: daemon.blobs.write_many(req.digests, req.sizes, req.data))
+        await daemon.off_loop(lambda: daemon.blobs.write_many(conn.key, req.digests, req.sizes, req.data))
     except ManifestError as exc:
         raise invalid(str(exc)) from None
     await conn.send(Ok())
