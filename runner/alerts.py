@@ -27,6 +27,7 @@ import re
 import socket
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -40,7 +41,7 @@ from tfrun.runner.job import JobRow
 from tfrun.runner.jobmetrics import READ_LIMIT_BYTES, LossPoint, callback_losses, keep_log_metrics, log_losses
 from tfrun.runner.lines import display, plain
 from tfrun.runner.loggrowth import LogGrowth, Subscription
-from tfrun.runner.metrics import LogMetrics, PatternError
+from tfrun.runner.metrics import LogMetrics, PatternError, Sample
 from tfrun.runner.outbox import Outbox
 from tfrun.runner.spikes import DEFAULT_FACTOR, SpikeDetector
 from tfrun.runner.store import Store
@@ -49,7 +50,8 @@ log = logging.getLogger("tfrund")
 
 WATCH_INTERVAL_S = 0.5
 MIN_LOOK_INTERVAL_S = 0.02
-SAVE_EVERY_S = 2.0
+SAVE_EVERY_S = 10.0  # a running job's watch saved this often (and after every alert): what a restart reads again
+KEEP_EVERY_S = 5.0  # the metrics read from a log are appended to its files this often (and at every save)
 MAX_LINE_BYTES = 64 << 10  # an unfinished line kept for the OOM search; longer ones are searched by their start
 GPU_INTERVAL_S = 2.0
 _SEGMENTS = re.compile(rb"[\r\n]")
@@ -71,6 +73,10 @@ class Watch:
     log_loss: TrainingLoss = field(default_factory=TrainingLoss)  # the loss the log's samples are followed by
     losses: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=10))
     saved_at: float = 0.0
+    active_at: float = 0.0  # when output was last seen (wall clock; 0: not yet known, the files say)
+    unkept: list[Sample] = field(default_factory=list)  # samples read, not yet appended to logmetrics.jsonl
+    kept_at: float = 0.0
+    job_dir: Optional[Path] = None
 
     def state(self) -> dict[str, Any]:
         return {
@@ -122,6 +128,10 @@ class Alerts:
         self._watches: dict[int, Watch] = {}
         self._settings: dict[int, Settings] = {}
         self._gpu_high_since: dict[int, float] = {}
+        # Read every job's files each WATCH_INTERVAL_S, events or not: a Slurm job writes its log on another
+        # machine, into a shared folder whose changes no inotify of this one sees.
+        self.poll_logs = False
+        self._behind: set[int] = set()  # jobs whose last look did not read all their log
 
     @property
     def host(self) -> str:
@@ -138,55 +148,120 @@ class Alerts:
     # -- the loop -----------------------------------------------------------------------------------------
 
     async def run(self, log_growth: LogGrowth) -> None:
-        """Forever: look at every job being watched, as soon as a log grows (file events), at least every
-        WATCH_INTERVAL_S (for stalls, and where events are missing); now and then at the GPUs."""
+        """Forever: look at each job whose log or metrics grew (file events) or whose row changed, at most
+        every MIN_LOOK_INTERVAL_S; every WATCH_INTERVAL_S check the stall deadlines (in memory) and read
+        the jobs whose growth no event tells (no inotify, or `poll_logs`); now and then look at the GPUs.
+        A job that prints nothing costs nothing here, and a printed line costs its own job's look alone."""
         grew = Subscription()
-        with contextlib.ExitStack() as following:
-            followed: dict[int, contextlib.ExitStack] = {}
-            gpu_next = 0.0
+        followed: dict[int, contextlib.ExitStack] = {}  # a watched job -> the following of its files
+        files: dict[str, int] = {}  # a followed file -> its job
+        rows: dict[int, JobRow] = {}
+        read_as_of = -1  # the store's job_writes when the watched jobs were read
+        polled_at = gpu_next = 0.0
+        try:
             while True:
-                watched = self._watched()
-                for job_id in watched:
-                    if job_id not in followed:
-                        followed[job_id] = following.enter_context(contextlib.ExitStack())
-                        row = self.store.get(job_id)
-                        if row is not None:
-                            followed[job_id].enter_context(log_growth.follow(Path(row.job_dir) / jobdir.OUTPUT, grew))
+                due = {files[path] for path in grew.take() if path in files} | self._behind
+                self._behind = set()
+                if self.store.job_writes != read_as_of:
+                    read_as_of = self.store.job_writes
+                    fresh = self._watched()
+                    due |= {job_id for job_id, row in fresh.items() if _moved(rows.get(job_id), row)}
+                    for job_id in set(followed) - set(fresh):
+                        followed.pop(job_id).close()
+                    for job_id in set(fresh) - set(followed):
+                        followed[job_id] = contextlib.ExitStack()
+                        followed[job_id].enter_context(self._follow(log_growth, fresh[job_id], grew, files))
+                    rows = fresh
+                if time.monotonic() - polled_at >= WATCH_INTERVAL_S:
+                    polled_at = time.monotonic()
+                    due |= {
+                        job_id for job_id, row in rows.items() if self.poll_logs or not log_growth.watches(row.job_dir)
+                    }
+                    self._check_stalls(rows)
+                    self._keep_metrics()
+                for job_id in sorted(due & set(rows)):
                     try:
-                        self._look(job_id)
+                        if self._look(rows[job_id]):  # its end alerts are stored: no longer watched
+                            followed.pop(job_id).close()
+                            del rows[job_id]
                     except Exception:  # one odd job must not stop the watch over the others
                         log.exception("job %d: alert watch failed", job_id)
-                for job_id in set(followed) - set(watched):
-                    followed.pop(job_id).close()
                 if time.monotonic() >= gpu_next and "gpu-memory" in self.config.rules:
                     gpu_next = time.monotonic() + GPU_INTERVAL_S
                     await self._look_at_gpus()
                 await asyncio.sleep(MIN_LOOK_INTERVAL_S)  # a log written nonstop wakes us at most this often
                 await grew.wait(WATCH_INTERVAL_S)
+        finally:
+            for following in followed.values():
+                following.close()
 
-    def _watched(self) -> list[int]:
-        """Unfinished jobs, and ended jobs whose end alerts are not stored yet."""
-        running = {row.id for row in self.store.list(include_final=False)}
-        return sorted(running | self.store.watched_jobs())
+    def _watched(self) -> dict[int, JobRow]:
+        """Running jobs, and ended jobs whose end alerts are not stored yet (a queued job has no output)."""
+        rows = {row.id: row for row in self.store.list(include_final=False) if row.state != JobState.QUEUED}
+        for job_id in self.store.watched_jobs() - set(rows):
+            row = self.store.get(job_id)
+            if row is not None and row.state != JobState.QUEUED:
+                rows[job_id] = row
+        return rows
 
-    def _look(self, job_id: int) -> None:
-        row = self.store.get(job_id)
-        if row is None or row.state == JobState.QUEUED:
-            return
+    @contextlib.contextmanager
+    def _follow(self, log_growth: LogGrowth, row: JobRow, grew: Subscription, files: dict[str, int]) -> Iterator[None]:
+        """Follow the growth of the job's log and metrics.jsonl into `grew` for as long as the block runs."""
+        paths = [Path(row.job_dir) / jobdir.OUTPUT, Path(row.job_dir) / jobdir.METRICS]
+        with contextlib.ExitStack() as stack:
+            for path in paths:
+                stack.enter_context(log_growth.follow(path, grew))
+                files[os.fspath(path)] = row.id
+            try:
+                yield
+            finally:
+                for path in paths:
+                    files.pop(os.fspath(path), None)
+
+    def _look(self, row: JobRow) -> bool:
+        """Read what the job's log and metrics gained; for an ended job once all is read, its end alerts.
+        True once those are stored and the job is watched no more."""
+        job_id = row.id
         settings = self._settings.get(job_id) or self._settings.setdefault(job_id, self.settings(job_id))
         watch = self._watches.get(job_id) or self._load(row, settings)
         caught_up = self._read_log(row, watch, settings)
         self._read_callback_metrics(row, watch, settings)
+        if not caught_up:  # more than a look reads: the next look goes on
+            self._behind.add(job_id)
         if not row.final:
-            self._check_stall(row, watch, settings)
             if time.monotonic() - watch.saved_at >= SAVE_EVERY_S:
                 self._save(watch)
-            return
-        if caught_up:
-            self._ended(row, watch, settings)
-            self._watches.pop(job_id, None)
-            self._settings.pop(job_id, None)
-            self.store.finish_watch(job_id)
+            return False
+        if not caught_up:
+            return False
+        _keep(watch)
+        self._ended(row, watch, settings)
+        self._watches.pop(job_id, None)
+        self._settings.pop(job_id, None)
+        self.store.finish_watch(job_id)
+        return True
+
+    def _keep_metrics(self) -> None:
+        """Append the samples read more than KEEP_EVERY_S ago (`tfrun metrics` and `top` see them that late)."""
+        now = time.monotonic()
+        for watch in self._watches.values():
+            if watch.unkept and now - watch.kept_at >= KEEP_EVERY_S:
+                try:
+                    _keep(watch)
+                except OSError as exc:
+                    log.warning("job %d: metrics not kept: %s", watch.job_id, exc)
+
+    def _check_stalls(self, rows: dict[int, JobRow]) -> None:
+        """The stall rule of every running job looked at so far: a comparison each, files read only once a
+        job's deadline has passed by what was seen of it."""
+        for job_id, row in rows.items():
+            watch = self._watches.get(job_id)
+            if watch is not None and not row.final:
+                try:
+                    settings = self._settings.get(job_id) or self._settings.setdefault(job_id, self.settings(job_id))
+                    self._check_stall(row, watch, settings)
+                except Exception:
+                    log.exception("job %d: stall check failed", job_id)
 
     def _load(self, row: JobRow, settings: Settings) -> Watch:
         state = self.store.watch_state(row.id)
@@ -204,10 +279,14 @@ class Alerts:
                 log.warning("job %d: metric patterns unusable (%s); reading Keras and plain prints only", row.id, exc)
                 metrics = LogMetrics()
             watch = Watch(row.id, metrics=metrics, spikes=SpikeDetector(factor), callback_spikes=SpikeDetector(factor))
+        watch.job_dir = Path(row.job_dir)
         self._watches[row.id] = watch
         return watch
 
     def _save(self, watch: Watch) -> None:
+        """Save where the watch stands, its samples kept first: a restart reads on from the offset saved, so
+        no sample before it may be still unwritten."""
+        _keep(watch)
         self.store.save_watch_state(watch.job_id, watch.state())
         watch.saved_at = time.monotonic()
 
@@ -233,10 +312,12 @@ class Alerts:
             f.seek(watch.offset)
             data = f.read(min(size - watch.offset, READ_LIMIT_BYTES))
         watch.offset += len(data)
-        watch.stalled = False
+        watch.stalled, watch.active_at = False, time.time()
         samples = watch.metrics.feed(data)  # before the OOM search: an OOM alert quotes the losses before it
         if samples:
-            keep_log_metrics(Path(row.job_dir), samples)
+            watch.unkept.extend(samples)
+            if time.monotonic() - watch.kept_at >= KEEP_EVERY_S:
+                _keep(watch)
             if not watch.from_callback:
                 for point in log_losses(samples, watch.log_loss):
                     self._loss(row, watch, settings, watch.spikes, point)
@@ -271,7 +352,7 @@ class Alerts:
         read, points = found
         watch.metrics_offset += read
         watch.from_callback = True
-        watch.stalled = False
+        watch.stalled, watch.active_at = False, time.time()
         for point in points:
             self._loss(row, watch, settings, watch.callback_spikes, point)
 
@@ -292,9 +373,12 @@ class Alerts:
         limit = settings.rules.get("stall")
         if "stall" not in settings.rules or limit is None or watch.stalled or row.state != JobState.RUNNING:
             return
+        if time.time() - watch.active_at < limit:
+            return
         last = max(
             [row.started_at or 0.0, *(_mtime(Path(row.job_dir) / name) for name in (jobdir.OUTPUT, jobdir.METRICS))]
         )
+        watch.active_at = last
         quiet = time.time() - last
         if quiet >= limit:
             watch.stalled = True
@@ -354,3 +438,19 @@ def _mtime(path: Path) -> float:
         return os.stat(path).st_mtime
     except OSError:
         return 0.0
+
+
+def _moved(before: Optional[JobRow], after: JobRow) -> bool:
+    """Whether a job is new to the watch or changed state since it was last read (its end: the rest of its
+    log, then its end alerts)."""
+    return before is None or before.state != after.state
+
+
+def _keep(watch: Watch) -> None:
+    """Append the samples the watch read from the log to the job's metrics files: every KEEP_EVERY_S at most, as
+    one write (a progress bar redrawn 20 times a second was two files opened for each redraw; at one line a
+    second, 100 jobs cost the daemon 100 opens of two files a second)."""
+    samples, watch.unkept = watch.unkept, []
+    watch.kept_at = time.monotonic()
+    if samples and watch.job_dir is not None:
+        keep_log_metrics(watch.job_dir, samples)

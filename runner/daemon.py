@@ -225,6 +225,7 @@ class Daemon:
         self._background: set[asyncio.Future[Any]] = set()
         self.outbox = Outbox(store, config.cooldown, config.expire)
         self.alerts = Alerts(config, store, self.outbox)
+        self.alerts.poll_logs = isinstance(self.executor, SlurmExecutor)
         self.scheduler = Scheduler(store, self.supervisor, self.spares, layout, lambda: self.config)
         self.supervisor.after_final = self._after_end
         self._connections = 0

@@ -8,6 +8,7 @@ The interface is shaped for a batch system as much as for this machine (issue 19
 - `launch` hands a job over and returns once it is handed over (locally: its shim has started it or failed
   to; Slurm: `sbatch --parsable` answered with an id, stored before anything else is done with it);
   `launch_array` hands over tasks of one array together (Slurm: one `sbatch --array`);
+- `due` picks the jobs worth a look now and `wait` waits for a reason to look (locally: a shim's exit);
 - `poll` looks at many jobs at once (Slurm: one `squeue` for all of them, backing off as it is slow, then
   `sacct` for those it no longer lists), and reports only what it is sure of: an empty or failed answer
   is never proof that a job ended, so it is no change at all;
@@ -24,13 +25,17 @@ runner/slurm/executor.py is the Slurm one (`executor = "slurm"` in config.toml).
 
 LocalExecutor learns everything from the job's folder (shim.json, exit.json) and from /proc: the daemon
 is never a job's parent, which is what lets a job outlive the daemon and a new daemon pick up where the
-last one stopped. A pid alone is never trusted: a shim is known by its pid, start time and boot id.
+last one stopped. A pid alone is never trusted: a shim is known by its pid, start time and boot id. It
+looks at a running job when its shim exits (a pidfd per shim, which the event loop reads: the kernel tells
+of the exit at once, and a job that runs costs nothing meanwhile) and at every running job each SWEEP_S
+(what a pidfd could miss: a shim whose record says one thing while its process does another).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -54,6 +59,7 @@ if TYPE_CHECKING:
     from tfrun.runner.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
 
 log = logging.getLogger("tfrund")
+SWEEP_S = 5.0  # every running job is looked at this often, whatever its shim's pidfd says
 _TFRUN_PARENT = str(Path(tfrun.__file__).resolve().parent.parent)  # where `import tfrun` finds this tfrun
 
 
@@ -115,6 +121,12 @@ class Executor(Protocol):
     async def resume(self, row: JobRow) -> bool:
         """At daemon start: hand over again a queued job whose launch was recorded; False if none was."""
 
+    def due(self, rows: Sequence[JobRow]) -> list[JobRow]:
+        """Which of these unfinished jobs (none being started) are worth a `poll` now."""
+
+    async def wait(self, timeout: float) -> None:
+        """Return once a job may have changed (locally: a shim exited), or after `timeout` seconds."""
+
     def poll(self, rows: Sequence[JobRow]) -> list[tuple[int, Change]]:
         """What changed for these unfinished jobs since they were last recorded, with their ids."""
 
@@ -145,6 +157,11 @@ class LocalExecutor:
     def __init__(self, layout: Layout, devices: list[str]) -> None:
         self.layout = layout
         self.devices = devices  # the config's (a reload sets them)
+        self._exits: dict[int, int] = {}  # running job -> a pidfd of its shim, readable once the shim exits
+        self._exited: set[int] = set()  # jobs whose shim exited since their last poll
+        self._pidfds = hasattr(os, "pidfd_open")  # False once the kernel says it has none
+        self._woken: Optional[asyncio.Event] = None  # made on the loop, by the first `wait`
+        self._swept_at = 0.0
 
     # -- handing jobs over --------------------------------------------------------------------------------
 
@@ -200,8 +217,67 @@ class LocalExecutor:
 
     # -- learning how jobs are doing ----------------------------------------------------------------------
 
+    def due(self, rows: Sequence[JobRow]) -> list[JobRow]:
+        """The running jobs whose shim exited, or that no pidfd follows; every running job each SWEEP_S. A
+        queued job is not looked at: whoever hands it over sees its start (`launch`, `resume`)."""
+        now = time.monotonic()
+        sweep = now - self._swept_at >= SWEEP_S
+        if sweep:
+            self._swept_at = now
+        running = [row for row in rows if row.state == JobState.RUNNING]
+        for gone in set(self._exits) - {row.id for row in running}:
+            self._unfollow(gone)
+        return [row for row in running if sweep or row.id in self._exited or not self._follow(row)]
+
+    async def wait(self, timeout: float) -> None:
+        """Until a shim exits, or `timeout`."""
+        if self._woken is None:
+            self._woken = asyncio.Event()
+        if not self._exited:  # not wait_for: before 3.12 it may swallow the cancel that stops the daemon
+            woken = asyncio.ensure_future(self._woken.wait())
+            try:
+                await asyncio.wait({woken}, timeout=timeout)
+            finally:
+                woken.cancel()
+        self._woken.clear()
+
+    def _follow(self, row: JobRow) -> bool:
+        """Whether the exit of the job's shim is followed (a pidfd, read by the event loop); False where it
+        cannot be, and for a shim that is gone or is not the one recorded (the job must be looked at)."""
+        if row.id in self._exits:
+            return True
+        if not self._pidfds or row.shim_pid is None or row.shim_start is None:
+            return False
+        try:
+            fd = os.pidfd_open(row.shim_pid)
+        except ProcessLookupError:
+            return False
+        except OSError as exc:  # ENOSYS: a kernel before 5.3; anything else: this job is polled
+            self._pidfds = exc.errno != errno.ENOSYS
+            return False
+        if Identity(row.shim_pid, row.shim_start, boot_id()).alive():  # opened after: it is the shim's
+            asyncio.get_running_loop().add_reader(fd, self._shim_exited, row.id)
+            self._exits[row.id] = fd
+            return True
+        os.close(fd)
+        return False
+
+    def _shim_exited(self, job_id: int) -> None:
+        """A followed shim exited (on the event loop): its job is due."""
+        self._unfollow(job_id)
+        self._exited.add(job_id)
+        if self._woken is not None:
+            self._woken.set()
+
+    def _unfollow(self, job_id: int) -> None:
+        fd = self._exits.pop(job_id, None)
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
     def poll(self, rows: Sequence[JobRow]) -> list[tuple[int, Change]]:
         """Cheap: a stat or two and a read of /proc per job. One odd job folder does not stop the others."""
+        self._exited -= {row.id for row in rows}
         return self._look(rows, adopting=False)
 
     def reconcile(self, rows: Sequence[JobRow]) -> list[tuple[int, Change]]:
@@ -282,8 +358,10 @@ class LocalExecutor:
                 os.killpg(pid, signal.SIGKILL)
 
     def forget(self, job_id: int) -> None:
-        """The truth is in the database now: the spare exit record goes."""
+        """The truth is in the database now: the spare exit record goes, and the shim is not followed."""
         self.layout.spare_exit(job_id).unlink(missing_ok=True)
+        self._unfollow(job_id)
+        self._exited.discard(job_id)
 
     # -- cancelling, resources ----------------------------------------------------------------------------
 

@@ -13,13 +13,18 @@ if TYPE_CHECKING:
     from typing import Optional
 
 
+_BOOT_ID: list[str] = []  # read once: a process lives within one boot
+
+
 def boot_id() -> str:
     """Changes at every boot, so records from before a reboot are recognised as dead."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return "unknown"
+    if not _BOOT_ID:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                _BOOT_ID.append(f.read().strip())
+        except OSError:
+            return "unknown"
+    return _BOOT_ID[0]
 
 
 def start_ticks(pid: int) -> Optional[int]:

@@ -2,8 +2,10 @@
 
 The supervisor drives the lifecycle (runner/lifecycle.py) from the executor (runner/executor.py): it hands
 a scheduled job to the executor, and every change the executor reports (a job started, a job ended or is
-gone) becomes a move, at once on a start and in the monitor, which polls every unfinished job, and at daemon
-start (reconcile). Neither writes a job's state: only the lifecycle's moves do.
+gone) becomes a move, at once on a start and in the monitor, and at daemon
+start (reconcile). Neither writes a job's state: only the lifecycle's moves do. The monitor polls only the
+jobs the executor says are due (locally: a running job whose shim exited, and every running job now and
+then), so a job that runs quietly, or waits in the queue, costs it nothing.
 """
 
 from __future__ import annotations
@@ -108,11 +110,14 @@ class Supervisor:
         self._apply(rows, self.executor.reconcile(rows))
 
     async def monitor(self) -> None:
-        """Forever: poll every unfinished job that is not being started right now."""
+        """Forever: poll the unfinished jobs (none being started right now) that the executor says are due;
+        then wait for it to tell of a change, at most MONITOR_INTERVAL_S (a job that started meanwhile is
+        followed from then on)."""
         while True:
-            rows = [r for r in self.store.list(include_final=False) if r.id not in self._starting]
-            self._apply(rows, self.executor.poll(rows))
-            await asyncio.sleep(MONITOR_INTERVAL_S)
+            due = self.executor.due([r for r in self.store.list(include_final=False) if r.id not in self._starting])
+            if due:
+                self._apply(due, self.executor.poll(due))
+            await self.executor.wait(MONITOR_INTERVAL_S)
 
     def _apply(self, rows: Sequence[JobRow], changes: list[tuple[int, Change]]) -> None:
         """Make moves of the changes the executor saw; one job's failure does not stop the others'."""

@@ -12,7 +12,7 @@ from conftest import Tfrun, write_script
 
 # Never in a local verb: the SSH stack (0.3-0.5 s to import), the daemon's own code and its dependencies, and
 # the job side's frameworks.
-NEVER_LOCAL = {"asyncssh", "cryptography", "tfrun.runner", "apprise", "watchdog", "sqlite3", "tensorflow", "numpy"}
+NEVER_LOCAL = {"asyncssh", "cryptography", "tfrun.runner", "apprise", "sqlite3", "tensorflow", "numpy"}
 
 
 def imported(tf: Tfrun, *argv: str, whole: bool = False) -> set[str]:

@@ -222,6 +222,13 @@ class SlurmExecutor:
 
     # -- learning how jobs are doing ----------------------------------------------------------------------
 
+    def due(self, rows: Sequence[JobRow]) -> list[JobRow]:
+        """Every job: what Slurm says of each comes in one answer (`poll` reads no folder between answers)."""
+        return list(rows)
+
+    async def wait(self, timeout: float) -> None:
+        await asyncio.sleep(timeout)
+
     def poll(self, rows: Sequence[JobRow]) -> list[tuple[int, Change]]:
         """One squeue for all jobs (unless backing off), sacct for those it no longer lists, then each job's
         folder. Without an answer from Slurm, only what the folders say for sure (a start) is reported."""

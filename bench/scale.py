@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""What supervision costs tfrund, per job, per printed line and per queued job, and what history costs the
+CLI. Run by hand (a few minutes; --history 10000 adds about as many again).
+
+    .venv/bin/python bench/scale.py [--jobs 100] [--queued 1000] [--history 10000] [--seconds 20]
+                                    [--only idle,quiet,lines,keras,queued,history]
+
+Each row starts a real local tfrund in a home of its own, starts its jobs as arrays (`submit --array`),
+waits until they run, and reads the daemon's CPU time (utime + stime of /proc/PID/stat, all its threads)
+over --seconds; the jobs are then cancelled and the daemon stopped. Rows:
+  - idle: no jobs;
+  - quiet: --jobs jobs that sleep;
+  - lines: --jobs jobs printing `step N loss=x` once a second each;
+  - keras: 10 jobs redrawing a Keras 3 progress bar (the bytes Keras writes: backspaces, a carriage
+    return, colours) 20 times a second each, its rate with verbose=1 (no TensorFlow is loaded);
+  - queued: --queued jobs waiting (`--after`) for one running job;
+  - history: `tfrun ps -a` and `ps -a --json` with no jobs and with --history ended ones, `tfrun submit`
+    with no job and with --queued queued, and tfrund's RSS with --jobs and with --history ended jobs.
+Side by side, in the same run, the floor a user has today: `python3 -c pass` for the CLI rows.
+Prints a Markdown table: each figure, the issue's bound, and whether it holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import TFRUN, Tfrun, wait_for
+from timing import stats, timed
+
+QUIET = "import time\ntime.sleep(3600)\n"
+LINES = """
+import random, time
+step = 0
+while True:
+    step += 1
+    print(f"step {step} loss={random.random():.4f}", flush=True)
+    time.sleep(1.0)
+"""
+# A Keras 3 progress bar's redraw as it lands in a file (captured from keras.utils.Progbar, verbose=1):
+# the previous bar erased with backspaces, a carriage return, the bar in colours, the running means.
+KERAS = r"""
+import random, sys, time
+width = 0
+step = 0
+while True:
+    step += 1
+    done = step % 1000
+    filled = done * 20 // 1000
+    bar = "\x1b[32m" + "\u2501" * filled + "\x1b[0m\x1b[37m" + "\u2501" * (20 - filled) + "\x1b[0m"
+    text = (f"\x1b[1m{done:4d}/1000\x1b[0m {bar} \x1b[1m5s\x1b[0m 50ms/step - accuracy: {random.random():.4f}"
+            f" - loss: {random.random():.4f}")
+    sys.stdout.write("\b" * width + "\r" + text)
+    sys.stdout.flush()
+    width = len(text)
+    time.sleep(0.05)
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def daemon_cpu_per_minute(tf: Tfrun, seconds: float) -> float:
+    """tfrund's CPU seconds per minute of wall time, over `seconds`."""
+    pid = tf.daemon_pid()
+    time.sleep(2.0)  # let what the start of the row set off settle
+    before, started = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / (time.monotonic() - started) * 60
+
+
+@contextmanager
+def home(work: Path, name: str) -> Iterator[Tfrun]:
+    """A fresh tfrun home with its daemon started; its jobs cancelled and its daemon stopped after."""
+    tf = Tfrun(work / name / "home")
+    tf.env.pop("PYTHONDONTWRITEBYTECODE", None)
+    assert tf.daemon("start").returncode == 0
+    try:
+        yield tf
+    finally:
+        tf.run("cancel", "--all", "--grace", "1", timeout=600)
+        tf.daemon("stop")
+
+
+def submit_array(tf: Tfrun, project: Path, name: str, script: str, count: int, *extra: str) -> list[int]:
+    """`count` jobs of `script` as arrays of at most 1,000 tasks; their ids."""
+    (project / name).write_text(script)
+    ids: list[int] = []
+    for first in range(0, count, 1000):
+        values = ",".join(str(i) for i in range(first, min(count, first + 1000)))
+        out = tf.ok("submit", "--array", f"i={values}", *extra, str(project / name))
+        ids.extend(int(line) for line in out.split())
+    return ids
+
+
+def states(tf: Tfrun) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for job in tf.jobs():
+        counts[job["state"]] = counts.get(job["state"], 0) + 1
+    return counts
+
+
+def wait_running(tf: Tfrun, count: int) -> None:
+    wait_for(lambda: states(tf).get("running", 0) >= count, timeout=600, what=f"{count} jobs running")
+
+
+def cpu_row(work: Path, name: str, script: Optional[str], count: int, seconds: float) -> float:
+    project = work / name / "project"
+    project.mkdir(parents=True)
+    with home(work, name) as tf:
+        if script is not None:
+            submit_array(tf, project, "job.py", script, count)
+            wait_running(tf, count)
+        return daemon_cpu_per_minute(tf, seconds)
+
+
+def queued_row(work: Path, queued: int, seconds: float) -> tuple[float, float, float]:
+    """tfrund CPU with `queued` jobs waiting for one running job; submit's time with them there and with
+    none (medians of 9, the floor's beside them in the same rounds)."""
+    project = work / "queued" / "project"
+    project.mkdir(parents=True)
+    (project / "hi.py").write_text("pass\n")
+    with home(work, "queued") as tf:
+        empty = [timed([*TFRUN, "submit", str(project / "hi.py")], tf.env) for _ in range(9)]
+        (blocker,) = submit_array(tf, project, "sleep.py", QUIET, 1)
+        wait_running(tf, 1)
+        submit_array(tf, project, "waits.py", QUIET, queued, "--after", str(blocker))
+        cpu = daemon_cpu_per_minute(tf, seconds)
+        full = [timed([*TFRUN, "submit", "--after", str(blocker), str(project / "hi.py")], tf.env) for _ in range(9)]
+    return cpu, stats(empty)[0], stats(full)[0]
+
+
+def history_rows(work: Path, jobs: int, history: int) -> dict[str, float]:
+    """`ps -a` (table, JSON) with no jobs and with `history` ended; RSS at `jobs` and at `history` jobs."""
+    project = work / "history" / "project"
+    project.mkdir(parents=True)
+    found: dict[str, float] = {}
+    with home(work, "history") as tf:
+        floor = [timed([sys.executable, "-c", "pass"], tf.env) for _ in range(9)]
+        found["floor"] = stats(floor)[0]
+        for flag, label in (([], "ps -a"), (["--json"], "ps -a --json")):
+            found[f"{label}, none"] = stats([timed([*TFRUN, "ps", "-a", *flag], tf.env) for _ in range(9)])[0]
+        done = 0
+        started = time.monotonic()
+        while done < history:
+            count = min(1000, history - done, jobs if done == 0 else 1000)
+            submit_array(tf, project, "pass.py", "pass\n", count)
+            done += count
+            wait_for(lambda n=done: states(tf).get("succeeded", 0) >= n, timeout=3600, what=f"{done} jobs ended")
+            if done == count:  # the first batch: --jobs jobs
+                found["rss, jobs"] = rss_mb(tf.daemon_pid())
+        found["history seconds"] = time.monotonic() - started
+        found["rss, history"] = rss_mb(tf.daemon_pid())
+        for flag, label in (([], "ps -a"), (["--json"], "ps -a --json")):
+            found[f"{label}, history"] = stats([timed([*TFRUN, "ps", "-a", *flag], tf.env) for _ in range(9)])[0]
+        found["idle cpu, history"] = daemon_cpu_per_minute(tf, 20)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--queued", type=int, default=1000)
+    parser.add_argument("--history", type=int, default=10000)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--only", default="idle,quiet,lines,keras,queued,history")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    work = Path(tempfile.mkdtemp(prefix="tfrun-scale-"))
+    rows: list[tuple[str, str, str, Optional[bool]]] = []
+    per_min = "s/min"
+    if "idle" in only:
+        cpu = cpu_row(work, "idle", None, 0, args.seconds)
+        rows.append(("tfrund CPU, no jobs", f"{cpu:.2f} {per_min}", "", None))
+    if "quiet" in only:
+        cpu = cpu_row(work, "quiet", QUIET, args.jobs, args.seconds)
+        rows.append((f"tfrund CPU, {args.jobs} quiet running jobs", f"{cpu:.2f} {per_min}", "<= 0.5", cpu <= 0.5))
+    if "lines" in only:
+        cpu = cpu_row(work, "lines", LINES, args.jobs, args.seconds)
+        per_line = cpu / 60 / args.jobs * 1000
+        rows.append(
+            (
+                f"tfrund CPU, {args.jobs} jobs printing a line a second",
+                f"{cpu:.2f} {per_min} ({per_line:.2f} ms a line)",
+                "<= 2",
+                cpu <= 2,
+            )
+        )
+    if "keras" in only:
+        cpu = cpu_row(work, "keras", KERAS, 10, args.seconds)
+        per_line = cpu / 60 / 200 * 1000
+        rows.append(
+            (
+                "tfrund CPU, 10 Keras progress bars (20 redraws/s each)",
+                f"{cpu:.2f} {per_min} ({per_line:.2f} ms a redraw)",
+                "<= 2",
+                cpu <= 2,
+            )
+        )
+    if "queued" in only:
+        cpu, empty, full = queued_row(work, args.queued, args.seconds)
+        rows.append((f"tfrund CPU, {args.queued} queued jobs", f"{cpu:.2f} {per_min}", "<= 0.5", cpu <= 0.5))
+        rows.append(
+            (
+                f"submit with {args.queued} queued / with none",
+                f"{full * 1000:.0f} / {empty * 1000:.0f} ms = {full / empty:.2f}x",
+                "<= 1.1x",
+                full / empty <= 1.1,
+            )
+        )
+    if "history" in only:
+        found = history_rows(work, args.jobs, args.history)
+        for label in ("ps -a", "ps -a --json"):
+            none, full = found[f"{label}, none"], found[f"{label}, history"]
+            rows.append(
+                (
+                    f"`{label}`, {args.history} ended jobs / none",
+                    f"{full * 1000:.0f} / {none * 1000:.0f} ms = {full / none:.2f}x",
+                    "<= 2x",
+                    full / none <= 2,
+                )
+            )
+        grown = found["rss, history"] - found["rss, jobs"]
+        rows.append(
+            (
+                f"tfrund RSS, {args.jobs} -> {args.history} jobs",
+                f"{found['rss, jobs']:.0f} -> {found['rss, history']:.0f} MB (+{grown:.0f})",
+                "<= +10 MB",
+                grown <= 10,
+            )
+        )
+        rows.append(
+            (f"tfrund CPU, idle with {args.history} ended jobs", f"{found['idle cpu, history']:.2f} s/min", "", None)
+        )
+        rows.append(("`python3 -c pass` (the floor)", f"{found['floor'] * 1000:.0f} ms", "", None))
+    print(f"\n{os.cpu_count()} CPUs, CPU over {args.seconds:.0f} s a row\n")
+    print("| what | measured | bound | holds |")
+    print("| --- | --- | --- | --- |")
+    for what, measured, bound, holds in rows:
+        print(f"| {what} | {measured} | {bound} | {'' if holds is None else ('yes' if holds else 'NO')} |")
+    print(json.dumps({what: measured for what, measured, _, _ in rows}), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
