@@ -36,9 +36,17 @@ from tfrun.losses import TrainingLoss
 from tfrun.protocol.fields import JobState
 from tfrun.runner import alertmessage, jobdir, oom
 from tfrun.runner.config import Config
+from tfrun.runner.eventfile import ScalarFile
 from tfrun.runner.gpus import GpuReading, read_gpu_memory
 from tfrun.runner.job import JobRow
-from tfrun.runner.jobmetrics import READ_LIMIT_BYTES, LossPoint, callback_losses, keep_log_metrics, log_losses
+from tfrun.runner.jobmetrics import (
+    READ_LIMIT_BYTES,
+    LossPoint,
+    callback_losses,
+    keep_log_metrics,
+    log_losses,
+    printed_run,
+)
 from tfrun.runner.lines import display, plain
 from tfrun.runner.loggrowth import LogGrowth, Subscription
 from tfrun.runner.metrics import LogMetrics, PatternError, Sample
@@ -49,7 +57,7 @@ from tfrun.runner.store import Store
 log = logging.getLogger("tfrund")
 
 WATCH_INTERVAL_S = 0.5
-MIN_LOOK_INTERVAL_S = 0.02
+MIN_LOOK_INTERVAL_S = 0.05  # the watch's turns at most this often: a busy box's lines are read in batches
 SAVE_EVERY_S = 10.0  # a running job's watch saved this often (and after every alert): what a restart reads again
 KEEP_EVERY_S = 5.0  # the metrics read from a log are appended to its files this often (and at every save)
 MAX_LINE_BYTES = 64 << 10  # an unfinished line kept for the OOM search; longer ones are searched by their start
@@ -76,7 +84,10 @@ class Watch:
     active_at: float = 0.0  # when output was last seen (wall clock; 0: not yet known, the files say)
     unkept: list[Sample] = field(default_factory=list)  # samples read, not yet appended to logmetrics.jsonl
     kept_at: float = 0.0
-    job_dir: Optional[Path] = None
+    job_dir: Optional[Path] = None  # the job's folder, and in it (set at load, as strings: no Path per look)
+    output_path: str = ""
+    metrics_path: str = ""
+    printed: Optional[ScalarFile] = None  # the `printed` TensorBoard run, which finds its file once
 
     def state(self) -> dict[str, Any]:
         return {
@@ -280,6 +291,9 @@ class Alerts:
                 metrics = LogMetrics()
             watch = Watch(row.id, metrics=metrics, spikes=SpikeDetector(factor), callback_spikes=SpikeDetector(factor))
         watch.job_dir = Path(row.job_dir)
+        watch.output_path = os.path.join(row.job_dir, jobdir.OUTPUT)
+        watch.metrics_path = os.path.join(row.job_dir, jobdir.METRICS)
+        watch.printed = printed_run(watch.job_dir)
         self._watches[row.id] = watch
         return watch
 
@@ -301,9 +315,9 @@ class Alerts:
 
     def _read_log(self, row: JobRow, watch: Watch, settings: Settings) -> bool:
         """Read what the log gained; True once all of it is read."""
-        path = Path(row.job_dir) / jobdir.OUTPUT
+        path = watch.output_path
         try:
-            size = path.stat().st_size
+            size = os.stat(path).st_size
         except FileNotFoundError:
             return True
         if size <= watch.offset:
@@ -346,7 +360,7 @@ class Alerts:
 
     def _read_callback_metrics(self, row: JobRow, watch: Watch, settings: Settings) -> None:
         """Follow the losses tfrun.jobs appended to metrics.jsonl."""
-        found = callback_losses(Path(row.job_dir), watch.metrics_offset)
+        found = callback_losses(watch.metrics_path, watch.metrics_offset)
         if found is None:
             return
         read, points = found
@@ -452,5 +466,5 @@ def _keep(watch: Watch) -> None:
     second, 100 jobs cost the daemon 100 opens of two files a second)."""
     samples, watch.unkept = watch.unkept, []
     watch.kept_at = time.monotonic()
-    if samples and watch.job_dir is not None:
-        keep_log_metrics(watch.job_dir, samples)
+    if samples and watch.job_dir is not None and watch.printed is not None:
+        keep_log_metrics(watch.job_dir, samples, watch.printed)

@@ -20,6 +20,7 @@ import socket
 import struct
 import time
 from pathlib import Path
+from typing import Optional
 
 VERSION = b"brain.Event:2"
 PRINTED = "printed"  # the run under a job's TensorBoard folder that holds what the daemon read from its output
@@ -94,6 +95,7 @@ class ScalarFile:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self._open: Optional[Path] = None  # the file this object appended to last: no glob, no stat again
 
     def path(self) -> Path:
         """The file to append to: the one already there (after a daemon restart), else a new name as
@@ -114,13 +116,21 @@ class ScalarFile:
                 chunks.append(record(event(now, step, scalars=scalars)))
         if not chunks:
             return
+        if self._open is not None:
+            try:
+                with open(self._open, "ab") as f:
+                    f.write(b"".join(chunks))  # not fsynced: the curves are derived from the log, which is kept
+                return
+            except FileNotFoundError:  # its folder was removed meanwhile: start a file again
+                self._open = None
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.path()
         fresh = not path.exists() or path.stat().st_size == 0
         with open(path, "ab") as f:
             if fresh:
                 f.write(record(event(now, version=VERSION)))
-            f.write(b"".join(chunks))  # not fsynced: the curves are derived from the log, which is kept
+            f.write(b"".join(chunks))
+        self._open = path
 
 
 def _number(value: object) -> float | None:

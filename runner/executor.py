@@ -124,6 +124,10 @@ class Executor(Protocol):
     def due(self, rows: Sequence[JobRow]) -> list[JobRow]:
         """Which of these unfinished jobs (none being started) are worth a `poll` now."""
 
+    def looks_unasked(self) -> bool:
+        """Whether `due` may name a job although no job was written since it was last asked (a shim exited,
+        a sweep is due; Slurm: always)."""
+
     async def wait(self, timeout: float) -> None:
         """Return once a job may have changed (locally: a shim exited), or after `timeout` seconds."""
 
@@ -162,6 +166,7 @@ class LocalExecutor:
         self._pidfds = hasattr(os, "pidfd_open")  # False once the kernel says it has none
         self._woken: Optional[asyncio.Event] = None  # made on the loop, by the first `wait`
         self._swept_at = 0.0
+        self._unfollowed = False  # the last `due` found a running job that no pidfd follows
 
     # -- handing jobs over --------------------------------------------------------------------------------
 
@@ -227,7 +232,15 @@ class LocalExecutor:
         running = [row for row in rows if row.state == JobState.RUNNING]
         for gone in set(self._exits) - {row.id for row in running}:
             self._unfollow(gone)
-        return [row for row in running if sweep or row.id in self._exited or not self._follow(row)]
+        unfollowed = [row for row in running if not self._follow(row)]
+        self._unfollowed = bool(unfollowed)
+        if sweep:
+            return running
+        return [*unfollowed, *(row for row in running if row.id in self._exited)]
+
+    def looks_unasked(self) -> bool:
+        """A shim exited, a sweep is due, or a job is polled for want of a pidfd."""
+        return bool(self._exited) or self._unfollowed or time.monotonic() - self._swept_at >= SWEEP_S
 
     async def wait(self, timeout: float) -> None:
         """Until a shim exits, or `timeout`."""

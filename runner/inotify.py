@@ -19,7 +19,8 @@ IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
 IN_Q_OVERFLOW = 0x00004000  # events were dropped: whoever follows anything must look again
 IN_IGNORED = 0x00008000  # the watch is gone (its folder was removed)
-GROWTH = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE  # a file in the folder was written or appeared
+WRITTEN = IN_MODIFY | IN_CLOSE_WRITE  # a watched file was written
+APPEARS = IN_CREATE | IN_MOVED_TO  # a file appeared in a watched folder (created, or renamed into place)
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
 _HEADER = struct.Struct("iIII")  # wd, mask, cookie, length of the name that follows
@@ -46,15 +47,17 @@ class Inotify:
             raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
         self.fd: int = fd
 
-    def add(self, folder: str, mask: int = GROWTH) -> int:
-        """Watch `folder` for `mask`; its watch descriptor. OSError: no such folder, or watches used up."""
-        wd = int(self._add(self.fd, os.fsencode(folder), mask))
+    def add(self, path: str, mask: int) -> int:
+        """Watch a file or folder for `mask`; its watch descriptor. OSError: no such file (FileNotFoundError),
+        or watches used up."""
+        wd = int(self._add(self.fd, os.fsencode(path), mask))
         if wd < 0:
-            raise OSError(ctypes.get_errno(), f"{os.strerror(ctypes.get_errno())}: {folder}")
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), path)
         return wd
 
     def remove(self, wd: int) -> None:
-        """Stop a watch; one whose folder is gone already is no error."""
+        """Stop a watch; one whose file is gone already is no error."""
         self._remove(self.fd, wd)
 
     def read(self) -> list[Event]:

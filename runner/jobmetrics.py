@@ -37,9 +37,15 @@ class LossPoint(NamedTuple):
     name: Optional[str] = None
 
 
-def keep_log_metrics(job_dir: Path, samples: list[Sample]) -> None:
+def printed_run(job_dir: Path) -> ScalarFile:
+    """The job's TensorBoard folder's `printed` run (runner/eventfile.py): curves for a script that writes
+    none. One per job for the watch's life: it finds its file once."""
+    return ScalarFile(job_dir / jobdir.TENSORBOARD / PRINTED)
+
+
+def keep_log_metrics(job_dir: Path, samples: list[Sample], printed: ScalarFile) -> None:
     """Append to the job's logmetrics.jsonl, the view `tfrun metrics` shows when the job writes none, and to
-    its TensorBoard folder's `printed` run (runner/eventfile.py): curves for a script that writes none."""
+    its `printed` run (`printed_run`)."""
     now = round(time.time(), 3)
     lines = []
     for sample in samples:
@@ -51,7 +57,7 @@ def keep_log_metrics(job_dir: Path, samples: list[Sample]) -> None:
         lines.append(json.dumps(record, separators=(",", ":")) + "\n")
     with open(job_dir / jobdir.LOG_METRICS, "a") as f:
         f.write("".join(lines))
-    ScalarFile(job_dir / jobdir.TENSORBOARD / PRINTED).append([(s.step, s.values) for s in samples])
+    printed.append([(s.step, s.values) for s in samples])
 
 
 def log_losses(samples: list[Sample], follow: TrainingLoss) -> Iterator[LossPoint]:
@@ -63,12 +69,11 @@ def log_losses(samples: list[Sample], follow: TrainingLoss) -> Iterator[LossPoin
         yield LossPoint(sample.step, loss, _position(sample), follow.cause)
 
 
-def callback_losses(job_dir: Path, offset: int) -> Optional[tuple[int, list[LossPoint]]]:
-    """(the bytes read, the losses in them) from the lines tfrun.jobs appended to metrics.jsonl past `offset`;
-    a last line without its newline waits. None when the file has not grown."""
-    path = job_dir / jobdir.METRICS
+def callback_losses(path: str, offset: int) -> Optional[tuple[int, list[LossPoint]]]:
+    """(the bytes read, the losses in them) from the lines tfrun.jobs appended to metrics.jsonl (at `path`)
+    past `offset`; a last line without its newline waits. None when the file has not grown."""
     try:
-        size = path.stat().st_size
+        size = os.stat(path).st_size
     except FileNotFoundError:
         return None
     if size <= offset:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
-from tfrun.runner.inotify import IN_IGNORED, IN_Q_OVERFLOW, Inotify
+from tfrun.runner.inotify import APPEARS, IN_IGNORED, IN_Q_OVERFLOW, WRITTEN, Inotify
 
 log = logging.getLogger("tfrund")
 
@@ -56,13 +56,19 @@ class Subscription:
 
 
 class LogGrowth:
-    """The daemon's one view of its jobs' logs growing; followers subscribe with `follow`."""
+    """The daemon's one view of its jobs' logs growing; followers subscribe with `follow`.
+
+    Each followed file has a watch of its own (writes to it), and its folder one for files that appear
+    (created, or renamed into place): the shim's log index and the daemon's own metrics files, written
+    beside the log as often as it grows, wake nobody and cost no event. A followed file that does not exist
+    yet is watched from the moment its folder says it appeared."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.waiters: dict[str, set[Subscription]] = {}
-        self.folders: dict[str, int] = {}  # folder: its inotify watch
-        self._by_watch: dict[int, str] = {}
+        self.folders: dict[str, int] = {}  # folder: its watch for files that appear
+        self.files: dict[str, int] = {}  # followed file: its watch for writes
+        self._by_watch: dict[int, tuple[str, bool]] = {}  # watch: (the folder or file, whether a folder)
         self._inotify: Optional[Inotify] = None
         try:
             self._inotify = Inotify()
@@ -77,7 +83,7 @@ class LogGrowth:
             self._inotify = None
 
     def watches(self, folder: str) -> bool:
-        """Whether a growth of a file in `folder` wakes its followers (else they must poll)."""
+        """Whether the growth of the files followed in `folder` wakes their followers (else they must poll)."""
         return folder in self.folders
 
     @contextlib.contextmanager
@@ -87,8 +93,11 @@ class LogGrowth:
         key = os.fspath(path)
         folder = os.path.dirname(key)
         subscription = subscription or Subscription()
+        first = key not in self.waiters
         self.waiters.setdefault(key, set()).add(subscription)
-        self._watch(folder)
+        if first:
+            self._watch_folder(folder)  # before the file: one created in between is told by the folder
+            self._watch_file(key)
         try:
             yield subscription
         finally:
@@ -96,22 +105,38 @@ class LogGrowth:
             waiting.discard(subscription)
             if not waiting:
                 self.waiters.pop(key, None)
+                self._unwatch(self.files.pop(key, None))
                 if not any(os.path.dirname(k) == folder for k in self.waiters):
-                    self._unwatch(folder)
+                    self._unwatch(self.folders.pop(folder, None))
 
-    def _watch(self, folder: str) -> None:
+    def _watch_folder(self, folder: str) -> None:
         if self._inotify is None or folder in self.folders:
             return
         try:
-            wd = self._inotify.add(folder)
+            wd = self._inotify.add(folder, APPEARS)
         except OSError as exc:  # e.g. inotify watches used up: this folder is polled
             log.warning("cannot watch %s (%s); its followers poll", folder, exc)
             return
         self.folders[folder] = wd
-        self._by_watch[wd] = folder
+        self._by_watch[wd] = (folder, True)
 
-    def _unwatch(self, folder: str) -> None:
-        wd = self.folders.pop(folder, None)
+    def _watch_file(self, path: str) -> None:
+        """Watch a followed file's writes (again, if it was replaced); one that does not exist yet is watched
+        once its folder tells it appeared."""
+        if self._inotify is None:
+            return
+        try:
+            wd = self._inotify.add(path, WRITTEN)
+        except FileNotFoundError:
+            return
+        except OSError as exc:  # watches used up: its folder is polled
+            log.warning("cannot watch %s (%s); its followers poll", path, exc)
+            self._unwatch(self.folders.pop(os.path.dirname(path), None))
+            return
+        self.files[path] = wd
+        self._by_watch[wd] = (path, False)
+
+    def _unwatch(self, wd: Optional[int]) -> None:
         if wd is not None and self._inotify is not None:
             self._by_watch.pop(wd, None)
             self._inotify.remove(wd)
@@ -125,13 +150,20 @@ class LogGrowth:
                     for subscription in subscriptions:
                         subscription.wake(path)
                 continue
-            folder = self._by_watch.get(event.watch)
-            if folder is None:
+            watched = self._by_watch.get(event.watch)
+            if watched is None:
                 continue
-            if event.mask & IN_IGNORED:  # the folder is gone, and its watch with it
-                self._by_watch.pop(event.watch, None)
-                self.folders.pop(folder, None)
+            target, is_folder = watched
+            if event.mask & IN_IGNORED:  # the file or folder is gone, and its watch with it
+                del self._by_watch[event.watch]
+                watches = self.folders if is_folder else self.files
+                if watches.get(target) == event.watch:  # not the watch of a file that replaced it
+                    del watches[target]
                 continue
-            path = os.path.join(folder, event.name)
-            for subscription in self.waiters.get(path, ()):
-                subscription.wake(path)
+            path = os.path.join(target, event.name) if is_folder else target
+            followers = self.waiters.get(path)
+            if followers:
+                if is_folder:  # a followed file appeared (or was replaced): its writes are watched from now
+                    self._watch_file(path)
+                for follower in followers:
+                    follower.wake(path)

@@ -110,13 +110,17 @@ class Supervisor:
         self._apply(rows, self.executor.reconcile(rows))
 
     async def monitor(self) -> None:
-        """Forever: poll the unfinished jobs (none being started right now) that the executor says are due;
-        then wait for it to tell of a change, at most MONITOR_INTERVAL_S (a job that started meanwhile is
-        followed from then on)."""
+        """Forever: poll the unfinished jobs (none being started right now) that the executor says are due,
+        whenever a job was written or the executor has a reason of its own (a shim exited); then wait for
+        it, at most MONITOR_INTERVAL_S (a job that started meanwhile is followed from then on)."""
+        asked_at = -1  # the store's job_writes when the executor was last asked
         while True:
-            due = self.executor.due([r for r in self.store.list(include_final=False) if r.id not in self._starting])
-            if due:
-                self._apply(due, self.executor.poll(due))
+            if self.store.job_writes != asked_at or self.executor.looks_unasked():
+                asked_at = self.store.job_writes
+                rows = [r for r in self.store.list(include_final=False) if r.id not in self._starting]
+                due = self.executor.due(rows)
+                if due:
+                    self._apply(due, self.executor.poll(due))
             await self.executor.wait(MONITOR_INTERVAL_S)
 
     def _apply(self, rows: Sequence[JobRow], changes: list[tuple[int, Change]]) -> None:

@@ -51,3 +51,28 @@ def test_a_folder_that_cannot_be_watched_is_said_to_be_polled(tmp_path: Path) ->
             growth.stop()
 
     assert asyncio.run(scenario()) is False
+
+
+def test_a_followed_file_replaced_by_a_rename_is_followed_on(tmp_path: Path) -> None:
+    """A file renamed into place is another file: its writes are watched from the moment it appears."""
+    log = tmp_path / "output.log"
+    log.write_bytes(b"first\n")
+
+    async def scenario() -> tuple[set[str], set[str]]:
+        growth = LogGrowth(asyncio.get_running_loop())
+        grew = Subscription()
+        try:
+            with growth.follow(log, grew):
+                (tmp_path / "new.log").write_bytes(b"")
+                (tmp_path / "new.log").rename(log)
+                await grew.wait(10)
+                replaced = grew.take()
+                with open(log, "ab") as f:
+                    f.write(b"second\n")
+                await grew.wait(10)
+                return replaced, grew.take()
+        finally:
+            growth.stop()
+
+    replaced, written = asyncio.run(scenario())
+    assert replaced == {str(log)} and written == {str(log)}

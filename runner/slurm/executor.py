@@ -226,6 +226,10 @@ class SlurmExecutor:
         """Every job: what Slurm says of each comes in one answer (`poll` reads no folder between answers)."""
         return list(rows)
 
+    def looks_unasked(self) -> bool:
+        """Always: Slurm's answers come whatever tfrun writes."""
+        return True
+
     async def wait(self, timeout: float) -> None:
         await asyncio.sleep(timeout)
 
