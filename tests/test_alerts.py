@@ -795,3 +795,22 @@ with open(metrics, "a") as f:
     assert [s["step"] for s in samples] == [2, 3], samples
     assert samples[0]["epoch"] is None and samples[0]["time"] is None
     assert "Traceback" not in (tf.home / "tfrund.log").read_text()
+
+
+def test_the_one_tls_context_mail_reuses_has_its_checks_on_at_every_mail() -> None:
+    """apprise's SMTP plugin makes a TLS context per mail (30 ms of certificates); tfrun hands it one, made
+    once. The plugin turns the checks off on it for a URL that says verify=no: the next mail's must have
+    them on again."""
+    from apprise.plugins.email import smtp
+
+    from tfrun.runner import outbox
+
+    outbox._apprise()
+    assert isinstance(smtp.ssl, outbox.ReusedContext)
+    first = smtp.ssl.create_default_context()
+    first.check_hostname = False  # what the plugin does for ?verify=no
+    first.verify_mode = ssl.CERT_NONE
+    again = smtp.ssl.create_default_context()
+    assert again is first
+    assert again.verify_mode == ssl.CERT_REQUIRED and again.check_hostname
+    assert smtp.ssl.CERT_NONE == ssl.CERT_NONE  # the rest of the module is the module's
