@@ -232,11 +232,16 @@ class LocalExecutor:
         running = [row for row in rows if row.state == JobState.RUNNING]
         for gone in set(self._exits) - {row.id for row in running}:
             self._unfollow(gone)
-        unfollowed = [row for row in running if not self._follow(row)]
-        self._unfollowed = bool(unfollowed)
-        if sweep:
-            return running
-        return [*unfollowed, *(row for row in running if row.id in self._exited)]
+        due, self._unfollowed = [], False
+        for row in running:  # each job once: a shim that exited is not followed again (it would fail)
+            if row.id in self._exited:
+                due.append(row)
+            elif not self._follow(row):
+                due.append(row)
+                self._unfollowed = True
+            elif sweep:
+                due.append(row)
+        return due
 
     def looks_unasked(self) -> bool:
         """A shim exited, a sweep is due, or a job is polled for want of a pidfd."""

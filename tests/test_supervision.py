@@ -345,3 +345,36 @@ def test_a_submit_whose_daemon_dies_before_answering_runs_once_and_prints_its_id
     assert [job["id"] for job in tf.jobs()] == [job_id]
     assert tf.run("wait", str(job_id)).returncode == 0
     assert runs.read_text() == "ran\n"
+
+
+def test_a_job_whose_shim_exited_is_due_once_in_a_look(tmp_path: Path) -> None:
+    """A shim followed by a pidfd that exits makes its job due; the job must be named once, not also as one
+    no pidfd follows (its shim is gone): two ends of one job in one look was a move from succeeded to
+    succeeded, a traceback in the daemon's log."""
+    import asyncio
+
+    from tfrun.paths import Layout
+    from tfrun.protocol.fields import JobState
+    from tfrun.runner.executor import LocalExecutor
+    from tfrun.runner.job import JobRow, JobSpec
+    from tfrun.runner.process import boot_id, start_ticks
+
+    shim = subprocess.Popen(["sleep", "30"])
+    start = start_ticks(shim.pid)
+    assert start is not None
+    spec = JobSpec(script="x.py", args=(), command=("true",), env={})
+    row = JobRow(1, None, JobState.RUNNING, spec, str(tmp_path), str(tmp_path), time.time(),
+                 shim_pid=shim.pid, shim_start=start, boot_id=boot_id())  # fmt: skip
+
+    async def looks() -> tuple[list[int], list[int]]:
+        executor = LocalExecutor(Layout(tmp_path / "home"), [])
+        executor._swept_at = time.monotonic()  # no sweep due: only what the pidfd tells
+        followed = [r.id for r in executor.due([row])]
+        shim.kill()
+        shim.wait()
+        await executor.wait(10)
+        return followed, [r.id for r in executor.due([row])]
+
+    followed, after_exit = asyncio.run(looks())
+    assert followed == []  # followed by its pidfd: nothing to look at while it runs
+    assert after_exit == [1]
