@@ -84,8 +84,8 @@ class Client:
         """A handle on a job that exists (by id or name)."""
         return JobHandle(self, self.status(job))
 
-    def jobs(self, all: bool = False) -> list[Job]:
-        return self._run(self.core.jobs(all))
+    def jobs(self, all: bool = False, last: Optional[int] = None) -> list[Job]:
+        return self._run(self.core.jobs(all, last))
 
     def status(self, job: Ref) -> Job:
         return self._run(self.core.status(job))

@@ -106,6 +106,17 @@ class AsyncClient:
         """One request on a connection of its own, and its reply."""
         return await self.session(lambda channel: channel.ask(request))
 
+    async def each(self, request: Request[M], take: Callable[[M], bool]) -> None:
+        """A request answered in parts (`ListJobs` with `text`): `take` gets each reply as it comes and says
+        whether more follow."""
+
+        async def parts(channel: Channel) -> None:
+            await channel.send(request)
+            while take(await channel.reply_to(request)):
+                pass
+
+        await self.session(parts)
+
     async def session(self, action: Callable[[Channel], Awaitable[T]]) -> T:
         """Run `action` on a connection of its own, closed after."""
         with self._where():
@@ -117,9 +128,11 @@ class AsyncClient:
 
     # -- jobs ----------------------------------------------------------------------------------------------
 
-    async def jobs(self, all: bool = False) -> list[Job]:
-        """Jobs that have not ended; with `all`, every job (`tfrun ps -a`)."""
-        return (await self.ask(ListJobs(all=all))).jobs
+    async def jobs(self, all: bool = False, last: Optional[int] = None) -> list[Job]:
+        """Jobs that have not ended; with `all`, every job (`tfrun ps -a`); with `last`, only the newest
+        `last` of them (a tfrund that sends every one, an older one, is cut here)."""
+        listed = (await self.ask(ListJobs(all=all, last=last))).jobs
+        return listed if last is None else listed[max(0, len(listed) - last) :]
 
     async def status(self, job: Ref) -> Job:
         """One job's record, by id or name (a name means the newest job of that name)."""
@@ -127,10 +140,10 @@ class AsyncClient:
 
     async def newest(self) -> Job:
         """The newest job (the last submitted): what `tfrun logs` and `status` mean without JOB."""
-        jobs = await self.jobs(all=True)
+        jobs = await self.jobs(all=True, last=1)  # not the whole history
         if not jobs:
             raise TfrunError(f"no jobs on {self.place}", EXIT_NO_SUCH_JOB)
-        return max(jobs, key=lambda job: job.id)
+        return jobs[-1]
 
     async def wait(self, job: Ref) -> Job:
         """The job's final record, once it has ended: through a failure that was restarted (submit

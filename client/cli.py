@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from tfrun.client.config import Host
     from tfrun.client.connection import Target
     from tfrun.client.lines import Output
+    from tfrun.client.syncchannel import SyncChannel
     from tfrun.protocol.wire import Message, Request
 
 T = TypeVar("T")
@@ -136,28 +137,44 @@ def ask(request: Request[M]) -> M:
     over a plain socket (client/syncchannel.py: no asyncio to import); else the API asks, starting the local
     daemon or crossing SSH."""
     where = target()
-    if where.local:
-        reply = guarded(lambda: _ask_running_daemon(request, where))
-        if reply is not None:
-            return reply
+    channel = guarded(_running_daemon) if where.local else None
+    if channel is not None:
+        return guarded(lambda: _on_running_daemon(channel, where, lambda: channel.ask(request)))
     return run(client().ask(request))
 
 
-def _ask_running_daemon(request: Request[M], where: Target) -> Optional[M]:
-    """The local daemon's reply to `request`, or None when no daemon is up (the API's way starts one)."""
+def each_reply(request: Request[M], take: Callable[[M], bool]) -> None:
+    """`ask`, for a request answered in parts (`ps --json`): `take` gets each reply as it comes and says
+    whether more follow."""
+    where = target()
+    channel = guarded(_running_daemon) if where.local else None
+    if channel is not None:
+        guarded(lambda: _on_running_daemon(channel, where, lambda: channel.each(request, take)))
+    else:
+        run(client().each(request, take))
+
+
+def _running_daemon() -> Optional[SyncChannel]:
+    """A plain-socket channel to the daemon up on this machine, or None when none is (the API's way starts one)."""
     from tfrun.client.syncchannel import SyncChannel
     from tfrun.paths import Layout
-    from tfrun.protocol.channel import RemoteError
-    from tfrun.protocol.fields import ErrorCode
     from tfrun.protocol.wire import ConnectionClosed
 
     try:
-        channel = SyncChannel.connect(str(Layout.from_env().socket))
+        return SyncChannel.connect(str(Layout.from_env().socket))
     except (FileNotFoundError, ConnectionError, ConnectionClosed):  # none, or one that died in the hello
         return None
+
+
+def _on_running_daemon(channel: SyncChannel, where: Target, action: Callable[[], T]) -> T:
+    """`action()`'s conversation on `channel`, closed after; a "no job" error says where, as client/api.py's
+    NoSuchJob does."""
+    from tfrun.protocol.channel import RemoteError
+    from tfrun.protocol.fields import ErrorCode
+
     try:
-        return channel.ask(request)
-    except RemoteError as exc:  # "no job" says where, as client/api.py's NoSuchJob does
+        return action()
+    except RemoteError as exc:
         if exc.code != ErrorCode.NO_SUCH_JOB:
             raise
         raise RemoteError(exc.code, f"{exc.message} on {where.place()}") from None

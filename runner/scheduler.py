@@ -35,7 +35,7 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from tfrun.constants import DEFAULT_GRACE_S, GPU_HANDOUT_WAIT_S, GPU_HELD_OUTSIDE, GPU_RECHECK_S
 from tfrun.content import ManifestError
@@ -46,7 +46,7 @@ from tfrun.runner.blobs import read_manifest, write_manifest
 from tfrun.runner.config import inherited_env
 from tfrun.runner.faults import crash_point
 from tfrun.runner.gpus import held_outside, lease_folder, lease_paths, read_gpu_memory
-from tfrun.runner.job import JobRow
+from tfrun.runner.job import SERVICE_LIKE, JobRow, JobSpec, from_json
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -79,6 +79,7 @@ class Scheduler:
         self._lock = asyncio.Lock()
         self._leases: dict[str, str] = {}  # in a pass: the lease file of each device that has one
         self._recheck: Optional[asyncio.Task[None]] = None  # the pass to come for GPUs held outside
+        self._specs: dict[int, JobSpec] = {}  # the spec of each waiting job (`_waiting_jobs`)
 
     @property
     def devices(self) -> list[str]:
@@ -136,65 +137,81 @@ class Scheduler:
 
     def held(self) -> dict[str, int]:
         """Devices held by unfinished jobs, and by which."""
-        holders = {}
-        for row in self.store.list(include_final=False):
-            for device in row.gpus or []:
-                holders[device] = row.id
-        return holders
+        return {device: job_id for job_id, devices in _scheduled(self.store) for device in devices}
 
     async def run_pass(self) -> None:
         """Start every waiting job whose turn it is and whose GPUs are free; fail those whose `--after`
-        job did not succeed."""
-        async with self._lock, self._handing_out() as outside:
-            held = self.held()
-            free = [d for d in self.devices if d not in held and d not in outside]
-            # Services (TensorBoard, Jupyter) neither take nor wait for a CPU-only job slot: they mostly wait.
-            cpu_running = sum(1 for row in self.store.list(include_final=False)
-                              if row.gpus == [] and not _waiting(row) and row.spec.service is None)  # fmt: skip
-            gpu_blocked = False
-            arrays: dict[int, list[JobRow]] = {}  # the tasks of each array ready in this pass
-            for listed in sorted(self._waiting(), key=lambda r: (-r.spec.priority, r.id)):
-                row = self.store.get(listed.id)  # as it is now: starting others awaits, and it may be cancelled
-                if row is None or not _waiting(row) or self._held_by_dependencies(row):
+        job did not succeed.
+
+        A submit waits for its pass (its answer says whether the job started, or why it waits), so a pass
+        reads only what it decides by: the waiting jobs' ids, reasons and specs (each spec decoded once in
+        its wait), and the states of the jobs they run after, in one query; a whole row only for a job it
+        starts or fails. With 1,000 jobs waiting `--after` one, it reads and decodes none of their rows."""
+        async with self._lock:
+            waiting = self._waiting_jobs()
+            async with self._handing_out(waiting) as outside:
+                await self._place(waiting, outside)
+
+    async def _place(self, waiting: list[_Waiting], outside: dict[str, str]) -> None:
+        """The pass itself, over the `waiting` jobs, with the devices held `outside` this daemon."""
+        scheduled = _scheduled(self.store)
+        held = {device for _, devices in scheduled for device in devices}
+        free = [d for d in self.devices if d not in held and d not in outside]
+        cpu_running = _cpu_jobs(self.store, scheduled)
+        after = _after_states(self.store, {ref for job in waiting for ref in job.spec.after})
+        gpu_blocked = False
+        arrays: dict[int, list[JobRow]] = {}  # the tasks of each array ready in this pass
+        for job in sorted(waiting, key=lambda job: (-job.spec.priority, job.id)):
+            if self._held_by_dependencies(job, after):
+                continue
+            if self.supervisor.executor.places_jobs():
+                row = self._current(job)
+                if row is None:
                     continue
-                if self.supervisor.executor.places_jobs():
-                    if row.array_id is not None and row.spec.restart_of is None:
-                        arrays.setdefault(row.array_id, []).append(row)
-                    else:
-                        await self._start_on(row, [])
-                    continue
-                need = row.spec.gpus
-                if need:
-                    if gpu_blocked or need > len(free):
-                        self._wait(
-                            row,
-                            f"waiting for {need} GPU(s); {len(free)} free"
-                            + (", others first" if gpu_blocked and need <= len(free) else "")
-                            + _outside_text(outside),
-                        )
-                        gpu_blocked = True
-                        continue
-                    devices, free = free[:need], free[need:]
+                if row.array_id is not None and row.spec.restart_of is None:
+                    arrays.setdefault(row.array_id, []).append(row)
                 else:
-                    cap = 0 if row.spec.service is not None else self.config().max_cpu_jobs
-                    if cap and cpu_running >= cap:
-                        self._wait(row, f"waiting for one of the {cap} CPU-only job slots")
-                        continue
-                    cpu_running += row.spec.service is None
-                    devices = []
-                await self._start_on(row, devices)
-            for tasks in arrays.values():
-                await self._start_array(tasks)
-            if gpu_blocked and outside:
-                self._recheck_soon()
+                    await self._start_on(row, [])
+                continue
+            need = job.spec.gpus
+            if need:
+                if gpu_blocked or need > len(free):
+                    self._wait(
+                        job,
+                        f"waiting for {need} GPU(s); {len(free)} free"
+                        + (", others first" if gpu_blocked and need <= len(free) else "")
+                        + _outside_text(outside),
+                    )
+                    gpu_blocked = True
+                    continue
+                devices = free[:need]
+            else:
+                # Services (TensorBoard, Jupyter) neither take nor wait for a CPU-only job slot: they mostly wait.
+                cap = 0 if job.spec.service is not None else self.config().max_cpu_jobs
+                if cap and cpu_running >= cap:
+                    self._wait(job, f"waiting for one of the {cap} CPU-only job slots")
+                    continue
+                devices = []
+            row = self._current(job)
+            if row is None:
+                continue
+            if need:
+                free = free[need:]
+            else:
+                cpu_running += job.spec.service is None
+            await self._start_on(row, devices)
+        for tasks in arrays.values():
+            await self._start_array(tasks)
+        if gpu_blocked and outside:
+            self._recheck_soon()
 
     @contextlib.asynccontextmanager
-    async def _handing_out(self) -> AsyncIterator[dict[str, str]]:
+    async def _handing_out(self, waiting: list[_Waiting]) -> AsyncIterator[dict[str, str]]:
         """For a pass with GPU jobs to place, on GPUs other daemons may lease: the box's hand-out lock held
         for the pass, and who holds each device outside this daemon (in words). Without the lock in time
         (another daemon hands out for longer than GPU_HANDOUT_WAIT_S), every leased device counts as held."""
         self._leases = {}
-        if self.supervisor.executor.places_jobs() or not any(row.spec.gpus for row in self._waiting()):
+        if self.supervisor.executor.places_jobs() or not any(job.spec.gpus for job in waiting):
             yield {}
             return
         loop = asyncio.get_running_loop()
@@ -231,34 +248,47 @@ class Scheduler:
         self._recheck = None  # this pass may call for the next
         await self.run_pass()
 
-    def _waiting(self) -> list[JobRow]:
-        """Queued jobs whose work dir is built and that nobody is starting yet."""
-        return [row for row in self.store.list(include_final=False) if _waiting(row)]
+    def _waiting_jobs(self) -> list[_Waiting]:
+        """Queued jobs whose work dir is built and that nobody is starting yet, by id; each spec decoded in
+        the first pass that sees it (it never changes), the others forgotten."""
+        found = _waiting_rows(self.store)
+        self._specs = {job_id: self._specs.get(job_id) or from_json(spec) for job_id, spec, _ in found}
+        return [_Waiting(job_id, self._specs[job_id], why) for job_id, _, why in found]
 
-    def _held_by_dependencies(self, row: JobRow) -> bool:
-        """Whether `--after` keeps `row` from starting: it waits for jobs still to succeed (the reason is
+    def _current(self, job: _Waiting) -> Optional[JobRow]:
+        """The job's row as it is now, if it still waits: starting others awaits, and it may be cancelled."""
+        row = self.store.get(job.id)
+        return row if row is not None and _waiting(row) else None
+
+    def _held_by_dependencies(self, job: _Waiting, after: dict[int, tuple[str, Optional[int]]]) -> bool:
+        """Whether `--after` keeps `job` from starting: it waits for jobs still to succeed (the reason is
         recorded), or it is failed now because one of them failed, was cancelled or lost. A job that failed
-        and runs again (--max-restarts, `tfrun restart`) counts as its last run, as `tfrun wait` has it."""
+        and runs again (--max-restarts, `tfrun restart`) counts as its last run, as `tfrun wait` has it.
+        `after`: the state and restart of each job it may name, as `_after_states` read them for the pass."""
         pending = []
-        for ref in row.spec.after:
-            dep = self.store.get(ref)
-            while dep is not None and dep.restarted_as is not None and (again := self.store.get(dep.restarted_as)):
-                dep = again
-            if dep is None or dep.state in (JobState.FAILED, JobState.CANCELLED, JobState.LOST):
-                how = "no longer exists" if dep is None else f"{dep.state}"
-                run = "" if dep is None or dep.id == ref else f" in its restart, job {dep.id}"
-                self.supervisor.mark_failed(row, f"job {ref}, which it runs after, {how}{run}")
+        for ref in job.spec.after:
+            dep, found = ref, after.get(ref)
+            while found is not None and found[1] is not None and found[1] in after:
+                dep, found = found[1], after[found[1]]
+            if found is None or found[0] in (JobState.FAILED, JobState.CANCELLED, JobState.LOST):
+                how = "no longer exists" if found is None else f"{found[0]}"
+                run = "" if found is None or dep == ref else f" in its restart, job {dep}"
+                row = self._current(job)
+                if row is not None:
+                    self.supervisor.mark_failed(row, f"job {ref}, which it runs after, {how}{run}")
                 return True
-            if dep.state != JobState.SUCCEEDED:
-                pending.append(str(dep.id))  # the run it waits for: a restart's id once there is one
+            if found[0] != JobState.SUCCEEDED:
+                pending.append(str(dep))  # the run it waits for: a restart's id once there is one
         if pending:
             listed = ", ".join(pending[:5]) + (f" and {len(pending) - 5} more" if len(pending) > 5 else "")
-            self._wait(row, f"waiting for job(s) {listed} to succeed")
+            self._wait(job, f"waiting for job(s) {listed} to succeed")
         return bool(pending)
 
-    def _wait(self, row: JobRow, why: str) -> None:
-        if row.waiting != why:
-            self.store.update(row.id, waiting=why)
+    def _wait(self, job: _Waiting, why: str) -> None:
+        """Record why a job waits, where it changed. Written on the pass's reading: a job cancelled since
+        keeps a reason that no one is shown (a client sees one only while a job is queued)."""
+        if job.waiting != why:
+            self.store.update(job.id, waiting=why)
 
     async def _start_on(self, row: JobRow, devices: list[str]) -> None:
         """Record the devices with the job, then hand it to the executor with them."""
@@ -316,6 +346,69 @@ def snapshot_files(row: JobRow) -> list[FileEntry]:
 
 def _waiting(row: JobRow) -> bool:
     return row.state == JobState.QUEUED and row.gpus is None and bool(row.prepared)
+
+
+class _Waiting(NamedTuple):
+    """A job that waits to be scheduled, as a pass decides by: what it asks for, and why it waits now."""
+
+    id: int
+    spec: JobSpec
+    waiting: Optional[str]
+
+
+# -- what a pass reads of the store, without its rows: reads that belong with runner/store.py's --------------
+
+_UNFINISHED = f"state NOT IN ({', '.join('?' * len(JobState.FINAL))})"
+
+
+def _waiting_rows(store: Store) -> list[tuple[int, str, Optional[str]]]:
+    """(id, spec as stored, waiting reason) of each job `_waiting` says waits, by id."""
+    rows = store.db.execute(
+        "SELECT id, spec, waiting FROM jobs WHERE state=? AND gpus IS NULL AND prepared != 0 ORDER BY id",
+        (JobState.QUEUED,),
+    )
+    return [(job_id, spec, why) for job_id, spec, why in rows]
+
+
+def _scheduled(store: Store) -> list[tuple[int, list[str]]]:
+    """Each unfinished job that was given its devices (maybe none), by id, with them."""
+    rows = store.db.execute(
+        f"SELECT id, gpus FROM jobs WHERE {_UNFINISHED} AND gpus IS NOT NULL ORDER BY id", JobState.FINAL
+    )
+    return [(job_id, json.loads(gpus)) for job_id, gpus in rows]
+
+
+def _cpu_jobs(store: Store, scheduled: list[tuple[int, list[str]]]) -> int:
+    """How many of the `scheduled` jobs run without GPUs and take a CPU-only job slot: all but services (they
+    mostly wait), whose specs alone are decoded (they, and few others, match SERVICE_LIKE)."""
+    cpu = [job_id for job_id, devices in scheduled if not devices]
+    services = 0
+    for start in range(0, len(cpu), _IDS_PER_STATEMENT):
+        chunk = cpu[start : start + _IDS_PER_STATEMENT]
+        rows = store.db.execute(
+            f"SELECT spec FROM jobs WHERE id IN ({', '.join('?' * len(chunk))}) AND spec LIKE ?", (*chunk, SERVICE_LIKE)
+        )
+        services += sum(1 for (spec,) in rows if from_json(spec).service is not None)
+    return len(cpu) - services
+
+
+def _after_states(store: Store, refs: set[int]) -> dict[int, tuple[str, Optional[int]]]:
+    """The state and restart (`restarted_as`) of each job of `refs` there is, and of each restart of one, to
+    the last: all that the waiting jobs' `--after` checks need, in a query a few hundred jobs."""
+    found: dict[int, tuple[str, Optional[int]]] = {}
+    while refs:
+        ids = sorted(refs)
+        for start in range(0, len(ids), _IDS_PER_STATEMENT):
+            chunk = ids[start : start + _IDS_PER_STATEMENT]
+            rows = store.db.execute(
+                f"SELECT id, state, restarted_as FROM jobs WHERE id IN ({', '.join('?' * len(chunk))})", chunk
+            )
+            found.update((job_id, (state, again)) for job_id, state, again in rows)
+        refs = {again for ref in refs if ref in found and (again := found[ref][1]) is not None} - found.keys()
+    return found
+
+
+_IDS_PER_STATEMENT = 500  # SQLite before 3.32 takes at most 999 parameters in one statement
 
 
 def job_env(layout: Layout, row: JobRow, devices: list[str], box_devices: list[str]) -> dict[str, str]:

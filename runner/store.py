@@ -1,5 +1,6 @@
 """The store: one SQLite database per daemon (WAL, schema versioned with `user_version`, runner/schema.py),
-and every SQL statement tfrund runs.
+and the SQL tfrund runs, but for two reads kept beside their one caller for now: `ps`'s listing a page at
+a time (runner/handlers/jobs.py) and a scheduler pass's light reads of the waiting jobs (runner/scheduler.py).
 
 The database is the daemon's memory of jobs; the job folders hold the facts the shim writes (shim.json,
 exit.json), so the store can always be brought up to date from them after a crash. Its tables:

@@ -4,14 +4,18 @@ FORCE_COLOR, and the small verbs scripts want (`ps -q`, `logs -n`, `cancel --all
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
+import json
 import subprocess
 import time
 from pathlib import Path
 
 import click
 import pytest
-from conftest import TFRUN, Tfrun, gated_job, write_script
+from conftest import TFRUN, Tfrun, gated_job, wait_for, write_script
+
+from tfrun.protocol.jobs import Job, JobList, ListJobs
 
 ARGV = "import sys\nprint(sys.argv[1:])\n"
 LONG_ARGS = ["--comment", "x" * 150, "--tag", "the-very-end"]
@@ -127,6 +131,60 @@ def test_ps_q_logs_n_the_newest_job_and_cancel_all(tf: Tfrun, project: Path, gat
     assert tf.ok("ps", "-q") == ""
     again = tf.run("cancel", "--all")
     assert again.returncode == 0 and again.stdout == "" and "no unfinished jobs on this machine" in again.stderr
+
+
+def test_ps_a_shows_the_newest_hundred_and_says_how_many_it_left_out(tf: Tfrun, project: Path) -> None:
+    """A long history does not weigh on `ps -a`: its table shows the newest 100 jobs, a line on stderr says how
+    many older ones it left out (so `ps -a | grep` and `| tail -1` see rows only), -n chooses; -q and --json
+    still list every job, in --json's format as ever."""
+    write_script(project, "nothing.py", "pass\n")
+    ids = [int(line) for line in tf.ok("submit", "--array", f"i={','.join(map(str, range(102)))}",
+                                       str(project / "nothing.py")).split()]  # fmt: skip
+    wait_for(lambda: [job["state"] for job in tf.jobs()] == ["succeeded"] * 102, timeout=300, what="102 jobs ended")
+    table = tf.run("ps", "-a")
+    rows = table.stdout.splitlines()
+    assert rows[2].split()[:3] == [f"{ids[0]}[2-101]", "-", "100"], rows[:3]  # the array's row: what is shown
+    assert [row.split()[0] for row in rows[3:]] == [str(job) for job in ids[2:]]
+    assert table.stderr == "tfrun: 2 older jobs not shown (-n 0 shows every job)\n"
+    every = tf.run("ps", "-a", "-n", "0")
+    assert [row.split()[0] for row in every.stdout.splitlines()[3:]] == [str(job) for job in ids] and not every.stderr
+    few = tf.run("ps", "-a", "--last", "3")
+    assert [row.split()[0] for row in few.stdout.splitlines()[3:]] == [str(job) for job in ids[-3:]]
+    assert few.stderr == "tfrun: 99 older jobs not shown (-n 0 shows every job)\n"
+    text = tf.ok("ps", "-a", "--json")
+    records = json.loads(text)
+    assert [record["id"] for record in records] == ids and text == json.dumps(records, indent=2) + "\n"
+    assert list(records[0]) == [field.name for field in dataclasses.fields(Job)]
+    assert [record["id"] for record in json.loads(tf.ok("ps", "-a", "--json", "-n", "2"))] == ids[-2:]
+    assert tf.ok("ps", "-aq").split() == [str(job) for job in ids]
+    unfinished = tf.run("ps", "-n", "1")
+    assert unfinished.stdout == "no jobs on this machine\n" and not unfinished.stderr
+
+
+def test_a_daemon_that_sends_every_job_is_cut_by_the_client() -> None:
+    """A tfrund older than `ListJobs.last` ignores it: the client keeps the newest and counts the others."""
+    from tfrun.client.verbs.jobs import newest
+
+    jobs = [Job(i, "succeeded", "a.py", [], [], "/w", "/j", "/l", "/c", 1.0) for i in range(1, 6)]
+    assert newest(JobList(jobs), 2) == (jobs[3:], 3)
+    assert newest(JobList(jobs[3:], older=3), 2) == (jobs[3:], 3)  # a tfrund that cut it itself
+    assert newest(JobList(jobs), None) == (jobs, 0)
+
+
+def test_ps_json_writes_the_daemons_text_as_it_comes_or_an_older_daemons_records(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tfrun.client import cli, render
+    from tfrun.client.verbs.jobs import _print_records
+
+    jobs = [Job(i, "succeeded", "a.py", [], [], "/w", "/j", "/l", "/c", 1.0) for i in range(1, 4)]
+    parts = [JobList(more=True, data=b"[\n  {"), JobList(data=b"}\n]")]
+    monkeypatch.setattr(cli, "each_reply", lambda request, take: [take(part) for part in parts])
+    _print_records(ListJobs(all=True, text=True))
+    assert capsys.readouterr().out == "[\n  {}\n]\n"  # the parts as they are, the line ended
+    parts = [JobList(jobs)]  # a tfrund older than `text` (and `last`)
+    _print_records(ListJobs(all=True, last=2, text=True))
+    assert capsys.readouterr().out == render.to_json(jobs[1:]) + "\n"
 
 
 def test_a_short_option_means_one_thing_in_every_verb() -> None:

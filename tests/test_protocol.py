@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tfrun.protocol.fields import validate_name
-from tfrun.protocol.jobs import Cancel, CancelReply, CancelResult, Job, JobReply
+from tfrun.protocol.jobs import Cancel, CancelReply, CancelResult, Job, JobList, JobReply, ListJobs, record_text
 from tfrun.protocol.logs import LogChunk
 from tfrun.protocol.submit import FileEntry, Submit
 from tfrun.protocol.wire import Hello, ProtocolError, decode_header, encode, read_message
@@ -61,6 +61,30 @@ def sample_job() -> Job:
 )
 def test_every_kind_of_message_round_trips(msg: object) -> None:
     assert roundtrip(msg) == msg
+
+
+def test_a_record_as_text_is_what_ps_json_prints_for_it() -> None:
+    """The daemon sends a long listing as text (`ListJobs.text`): each record must read exactly as the client's
+    own JSON of it, for every kind of value a field holds."""
+    from tfrun.client import render
+
+    odd = Job(
+        id=12, state="failed", script='we"ird\\.py', args=["--x=\n\t", "\udcfe", "ünï", "{[,]}"], command=[],
+        workdir="/w", job_dir="/j", log_path="/j/output.log", checkpoint_dir="/c", created_at=1700000000.1234567,
+        name=None, env={"K": "v=1", "É": "\x1b[0m"}, started_at=5.0, finished_at=1e-7, exit_code=-9, signal=9,
+        git_dirty=False, tty=True, gpus=["0", "1"], after=[3, 4], restart_on=[], alert_rules=["stall=30m"],
+        array_id=12, array_index=0, port=6006,
+    )  # fmt: skip
+    for jobs in ([sample_job()], [sample_job(), odd]):
+        assert "[\n" + ",\n".join(map(record_text, jobs)) + "\n]" == render.to_json(jobs)
+
+
+def test_a_listing_in_parts_round_trips_and_an_older_request_still_reads() -> None:
+    part = JobList(older=3, more=True, data=b'[\n  {\n    "id": 1\n  }')
+    assert roundtrip(part) == part
+    assert roundtrip(JobList([sample_job()])) == JobList([sample_job()])
+    cls, fields, _ = decode_header(b'{"type": "list", "all": true}')  # a client before `last` and `text`
+    assert cls(**fields) == ListJobs(all=True, last=None, text=False)
 
 
 def test_bytes_travel_raw_after_the_header() -> None:

@@ -18,7 +18,7 @@ DEFAULT_GRACE_S = 10.0
 MAX_GRACE_S = 24 * 3600.0
 
 # Wire limits: one frame's JSON header, and the raw bytes that may follow it.
-MAX_HEADER_BYTES = 16 << 20  # a `ps --all` of many thousand jobs is one frame
+MAX_HEADER_BYTES = 16 << 20  # the API's `jobs(all=True)` of many thousand jobs is one frame
 MAX_PAYLOAD_BYTES = 4 << 20
 LOG_CHUNK_BYTES = 256 << 10
 FILE_CHUNK_BYTES = 1 << 20  # uploads and pulls
@@ -49,6 +49,7 @@ MAX_PRIORITY = 1_000_000  # submit --priority, either way
 MAX_NODES = 128
 MAX_ALERTS = 10_000  # alerts one `tfrun alerts` lists
 MAX_TOP_RECENT = 100  # ended jobs `tfrun top` shows
+PS_ALL_LAST = 100  # jobs `tfrun ps -a`'s table shows, the newest (`-n N` chooses; 0: all)
 MAX_TOP_LOSSES = 1000  # losses per job `tfrun top` draws
 
 # A link that dies without closing (a laptop asleep, a Wi-Fi or VPN change, a NAT that forgot the flow): every

@@ -83,11 +83,17 @@ def pools(as_json: bool) -> None:
     render.print_table(cli.output(), ("POOL", "HOST", "REACHABLE", "FREE/GPUS", "RUNNING", "QUEUED"), body)
 
 
-def ps_pool(name: str, members: list[Host], show_all: bool, quiet: bool, as_json: bool, services: bool) -> None:
-    """`tfrun ps --host POOL`: every member's jobs (and services, if asked), each once, as HOST:ID."""
-    listing = ListJobs(all=show_all, services=services)
+def ps_pool(
+    name: str, members: list[Host], show_all: bool, last: Optional[int], quiet: bool, as_json: bool, services: bool
+) -> None:
+    """`tfrun ps --host POOL`: every member's jobs (and services, if asked), each once, as HOST:ID; with `last`,
+    each member's newest `last`."""
+    from tfrun.client.verbs.jobs import left_out, newest
+
+    listing = ListJobs(all=show_all, services=services, last=last)
     answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), listing, _wait(), _accept_new())))
-    jobs: list[tuple[str, Job]] = [(a.host.label, job) for a in answers if a.reply for job in a.reply.jobs]
+    listed = [(a.host.label, newest(a.reply, last)) for a in answers if a.reply]
+    jobs: list[tuple[str, Job]] = [(host, job) for host, (shown, _) in listed for job in shown]
     if as_json:
         click.echo(render.to_json([{**_record(job), "host": host, "address": f"{host}:{job.id}"}
                                    for host, job in jobs]))  # fmt: skip
@@ -95,6 +101,7 @@ def ps_pool(name: str, members: list[Host], show_all: bool, quiet: bool, as_json
         click.echo("".join(f"{host}:{job.id}\n" for host, job in jobs), nl=False)
     else:
         render.pool_job_table(jobs, cli.output(), f"pool {name} ({len(answers)} of {len(members)} hosts)")
+        left_out(sum(older for _, (_, older) in listed))
 
 
 def _record(item: Any) -> dict[str, Any]:

@@ -18,10 +18,11 @@ from tfrun.constants import (
     MAX_CANCEL_JOBS,
     MAX_PRIORITY,
     MAX_RESTARTS,
+    PS_ALL_LAST,
     UPLOAD_WARN_BYTES,
 )
 from tfrun.protocol.fields import JobState, validate_name
-from tfrun.protocol.jobs import GetJob, ListJobs
+from tfrun.protocol.jobs import GetJob, JobList, ListJobs
 
 if TYPE_CHECKING:
     from tfrun.client.snapshot import Snapshot
@@ -324,44 +325,93 @@ def _split(values: tuple[str, ...]) -> list[str]:
 
 @click.command()
 @cli.pool_options
-@click.option("-a", "--all", "show_all", is_flag=True, help="Include jobs that have ended.")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Include jobs that have ended (in the table, the "
+              f"newest {PS_ALL_LAST} unless -n says).")  # fmt: skip
+@click.option("-n", "--last", type=click.IntRange(0), metavar="N", help="Only the newest N jobs (0: every job). "
+              f"Default: every job, but the table of -a shows the newest {PS_ALL_LAST}.")  # fmt: skip
 @click.option("-q", "--quiet", is_flag=True, help="Print only the job ids, one a line (for xargs or $(...)); with "
               "--host POOL, their addresses (HOST:ID).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of job records (with --host POOL, each "
               "with its host and address).")  # fmt: skip
 @click.option("--services", "with_services", is_flag=True, help="Include the box's services (TensorBoard, Jupyter: "
               "tfrun services).")  # fmt: skip
-def ps(show_all: bool, quiet: bool, as_json: bool, with_services: bool) -> None:
+def ps(show_all: bool, last: Optional[int], quiet: bool, as_json: bool, with_services: bool) -> None:
     """List jobs that have not ended (with -a, every job).
 
     The first line names the box (`jobs on box (alice@gpu-box)`, or `this machine`), then one row per job,
-    never wrapped: in a pipe each row is whole, so `tfrun ps -a | grep NAME` finds the job; on a terminal a
-    row too wide for it is cut with an ellipsis.
+    never wrapped: in a pipe each row is whole, so `tfrun ps -a -n 0 | grep NAME` finds the job; on a
+    terminal a row too wide for it is cut with an ellipsis. With -a the table shows the newest 100 jobs and
+    says on stderr how many older ones it left out (-n N: the newest N; -n 0: every job); -q and --json list
+    every job.
 
     With --host POOL (or `all`: every configured host), every member is asked at once and each job is listed
     once, with its host and its address (HOST:ID), which every verb taking a JOB accepts without --host. A
-    member that does not answer within TFRUN_FLEET_TIMEOUT (default 5s) is skipped with a line on stderr.
+    member that does not answer within TFRUN_FLEET_TIMEOUT (default 5s) is skipped with a line on stderr; -n
+    counts the newest of each member.
 
     \b
     Examples:
-      tfrun ps -a                  every job of the default host
-      tfrun ps --host all          the unfinished jobs of every host
-      tfrun logs -f box2:12        follow job 12 of host box2"""
+      tfrun ps -a                    the default host's newest 100 jobs
+      tfrun ps -a -n 0 | grep bert   every job whose row names bert
+      tfrun ps --host all            the unfinished jobs of every host
+      tfrun logs -f box2:12          follow job 12 of host box2"""
     if quiet and as_json:
         raise click.UsageError("-q and --json do not go together")
+    if last is None:  # every job, but the table of -a shows the newest PS_ALL_LAST
+        last = PS_ALL_LAST if show_all and not (quiet or as_json) else 0
+    newest_only = last or None  # -n 0: every job
     pool = cli.pool()
     if pool is not None:
         from tfrun.client.verbs.fleet import ps_pool
 
-        ps_pool(*pool, show_all, quiet, as_json, with_services)
+        ps_pool(*pool, show_all, newest_only, quiet, as_json, with_services)
         return
-    jobs = cli.ask(ListJobs(all=show_all, services=with_services)).jobs
+    listing = ListJobs(all=show_all, services=with_services, last=newest_only, text=as_json)
     if as_json:
-        click.echo(render.to_json(jobs))
-    elif quiet:
+        _print_records(listing)
+        return
+    jobs, older = newest(cli.ask(listing), listing.last)
+    if quiet:
         click.echo("".join(f"{job.id}\n" for job in jobs), nl=False)
-    else:
-        render.job_table(jobs, cli.output(), cli.place(full=True))
+        return
+    render.job_table(jobs, cli.output(), cli.place(full=True))
+    left_out(older)
+
+
+def newest(reply: JobList, last: Optional[int]) -> tuple[list[Job], int]:
+    """The newest `last` jobs of a listing, and how many older ones it left out: a tfrund older than
+    `ListJobs.last` sends every job, and is cut here."""
+    cut = 0 if last is None else max(0, len(reply.jobs) - last)
+    return reply.jobs[cut:], reply.older + cut
+
+
+def left_out(older: int) -> None:
+    """The line under a table that `-n` cut (on stderr: a pipe's reader gets only rows), and how to see all."""
+    if older:
+        click.echo(f"tfrun: {older} older job{'s' if older > 1 else ''} not shown (-n 0 shows every job)", err=True)
+
+
+def _print_records(listing: ListJobs) -> None:
+    """`ps --json`: the daemon's JSON text of the list, written part by part as it comes (a long history is
+    never held whole here); an older tfrund's records are written as JSON here, cut to `last` as it did not."""
+
+    def take(part: JobList) -> bool:
+        if part.data:
+            _write(part.data + (b"" if part.more else b"\n"))
+        else:
+            click.echo(render.to_json(newest(part, listing.last)[0]))
+        return part.more
+
+    cli.each_reply(listing, take)
+
+
+def _write(data: bytes) -> None:
+    """Bytes to stdout as they come; a reader that went away (`| head`) ends the verb quietly."""
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        raise cli.StdoutClosed from None
 
 
 @click.command()

@@ -4,9 +4,13 @@ queries of jobs (ps, status)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import json
 import os
 import shutil
+import sqlite3
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Optional
@@ -14,9 +18,10 @@ from typing import TYPE_CHECKING, Optional
 from tfrun import arrays, restarts
 from tfrun.constants import (
     DEFAULT_GRACE_S,
+    MAX_PAYLOAD_BYTES,
 )
 from tfrun.content import ManifestError, check_manifest
-from tfrun.protocol.fields import Cause, ErrorCode, is_job_id, validate_name
+from tfrun.protocol.fields import Cause, ErrorCode, JobState, is_job_id, validate_name
 from tfrun.protocol.jobs import (
     Cancel,
     CancelReply,
@@ -28,13 +33,14 @@ from tfrun.protocol.jobs import (
     ListJobs,
     Restart,
     Wait,
+    record_text,
 )
 from tfrun.protocol.submit import FileEntry, Submit, SubmitArray
 from tfrun.runner import housekeeping, rules
 from tfrun.runner.doctor import job_python
 from tfrun.runner.faults import crash_point
 from tfrun.runner.handlers.base import Connection, RequestError, find, handles, invalid
-from tfrun.runner.job import JobRow, JobSpec
+from tfrun.runner.job import SERVICE_LIKE, JobRow, JobSpec, from_json
 from tfrun.runner.metrics import LogMetrics
 from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.outbox import diagnose, masked, usable
@@ -248,9 +254,14 @@ def public(daemon: Daemon, row: JobRow) -> Job:
     job = row.public()
     stored = daemon.store.job_alerts(row.id)
     chosen, urls = (stored[0], stored[1]) if stored else (daemon.config.rules, [])
-    job.alert_rules = rules.texts({k: v for k, v in chosen.items() if k in rules.JOB_RULES})
+    job.alert_rules = _rule_texts(chosen)
     job.notify = [masked(url) for url in urls]
     return job
+
+
+def _rule_texts(chosen: dict[str, Optional[float]]) -> list[str]:
+    """A job's alert rules as a client reads them ("stall=30m"); the box's own (gpu-memory) left out."""
+    return rules.texts({k: v for k, v in chosen.items() if k in rules.JOB_RULES})
 
 
 @handles(Restart)
@@ -329,8 +340,102 @@ def _as_argument(script: PurePosixPath) -> str:
 
 @handles(ListJobs)
 async def list_jobs(daemon: Daemon, req: ListJobs, conn: Connection) -> None:
-    rows = [row for row in daemon.store.list(include_final=req.all) if req.services or row.spec.service is None]
-    await conn.send(JobList([public(daemon, row) for row in rows]))
+    """`ps`: the jobs listed (with `last`, the newest of them), as records in one reply, or with `text` as
+    the JSON text `ps --json` prints, a page of jobs read, encoded and sent at a time, other clients served
+    in between: a history of 10,000 jobs is neither one frame nor a query a job."""
+    first, older = _first_listed(daemon, req)
+    if not req.text:
+        await conn.send(JobList([job async for page in _listed(daemon, req, first) for job in page], older))
+        return
+    opened = False
+    async for page in _listed(daemon, req, first):
+        if page:
+            text = ("[\n" if not opened else ",\n") + ",\n".join(map(record_text, page))
+            opened = True
+            data = text.encode("ascii")  # record_text escapes all else, as json.dumps does
+            for start in range(0, len(data), MAX_PAYLOAD_BYTES):
+                await conn.send(JobList(older=older, more=True, data=data[start : start + MAX_PAYLOAD_BYTES]))
+    await conn.send(JobList(older=older, data=b"\n]" if opened else b"[]"))
+
+
+# The reads of a listing, in the store's way (runner/store.py's `_row`): they belong there as Store methods.
+_ROW_COLUMNS = tuple(f.name for f in dataclasses.fields(JobRow))
+_SPEC, _GPUS = _ROW_COLUMNS.index("spec"), _ROW_COLUMNS.index("gpus")  # the columns stored as JSON
+_PAGE = 500  # jobs read and encoded between two turns of the event loop: some 15 ms
+
+
+def _by_state(req: ListJobs) -> tuple[str, tuple[str, ...]]:
+    """The condition on a job's state that `req` lists by, and its parameters."""
+    if req.all:
+        return "1", ()
+    return f"state NOT IN ({', '.join('?' * len(JobState.FINAL))})", JobState.FINAL
+
+
+def _first_listed(daemon: Daemon, req: ListJobs) -> tuple[Optional[int], int]:
+    """The id the listing starts from (None: it lists nothing) and how many listed jobs are older: with
+    `last`, the newest `last` jobs' oldest, counted from the newest by id alone, a spec decoded only where
+    it may be a service's (services left out) and the rest only counted."""
+    if req.last is None:
+        return 0, 0
+    where, params = _by_state(req)
+    maybe_service = "NULL" if req.services else "CASE WHEN spec LIKE ? THEN spec END"
+    query = f"SELECT id, {maybe_service} FROM jobs WHERE {where} ORDER BY id DESC"
+    found = daemon.store.db.execute(query, params if req.services else (SERVICE_LIKE, *params))
+    first: Optional[int] = None
+    shown = older = 0
+    for job_id, spec in found:
+        if spec is not None and from_json(spec).service is not None:
+            continue
+        if shown < req.last:
+            first, shown = job_id, shown + 1
+        else:
+            older += 1
+    return first, older
+
+
+async def _listed(daemon: Daemon, req: ListJobs, first: Optional[int]) -> AsyncIterator[list[Job]]:
+    """The jobs `req` lists from id `first` on, oldest first, a page at a time with their alert settings
+    (one query a page, not one a job), other clients served between pages."""
+    if first is None:
+        return
+    where, params = _by_state(req)
+    columns = ", ".join(f"j.{name}" for name in _ROW_COLUMNS)
+    query = (
+        f"SELECT {columns}, a.rules, a.notify FROM jobs j LEFT JOIN job_alerts a ON a.job_id = j.id "
+        f"WHERE j.id >= ? AND {where} ORDER BY j.id LIMIT {_PAGE}"
+    )
+    texts: dict[Optional[str], list[str]] = {}  # each distinct set of rules once: a history mostly shares one
+    while True:
+        found = daemon.store.db.execute(query, (first, *params)).fetchall()
+        page = []
+        for values in found:
+            row = _job_row(values)
+            if req.services or row.spec.service is None:
+                page.append(_alerted(daemon, row.public(), values[-2], values[-1], texts))
+        yield page
+        if len(found) < _PAGE:
+            return
+        first = found[-1][0] + 1
+        await asyncio.sleep(0)
+
+
+def _job_row(values: sqlite3.Row) -> JobRow:
+    """A job's row from the columns `_ROW_COLUMNS` names (its spec and GPUs as stored, JSON)."""
+    row = list(values[: len(_ROW_COLUMNS)])
+    row[_SPEC] = from_json(row[_SPEC])
+    row[_GPUS] = None if row[_GPUS] is None else json.loads(row[_GPUS])
+    return JobRow(*row)
+
+
+def _alerted(
+    daemon: Daemon, job: Job, stored: Optional[str], notify: Optional[str], texts: dict[Optional[str], list[str]]
+) -> Job:
+    """`job` with its alert rules (stored as JSON, else the daemon's) and its URLs masked, as `public` makes it."""
+    if stored not in texts:
+        texts[stored] = _rule_texts(json.loads(stored) if stored is not None else daemon.config.rules)
+    job.alert_rules = list(texts[stored])
+    job.notify = [masked(url) for url in json.loads(notify)] if notify is not None else []
+    return job
 
 
 @handles(GetJob)

@@ -6,7 +6,8 @@ header, their length in the header's "size", so log bytes cross without base64 o
 
 A conversation: the client sends `Hello`, the daemon answers `Hello` (or `Error` with code
 "version_mismatch"); then the client sends requests, each answered by one response, except `ReadLog`
-(any number of `LogChunk` or `LogLines`, then one `LogEnd`) and `ReadFile` (`FileChunk`s, the last one marked). A
+(any number of `LogChunk` or `LogLines`, then one `LogEnd`), `ReadFile` (`FileChunk`s, the last one marked)
+and a `ListJobs` that asks for `text` (`JobList` parts of the list's JSON text, each but the last `more`). A
 submit uploads first: `HaveBlobs` names the contents of the work dir by SHA-256, the daemon answers
 with the ones it lacks, the client sends those, small ones packed together in `PutBlobs` and large ones
 in `PutBlob` chunks (each frame of `PutBlobs` and each last chunk answered by `Ok`, so the client may

@@ -1,10 +1,17 @@
-"""Job records and the requests that create, list, wait on, cancel, restart and remove jobs."""
+"""Job records and the requests that create, list, wait on, cancel, restart and remove jobs; and a job record
+as `tfrun ps --json` prints it (`record_text`), which the daemon sends a long listing as."""
 
 from __future__ import annotations
 
+import functools
+import json
 import math
-from dataclasses import dataclass, field
-from typing import Annotated, Optional
+import operator
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from json.encoder import encode_basestring_ascii
+from typing import Annotated, Any, Literal, Optional, Union
 
 from tfrun.constants import (
     MAX_CANCEL_JOBS,
@@ -99,7 +106,14 @@ class JobReply(Message):
 @tagged("jobs")
 @dataclass
 class JobList(Message):
-    jobs: list[Job]
+    """Jobs, oldest first. To a `ListJobs` that asked for `text`: no records, but the JSON text of the list as
+    `tfrun ps --json` prints it, in parts of at most MAX_PAYLOAD_BYTES, each but the last with `more`, so that
+    a long history streams and costs one encoding a job (a tfrund older than `text` sends the records)."""
+
+    jobs: list[Job] = field(default_factory=list)
+    older: Offset = 0  # jobs listed but left out by `ListJobs.last`: all older than these
+    more: bool = False  # another part follows
+    data: bytes = b""  # a part of the text, ASCII
 
 
 @tagged("cancelled")
@@ -137,10 +151,14 @@ class Restart(Request[JobReply]):
 @tagged("list")
 @dataclass
 class ListJobs(Request[JobList]):
-    """Jobs that are not final, or every job with `all`; services (TensorBoard, Jupyter) too with `services`."""
+    """Jobs that are not final, or every job with `all`; services (TensorBoard, Jupyter) too with `services`;
+    with `last`, only the newest `last` of them. An older tfrund ignores `last` and `text` and sends every
+    job's record: the client cuts the list itself (protocol 3 either way)."""
 
     all: bool = False
     services: bool = False
+    last: Optional[Offset] = None  # only the newest this many (by id); `JobList.older` counts the others
+    text: bool = False  # answered by the list's JSON text in parts (`JobList.data`), not by records
 
 
 @tagged("get")
@@ -198,3 +216,58 @@ class Prune(Request[RemoveReply]):
     keep_last: Optional[Offset] = None
     checkpoints: bool = False
     dry_run: bool = False
+
+
+def record_text(job: Job) -> str:
+    """`job` as `json.dumps(records, indent=2)` writes `dataclasses.asdict(job)` as an item of the list: what
+    `tfrun ps --json` prints for it, byte for byte (tests/test_protocol.py compares them). In a sixth of the
+    time: asdict copies deeply and the indenting encoder is pure Python, which made a history of 10,000
+    jobs cost seconds; each string here goes through json's own C encoder."""
+    heads, encoders, values = _record_fields()
+    return "  {\n" + ",\n".join([h + encode(v) for h, encode, v in zip(heads, encoders, values(job))]) + "\n  }"
+
+
+Encoder = Callable[[Any], str]
+
+
+@functools.cache
+def _record_fields() -> tuple[tuple[str, ...], tuple[Encoder, ...], Callable[[Job], tuple[Any, ...]]]:
+    """`Job`'s fields in order: each key as written (`    "id": `), how each value is written, and what reads
+    them all off a job at once."""
+    hints = typing.get_type_hints(Job)
+    names = [f.name for f in fields(Job)]
+    heads = tuple(f"    {encode_basestring_ascii(name)}: " for name in names)
+    return heads, tuple(_encoder(hints[name]) for name in names), operator.attrgetter(*names)
+
+
+def _encoder(tp: Any) -> Encoder:
+    """How json.dumps(indent=2) writes a value of type `tp` that is a field of a record in a list: a list or
+    a dict one item a line, six spaces in, an empty one as [] or {}."""
+    origin = typing.get_origin(tp)
+    if origin is Union:
+        inner = _encoder(next(arg for arg in typing.get_args(tp) if arg is not type(None)))
+        return lambda value: "null" if value is None else inner(value)
+    if origin is list:
+        item = _encoder(typing.get_args(tp)[0])
+        return lambda value: "[\n      " + ",\n      ".join(map(item, value)) + "\n    ]" if value else "[]"
+    if origin is dict:
+        item = _encoder(typing.get_args(tp)[1])
+        return lambda value: (
+            "{\n      " + ",\n      ".join([f"{encode_basestring_ascii(k)}: {item(v)}" for k, v in value.items()])
+            + "\n    }" if value else "{}"
+        )  # fmt: skip
+    if tp is bool:
+        return lambda value: "true" if value else "false"
+    if tp is int:
+        return int.__repr__
+    if tp is float:
+        return _float
+    if tp is str or origin is Literal:  # a state is a Literal of strings
+        return encode_basestring_ascii
+    raise TypeError(f"no JSON text for a field of type {tp!r}")  # a field type added to Job: a case to add here
+
+
+def _float(value: float) -> str:
+    """A float as json writes it: its repr (an int where a float belongs as the checks make it, 5.0)."""
+    number = float(value)
+    return repr(number) if math.isfinite(number) else json.dumps(number)
