@@ -37,6 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import TFRUN, Tfrun, wait_for
 from timing import stats, timed
 
+# A submit of an array returns once a scheduler pass has launched the tasks it can start: 1,000 quick tasks
+# took longer than the harness waits for a command (120 s) on a 2-CPU machine.
+ARRAY_TASKS = 200
 QUIET = "import time\ntime.sleep(3600)\n"
 LINES = """
 import random, time
@@ -102,11 +105,11 @@ def home(work: Path, name: str) -> Iterator[Tfrun]:
 
 
 def submit_array(tf: Tfrun, project: Path, name: str, script: str, count: int, *extra: str) -> list[int]:
-    """`count` jobs of `script` as arrays of at most 1,000 tasks; their ids."""
+    """`count` jobs of `script` as arrays of at most ARRAY_TASKS tasks; their ids."""
     (project / name).write_text(script)
     ids: list[int] = []
-    for first in range(0, count, 1000):
-        values = ",".join(str(i) for i in range(first, min(count, first + 1000)))
+    for first in range(0, count, ARRAY_TASKS):
+        values = ",".join(str(i) for i in range(first, min(count, first + ARRAY_TASKS)))
         out = tf.ok("submit", "--array", f"i={values}", *extra, str(project / name))
         ids.extend(int(line) for line in out.split())
     return ids
@@ -162,7 +165,7 @@ def history_rows(work: Path, jobs: int, history: int) -> dict[str, float]:
         done = 0
         started = time.monotonic()
         while done < history:
-            count = min(1000, history - done, jobs if done == 0 else 1000)
+            count = min(ARRAY_TASKS, history - done, jobs if done == 0 else ARRAY_TASKS)
             submit_array(tf, project, "pass.py", "pass\n", count)
             done += count
             wait_for(lambda n=done: states(tf).get("succeeded", 0) >= n, timeout=3600, what=f"{done} jobs ended")
