@@ -107,4 +107,25 @@ MIGRATIONS: dict[int, str] = {
     CREATE TABLE daemon (id TEXT NOT NULL);
     INSERT INTO daemon (id) VALUES (lower(hex(randomblob(6))));
     """,
+    9: """
+    -- An ended job's record as `tfrun ps --json` prints it, kept the first time it is listed, so that a history
+    -- is read as text and not decoded and encoded again at every listing. `form` names the record's layout and
+    -- the tfrun that wrote it (a text of another form is not used). A write to the job's row or to its alert
+    -- settings drops its text (the triggers, whatever tfrund writes: one text is never stale).
+    CREATE TABLE job_texts (
+        job_id INTEGER PRIMARY KEY,
+        form TEXT NOT NULL,
+        text TEXT NOT NULL
+    );
+    CREATE TRIGGER job_texts_job_updated AFTER UPDATE ON jobs
+        BEGIN DELETE FROM job_texts WHERE job_id = OLD.id; END;
+    CREATE TRIGGER job_texts_job_deleted AFTER DELETE ON jobs
+        BEGIN DELETE FROM job_texts WHERE job_id = OLD.id; END;
+    CREATE TRIGGER job_texts_alerts_added AFTER INSERT ON job_alerts
+        BEGIN DELETE FROM job_texts WHERE job_id = NEW.job_id; END;
+    CREATE TRIGGER job_texts_alerts_updated AFTER UPDATE ON job_alerts
+        BEGIN DELETE FROM job_texts WHERE job_id = OLD.job_id OR job_id = NEW.job_id; END;
+    CREATE TRIGGER job_texts_alerts_deleted AFTER DELETE ON job_alerts
+        BEGIN DELETE FROM job_texts WHERE job_id = OLD.job_id; END;
+    """,
 }

@@ -7,6 +7,8 @@ exit.json), so the store can always be brought up to date from them after a cras
 
     jobs        a row per job (runner/job.py: JobRow, its spec as JSON)
     job_alerts  a job's alert rules, its own notification URLs (secret) and metric patterns
+    job_texts   an ended job's `ps --json` record, kept the first time it is listed (dropped by any write
+                to the job, by triggers)
     watches     where the alert watch over a job stands (runner/alerts.py), from its start until its end
                 alerts are stored
     alerts      the outbox (runner/outbox.py): every alert, stored before anything is sent
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -31,6 +34,8 @@ from tfrun.runner.job import JobRow, JobSpec, from_json
 from tfrun.runner.schema import MIGRATIONS
 
 SCHEMA_VERSION = max(MIGRATIONS)  # the schema this tfrund writes
+
+log = logging.getLogger("tfrund")
 
 
 class StoreError(Exception):
@@ -275,6 +280,18 @@ class Store:
         submitted before alerts existed."""
         row = self.db.execute("SELECT rules, notify, patterns FROM job_alerts WHERE job_id=?", (job_id,)).fetchone()
         return (json.loads(row[0]), json.loads(row[1]), json.loads(row[2])) if row else None
+
+    def keep_texts(self, form: str, texts: list[tuple[int, str]]) -> None:
+        """Keep ended jobs' `ps --json` records (job id, text) for the next listings; a database that takes no
+        writes now (a full disk) only lists more slowly."""
+        try:
+            with self.transaction():
+                self.db.executemany(
+                    "INSERT OR REPLACE INTO job_texts (job_id, form, text) VALUES (?, ?, ?)",
+                    [(job_id, form, text) for job_id, text in texts],
+                )
+        except sqlite3.OperationalError as exc:
+            log.warning("ps --json records not kept: %s", exc)
 
     def watch_state(self, job_id: int) -> Optional[dict[str, Any]]:
         row = self.db.execute("SELECT state FROM watches WHERE job_id=?", (job_id,)).fetchone()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import json
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -159,6 +160,35 @@ def test_ps_a_shows_the_newest_hundred_and_says_how_many_it_left_out(tf: Tfrun, 
     assert tf.ok("ps", "-aq").split() == [str(job) for job in ids]
     unfinished = tf.run("ps", "-n", "1")
     assert unfinished.stdout == "no jobs on this machine\n" and not unfinished.stderr
+
+
+def test_ps_json_reads_an_ended_jobs_kept_text_and_any_write_to_the_job_drops_it(tf: Tfrun, project: Path) -> None:
+    """`ps --json` keeps an ended job's record as text the first time it lists it and reads that text from
+    then on; a write to the job (a restart names its successor in it), a text of another form, `rm`: each
+    lists what the job's row says now, byte for byte as the record made afresh."""
+    write_script(project, "nothing.py", "pass\n")
+    first, second = (tf.submit(str(project / "nothing.py")) for _ in range(2))
+    for job in (first, second):
+        tf.ok("wait", str(job))
+    made = tf.ok("ps", "-a", "--json")
+    db = sqlite3.connect(tf.home / "tfrun.db", isolation_level=None)
+    try:
+        assert [job_id for (job_id,) in db.execute("SELECT job_id FROM job_texts ORDER BY job_id")] == [first, second]
+        assert tf.ok("ps", "-a", "--json") == made  # read from the texts kept
+        again = int(tf.ok("restart", str(first)).split()[-1])
+        tf.ok("wait", str(again))
+        records = json.loads(tf.ok("ps", "-a", "--json"))
+        assert [(r["id"], r["restarted_as"]) for r in records] == [(first, again), (second, None), (again, None)]
+        expected = json.loads(made)
+        expected[0]["restarted_as"] = again
+        assert records[:2] == expected  # the rest of the first job's record as it was
+        db.execute("UPDATE job_texts SET form = 'an older tfrun', text = '{}' WHERE job_id = ?", (second,))
+        assert json.loads(tf.ok("ps", "-a", "--json"))[1] == json.loads(made)[1]
+        tf.ok("rm", str(second))
+        assert [r["id"] for r in json.loads(tf.ok("ps", "-a", "--json"))] == [first, again]
+        assert [job_id for (job_id,) in db.execute("SELECT job_id FROM job_texts ORDER BY job_id")] == [first, again]
+    finally:
+        db.close()
 
 
 def test_a_daemon_that_sends_every_job_is_cut_by_the_client() -> None:
