@@ -59,7 +59,8 @@ log = logging.getLogger("tfrund")
 WATCH_INTERVAL_S = 0.5
 MIN_LOOK_INTERVAL_S = 0.05  # the watch's turns at most this often: a busy box's lines are read in batches
 SAVE_EVERY_S = 10.0  # a running job's watch saved this often (and after every alert): what a restart reads again
-KEEP_EVERY_S = 5.0  # the metrics read from a log are appended to its files this often (and at every save)
+KEEP_EVERY_S = 10.0  # the metrics read from a log are appended to its files this often (and at every save,
+# and when a client asks for them: `keep_now`), as one write: TensorBoard sees them that late
 MAX_LINE_BYTES = 64 << 10  # an unfinished line kept for the OOM search; longer ones are searched by their start
 GPU_INTERVAL_S = 2.0
 _SEGMENTS = re.compile(rb"[\r\n]")
@@ -252,8 +253,15 @@ class Alerts:
         self.store.finish_watch(job_id)
         return True
 
+    def keep_now(self, job_id: int) -> None:
+        """Append the samples read from the job's log that wait for their KEEP_EVERY_S: `tfrun metrics` and `top`
+        see every line read so far, while a job's files take a write only every KEEP_EVERY_S otherwise."""
+        watch = self._watches.get(job_id)
+        if watch is not None and watch.unkept:
+            _keep(watch)
+
     def _keep_metrics(self) -> None:
-        """Append the samples read more than KEEP_EVERY_S ago (`tfrun metrics` and `top` see them that late)."""
+        """Append the samples read more than KEEP_EVERY_S ago, of jobs that printed nothing since."""
         now = time.monotonic()
         for watch in self._watches.values():
             if watch.unkept and now - watch.kept_at >= KEEP_EVERY_S:

@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 from conftest import Mailbox, Receiver, Tfrun, alive, no_internet, wait_for, write_script
 
+from tfrun.runner.alerts import KEEP_EVERY_S
+
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -814,3 +816,25 @@ def test_the_one_tls_context_mail_reuses_has_its_checks_on_at_every_mail() -> No
     assert again is first
     assert again.verify_mode == ssl.CERT_REQUIRED and again.check_hostname
     assert smtp.ssl.CERT_NONE == ssl.CERT_NONE  # the rest of the module is the module's
+
+
+def test_metrics_show_every_line_read_though_the_files_take_them_every_few_seconds(
+    tf: Tfrun, project: Path, gate: Path
+) -> None:
+    """The samples read from a log reach its metrics files only every KEEP_EVERY_S (one write for many lines),
+    but `tfrun metrics` (and `top`) ask for them: a job that printed a loss, then two more a moment later and
+    went quiet shows all three long before the next write would (the deadline is most of KEEP_EVERY_S; the
+    watch reads a line in milliseconds)."""
+    more, done = gate.with_suffix(".more"), gate.with_suffix(".done")
+    wait = "while not os.path.exists({!r}):\n    time.sleep(0.05)\n"
+    write_script(project, "job.py", "import os, time\nprint('step 1 loss=1.0', flush=True)\n" + wait.format(str(more))
+                 + "print('step 2 loss=0.5', flush=True)\nprint('step 3 loss=0.25', flush=True)\n"
+                 + wait.format(str(done)))  # fmt: skip
+    job = tf.submit(str(project / "job.py"))
+    wait_for(lambda: len(json.loads(tf.ok("metrics", "--json", str(job)))) == 1, timeout=60, what="the first sample")
+    more.touch()  # the next two lines come within KEEP_EVERY_S of the first one's write
+    wait_for(lambda: len(json.loads(tf.ok("metrics", "--json", str(job)))) == 3, timeout=KEEP_EVERY_S * 0.8,
+             what="the next two samples in `tfrun metrics`")  # fmt: skip
+    assert [s["step"] for s in json.loads(tf.ok("metrics", "--json", str(job)))] == [1, 2, 3]
+    done.touch()
+    tf.ok("wait", str(job))

@@ -89,6 +89,7 @@ async def get_metrics(daemon: Daemon, req: GetMetrics, conn: Connection) -> None
     row = find(daemon, req.job)
     if row.final:
         await _watch_caught_up(daemon, row.id)
+    daemon.alerts.keep_now(row.id)  # the samples read so far, not only those kept every KEEP_EVERY_S
     last = min(req.last or MAX_METRIC_SAMPLES, MAX_METRIC_SAMPLES)
     work = functools.partial(read_metrics, Path(row.job_dir), last)
     source, samples = await asyncio.get_running_loop().run_in_executor(None, work)
@@ -133,6 +134,7 @@ async def top(daemon: Daemon, req: Top, conn: Connection) -> None:
     loop = asyncio.get_running_loop()
     losses = {}
     for row in shown:
+        daemon.alerts.keep_now(row.id)
         found = await loop.run_in_executor(None, recent_losses, Path(row.job_dir), req.losses)
         if found:
             losses[str(row.id)] = found
