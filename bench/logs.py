@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`tfrun logs` over SSH, side by side with ssh + tail/grep/cat, on a loopback sshd. Run by hand.
 
-    .venv/bin/python bench/logs.py [--runs 7] [--lines 400]
+    .venv/bin/python bench/logs.py [--runs 7] [--lines 400] [--follow-only]
 
 Measures, in one run on one machine (needs openssh-server, and root for the test sshd):
   - follow latency, from a line written by a job on the box to the line printed by the client, for
@@ -93,6 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--lines", type=int, default=400)
+    parser.add_argument("--follow-only", action="store_true", help="measure the follow latency alone, no reads")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tfrun-bench-"))
     sshd = Sshd(work / "sshd")
@@ -134,11 +135,13 @@ def main() -> None:
             what = f"follow latency, line written → printed, {name} (ms)"
             rows.append((what, f"{o:.1f}", f"tail -F \\| grep: {t:.1f}", o / t))
 
-        big = tf.submit(str(project / "big.py"))
-        tf.ok("wait", str(big))
-        big_log = tf.job_dir(big) / "output.log"
-        size = big_log.stat().st_size
-        reads = [
+        size = 0
+        big = None if args.follow_only else tf.submit(str(project / "big.py"))
+        if big is not None:
+            tf.ok("wait", str(big))
+            big_log = tf.job_dir(big) / "output.log"
+            size = big_log.stat().st_size
+        reads = [] if big is None else [
             ("filtered read, --grep loss (s)", ["--grep", "loss"], f"grep loss {big_log}", "ssh grep"),
             ("the same, against grep piped through cat on the box (s)", ["--grep", "loss"],
              f"grep loss {big_log} | cat", "ssh 'grep \\| cat'"),
@@ -160,8 +163,8 @@ def main() -> None:
     finally:
         sshd.stop()
 
-    print(f"\nloopback sshd, {os.cpu_count()} CPUs; follow: {args.lines} lines; reads: {size / 1e6:.0f} MB, "
-          f"1,000,000 lines, median of {args.runs}\n")  # fmt: skip
+    reads_text = "" if args.follow_only else f"; reads: {size / 1e6:.0f} MB, 1,000,000 lines, median of {args.runs}"
+    print(f"\nloopback sshd, {os.cpu_count()} CPUs; follow: {args.lines} lines{reads_text}\n")
     print("| what | tfrun | baseline | ratio |")
     print("| --- | --- | --- | --- |")
     for what, ours_text, theirs_text, ratio in rows:

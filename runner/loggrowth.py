@@ -45,13 +45,15 @@ class Subscription:
 
         Not asyncio.wait_for: before Python 3.12 it swallows a cancellation that comes as the event is set,
         and a follower whose client hung up (cancelled as other followers' handles close, which sets the
-        event) would then follow on, for nobody, until its job ended."""
+        event) would then follow on, for nobody, until its job ended. Nor a task of its own for the wait:
+        each hop through one costs a turn of the event loop, and a followed line waited three of them.
+        The timeout sets the event: a look that finds nothing new."""
         if not self.event.is_set():
-            woken = asyncio.ensure_future(self.event.wait())
+            timer = asyncio.get_running_loop().call_later(timeout, self.event.set)
             try:
-                await asyncio.wait({woken}, timeout=timeout)
+                await self.event.wait()
             finally:
-                woken.cancel()
+                timer.cancel()
         self.event.clear()
 
 

@@ -464,3 +464,58 @@ def test_follow_exits_with_the_job_code_or_128_plus_its_signal(tf: Tfrun, projec
             followed = tf.run("logs", "-f", str(job), *options)
             assert followed.returncode == code, (script, options, followed.stderr)
             assert "loss" in followed.stdout
+
+
+def test_small_reads_matched_on_the_loop_send_what_the_filter_threads_send() -> None:
+    """A follower's small reads are matched on the event loop (no thread hop), big ones or costly filters in
+    the filter threads: both ways must send the same frames, for partial lines and terminal effects too."""
+    import asyncio
+
+    from tfrun.protocol.logs import ReadLog
+    from tfrun.runner import logstream
+
+    reads = [b"step 1 loss=0.5\nno", b"ise 1\nstep 2 lo", b"ss=0.4\r", b"\x1b[2Kstep 3 loss=0.3\n", b"x" * 70 + b"\n"]
+
+    async def frames(inline: bool) -> list[tuple[int, int, bytes]]:
+        req = ReadLog(job="1", patterns=["loss"], follow=True)
+        sent: list[tuple[int, int, bytes]] = []
+
+        async def send(msg: object) -> None:
+            sent.append((msg.offset, msg.next_offset, msg.data))  # type: ignore[attr-defined]
+
+        reader = logstream._line_reader(req, await logstream.selection(req), send, Path("output.log"), None, None)
+        assert reader is not None
+        assert reader.inline_bytes >= max(map(len, reads))  # cheap pattern, small reads: on the loop
+        if not inline:
+            reader.inline_bytes = 0
+        offset = 0
+        for data in reads:
+            await reader.feed(data, offset)
+            offset += len(data)
+        return sent
+
+    on_loop, in_threads = asyncio.run(frames(True)), asyncio.run(frames(False))
+    assert on_loop == in_threads
+    assert on_loop == [(0, 16, b"step 1 loss=0.5\n"), (16, 60, b"\x1b[2Kstep 3 loss=0.3\n")]
+
+
+def test_costly_filters_are_not_matched_on_the_loop() -> None:
+    """A thousand long patterns can cost a third of a second per chunk: even a short read of theirs goes to the
+    filter threads, so no client's filter holds up the daemon's event loop."""
+    import asyncio
+
+    from tfrun.protocol.logs import ReadLog
+    from tfrun.runner import logstream
+
+    async def inline_bytes(patterns: list[str]) -> int:
+        req = ReadLog(job="1", patterns=patterns, follow=True)
+
+        async def send(msg: object) -> None:
+            pass
+
+        reader = logstream._line_reader(req, await logstream.selection(req), send, Path("output.log"), None, None)
+        assert reader is not None
+        return reader.inline_bytes
+
+    assert asyncio.run(inline_bytes([f"pattern{i:04d}-" + "x" * 100 for i in range(1000)])) < 16
+    assert asyncio.run(inline_bytes(["loss"])) >= 4096
