@@ -284,6 +284,18 @@ def measure_polling(
     return rows
 
 
+def say_log(tf: Tfrun, lines: int = 40) -> None:
+    """The end of a home's tfrund.log on stderr: the temp folder, and the log with it, goes when the bench
+    ends, and a daemon that stopped or died is told only there."""
+    log = tf.home / "tfrund.log"
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError as exc:
+        print(f"{log}: {exc.strerror or exc}", file=sys.stderr)
+        return
+    print(f"--- {log}, last {len(tail)} lines ---", *tail, sep="\n", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
@@ -324,6 +336,10 @@ def main() -> None:
         samples = measure_submits(submits, args.runs)
         homes.append(Tfrun(work / "home-poll", client_home=work / "client-poll"))
         polling = measure_polling(work, cluster, homes[-1], args.jobs, args.window)
+    except Exception:  # not Ctrl-C: that stop is the user's own
+        for tf in homes:
+            say_log(tf)
+        raise
     finally:
         for tf in homes:
             tf.cleanup()
