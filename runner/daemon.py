@@ -415,6 +415,8 @@ class Daemon:
             await _try_send(writer, Error(ErrorCode.BAD_REQUEST, str(exc)))
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:  # the daemon stops with the client still connected (`tfrund stop`'s own)
+            pass  # ended, not re-raised: asyncio's stream callback before Python 3.12 logs a cancelled one as an ERROR
         except Exception as exc:
             log.exception("request failed")
             await _try_send(writer, Error(ErrorCode.INTERNAL, f"tfrund internal error: {exc}"))

@@ -316,3 +316,22 @@ def test_one_submit_sent_on_two_connections_at_once_makes_one_job(tf: Tfrun) -> 
     assert [job["id"] for job in tf.jobs()] == ids[:1]
     assert tf.run("wait", str(ids[0])).returncode == 0
     assert tf.log(ids[0]) == b"once\n"
+
+
+def test_a_daemon_stopped_with_a_client_connected_logs_no_error(tf: Tfrun) -> None:
+    """`tfrund stop` is itself a client still connected as the daemon ends: its log says it stopped, with no
+    ERROR and no traceback of a cancelled connection (asyncio before Python 3.12 logged one at every stop)."""
+    tf.ok("ps")  # starts the daemon
+    pid = tf.daemon_pid()
+    assert tf.daemon("stop").returncode == 0
+    wait_for(lambda: _proc_state(pid) == "Z", timeout=30, what="tfrund gone")
+    text = (tf.home / "tfrund.log").read_text()
+    assert " ERROR " not in text and "Traceback" not in text, text
+
+
+def _proc_state(pid: int) -> str:
+    """A process's state letter (Z: a zombie, its log written and closed), or "Z" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
