@@ -15,6 +15,7 @@ from conftest import (
     TFRUN,
     TFRUND,
     Tfrun,
+    alive,
     gated_job,
     open_fds,
     own_sockets,
@@ -324,14 +325,6 @@ def test_a_daemon_stopped_with_a_client_connected_logs_no_error(tf: Tfrun) -> No
     tf.ok("ps")  # starts the daemon
     pid = tf.daemon_pid()
     assert tf.daemon("stop").returncode == 0
-    wait_for(lambda: _proc_state(pid) == "Z", timeout=30, what="tfrund gone")
+    wait_for(lambda: not alive(pid), timeout=30, what="tfrund gone")
     text = (tf.home / "tfrund.log").read_text()
     assert " ERROR " not in text and "Traceback" not in text, text
-
-
-def _proc_state(pid: int) -> str:
-    """A process's state letter (Z: a zombie, its log written and closed), or "Z" once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"

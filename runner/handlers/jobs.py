@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Optional
@@ -363,6 +363,11 @@ async def list_jobs(daemon: Daemon, req: ListJobs, conn: Connection) -> None:
 _ROW_COLUMNS = tuple(f.name for f in dataclasses.fields(JobRow))
 _SPEC, _GPUS = _ROW_COLUMNS.index("spec"), _ROW_COLUMNS.index("gpus")  # the columns stored as JSON
 _PAGE = 500  # jobs read and encoded between two turns of the event loop: some 15 ms
+# A job's row with its alert rules and notify URLs (NULL for a job without settings of its own), for a WHERE.
+_ALERTED_ROWS = (
+    f"SELECT {', '.join(f'j.{name}' for name in _ROW_COLUMNS)}, a.rules, a.notify "
+    "FROM jobs j LEFT JOIN job_alerts a ON a.job_id = j.id"
+)
 
 
 def _by_state(req: ListJobs) -> tuple[str, tuple[str, ...]]:
@@ -400,24 +405,26 @@ async def _listed(daemon: Daemon, req: ListJobs, first: Optional[int]) -> AsyncI
     if first is None:
         return
     where, params = _by_state(req)
-    columns = ", ".join(f"j.{name}" for name in _ROW_COLUMNS)
-    query = (
-        f"SELECT {columns}, a.rules, a.notify FROM jobs j LEFT JOIN job_alerts a ON a.job_id = j.id "
-        f"WHERE j.id >= ? AND {where} ORDER BY j.id LIMIT {_PAGE}"
-    )
+    query = f"{_ALERTED_ROWS} WHERE j.id >= ? AND {where} ORDER BY j.id LIMIT {_PAGE}"
     texts: dict[Optional[str], list[str]] = {}  # each distinct set of rules once: a history mostly shares one
     while True:
         found = daemon.store.db.execute(query, (first, *params)).fetchall()
-        page = []
-        for values in found:
-            row = _job_row(values)
-            if req.services or row.spec.service is None:
-                page.append(_alerted(daemon, row.public(), values[-2], values[-1], texts))
-        yield page
+        yield [job for _, job, _ in _listed_jobs(daemon, req, found, texts)]
         if len(found) < _PAGE:
             return
         first = found[-1][0] + 1
         await asyncio.sleep(0)
+
+
+def _listed_jobs(
+    daemon: Daemon, req: ListJobs, found: list[sqlite3.Row], texts: dict[Optional[str], list[str]]
+) -> Iterator[tuple[JobRow, Job, bool]]:
+    """Each row of `_ALERTED_ROWS` that `req` lists (a service only if it lists services): the job's row, its
+    record with its alert settings, and whether it has settings of its own."""
+    for values in found:
+        row = _job_row(values)
+        if req.services or row.spec.service is None:
+            yield row, _alerted(daemon, row.public(), values[-2], values[-1], texts), values[-2] is not None
 
 
 async def _listed_texts(daemon: Daemon, req: ListJobs, first: Optional[int]) -> AsyncIterator[list[str]]:
@@ -449,21 +456,13 @@ def _made_texts(daemon: Daemon, req: ListJobs, ids: list[int]) -> dict[int, str]
     daemon's rules, which a config reload may change)."""
     if not ids:
         return {}
-    columns = ", ".join(f"j.{name}" for name in _ROW_COLUMNS)
-    found = daemon.store.db.execute(
-        f"SELECT {columns}, a.rules, a.notify FROM jobs j LEFT JOIN job_alerts a ON a.job_id = j.id "
-        f"WHERE j.id IN ({', '.join('?' * len(ids))})",
-        ids,
-    ).fetchall()
+    query = f"{_ALERTED_ROWS} WHERE j.id IN ({', '.join('?' * len(ids))})"
+    found = daemon.store.db.execute(query, ids).fetchall()
     made: dict[int, str] = {}
     kept: list[tuple[int, str]] = []
-    rules: dict[Optional[str], list[str]] = {}
-    for values in found:
-        row = _job_row(values)
-        if row.spec.service is not None and not req.services:
-            continue
-        made[row.id] = record_text(_alerted(daemon, row.public(), values[-2], values[-1], rules))
-        if row.final and row.spec.service is None and values[-2] is not None:
+    for row, job, own_settings in _listed_jobs(daemon, req, found, {}):
+        made[row.id] = record_text(job)
+        if row.final and row.spec.service is None and own_settings:
             kept.append((row.id, made[row.id]))
     if kept:
         daemon.store.keep_texts(_record_form(), kept)
