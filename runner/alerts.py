@@ -57,7 +57,9 @@ from tfrun.runner.store import Store
 log = logging.getLogger("tfrund")
 
 WATCH_INTERVAL_S = 0.5
-MIN_LOOK_INTERVAL_S = 0.05  # the watch's turns at most this often: a busy box's lines are read in batches
+# The watch's turns after a log grew at most this often: a busy box's lines are read in batches, four times a second
+# (an alert of a busy box waits up to this long; a `logs -f` follower never does)
+MIN_LOOK_INTERVAL_S = 0.25
 SAVE_EVERY_S = 10.0  # a running job's watch saved this often (and after every alert): what a restart reads again
 KEEP_EVERY_S = 10.0  # the metrics read from a log are appended to its files this often (and at every save,
 # and when a client asks for them: `keep_now`), as one write: TensorBoard sees them that late
@@ -160,24 +162,29 @@ class Alerts:
     # -- the loop -----------------------------------------------------------------------------------------
 
     async def run(self, log_growth: LogGrowth) -> None:
-        """Forever: look at each job whose log or metrics grew (file events) or whose row changed, at most
+        """Forever: look at each job whose log or metrics grew (file events) or whose row was written, at most
         every MIN_LOOK_INTERVAL_S; every WATCH_INTERVAL_S check the stall deadlines (in memory) and read
         the jobs whose growth no event tells (no inotify, or `poll_logs`); now and then look at the GPUs.
-        A job that prints nothing costs nothing here, and a printed line costs its own job's look alone."""
+        A job that prints nothing costs nothing here, and a printed line costs its own job's look alone (of
+        its log alone, when only the log grew)."""
         grew = Subscription()
         followed: dict[int, contextlib.ExitStack] = {}  # a watched job -> the following of its files
-        files: dict[str, int] = {}  # a followed file -> its job
+        files: dict[str, tuple[int, bool]] = {}  # a followed file -> its job, and whether it is its metrics.jsonl
         rows: dict[int, JobRow] = {}
         read_as_of = -1  # the store's job_writes when the watched jobs were read
         polled_at = gpu_next = 0.0
+        self.store.on_job_write.append(grew.poke)  # a job that starts is followed at once, one that ends read
         try:
             while True:
-                due = {files[path] for path in grew.take() if path in files} | self._behind
+                woken = [files[path] for path in grew.take() if path in files]
+                due = {job_id for job_id, _ in woken} | self._behind
+                whole = {job_id for job_id, metrics in woken if metrics} | self._behind  # metrics.jsonl read too
                 self._behind = set()
                 if self.store.job_writes != read_as_of:
                     read_as_of = self.store.job_writes
                     fresh = self._watched()
-                    due |= {job_id for job_id, row in fresh.items() if _moved(rows.get(job_id), row)}
+                    moved = {job_id for job_id, row in fresh.items() if _moved(rows.get(job_id), row)}
+                    due, whole = due | moved, whole | moved
                     for job_id in set(followed) - set(fresh):
                         followed.pop(job_id).close()
                     for job_id in set(fresh) - set(followed):
@@ -186,14 +193,15 @@ class Alerts:
                     rows = fresh
                 if time.monotonic() - polled_at >= WATCH_INTERVAL_S:
                     polled_at = time.monotonic()
-                    due |= {
+                    polled = {
                         job_id for job_id, row in rows.items() if self.poll_logs or not log_growth.watches(row.job_dir)
                     }
+                    due, whole = due | polled, whole | polled
                     self._check_stalls(rows)
                     self._keep_metrics()
                 for job_id in sorted(due & set(rows)):
                     try:
-                        if self._look(rows[job_id]):  # its end alerts are stored: no longer watched
+                        if self._look(rows[job_id], job_id in whole):  # its end alerts are stored: not watched
                             followed.pop(job_id).close()
                             del rows[job_id]
                     except Exception:  # one odd job must not stop the watch over the others
@@ -201,9 +209,11 @@ class Alerts:
                 if time.monotonic() >= gpu_next and "gpu-memory" in self.config.rules:
                     gpu_next = time.monotonic() + GPU_INTERVAL_S
                     await self._look_at_gpus()
-                await asyncio.sleep(MIN_LOOK_INTERVAL_S)  # a log written nonstop wakes us at most this often
+                if woken:  # a log written nonstop wakes us at most this often; after a quiet turn, any line at once
+                    await asyncio.sleep(MIN_LOOK_INTERVAL_S)
                 await grew.wait(WATCH_INTERVAL_S)
         finally:
+            self.store.on_job_write.remove(grew.poke)
             for following in followed.values():
                 following.close()
 
@@ -217,27 +227,31 @@ class Alerts:
         return rows
 
     @contextlib.contextmanager
-    def _follow(self, log_growth: LogGrowth, row: JobRow, grew: Subscription, files: dict[str, int]) -> Iterator[None]:
+    def _follow(
+        self, log_growth: LogGrowth, row: JobRow, grew: Subscription, files: dict[str, tuple[int, bool]]
+    ) -> Iterator[None]:
         """Follow the growth of the job's log and metrics.jsonl into `grew` for as long as the block runs."""
         paths = [Path(row.job_dir) / jobdir.OUTPUT, Path(row.job_dir) / jobdir.METRICS]
         with contextlib.ExitStack() as stack:
             for path in paths:
                 stack.enter_context(log_growth.follow(path, grew))
-                files[os.fspath(path)] = row.id
+                files[os.fspath(path)] = (row.id, path.name == jobdir.METRICS)
             try:
                 yield
             finally:
                 for path in paths:
                     files.pop(os.fspath(path), None)
 
-    def _look(self, row: JobRow) -> bool:
-        """Read what the job's log and metrics gained; for an ended job once all is read, its end alerts.
-        True once those are stored and the job is watched no more."""
+    def _look(self, row: JobRow, whole: bool = True) -> bool:
+        """Read what the job's log and metrics gained (its log alone unless `whole`: a file event said only the
+        log grew); for an ended job once all is read, its end alerts. True once those are stored and the job
+        is watched no more."""
         job_id = row.id
         settings = self._settings.get(job_id) or self._settings.setdefault(job_id, self.settings(job_id))
         watch = self._watches.get(job_id) or self._load(row, settings)
         caught_up = self._read_log(row, watch, settings)
-        self._read_callback_metrics(row, watch, settings)
+        if whole or row.final:
+            self._read_callback_metrics(row, watch, settings)
         if not caught_up:  # more than a look reads: the next look goes on
             self._behind.add(job_id)
         if not row.final:
@@ -323,16 +337,17 @@ class Alerts:
 
     def _read_log(self, row: JobRow, watch: Watch, settings: Settings) -> bool:
         """Read what the log gained; True once all of it is read."""
-        path = watch.output_path
         try:
-            size = os.stat(path).st_size
+            fd = os.open(watch.output_path, os.O_RDONLY | os.O_CLOEXEC)  # no file object: a look is a few syscalls
         except FileNotFoundError:
             return True
-        if size <= watch.offset:
-            return True
-        with open(path, "rb") as f:
-            f.seek(watch.offset)
-            data = f.read(min(size - watch.offset, READ_LIMIT_BYTES))
+        try:
+            size = os.fstat(fd).st_size
+            if size <= watch.offset:
+                return True
+            data = os.pread(fd, min(size - watch.offset, READ_LIMIT_BYTES), watch.offset)
+        finally:
+            os.close(fd)
         watch.offset += len(data)
         watch.stalled, watch.active_at = False, time.time()
         samples = watch.metrics.feed(data)  # before the OOM search: an OOM alert quotes the losses before it

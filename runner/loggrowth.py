@@ -6,6 +6,10 @@ watch (runner/alerts.py). One inotify watch per job folder however many follower
 on its subscription, which also tells which of the files it follows grew, so the alert watch reads only the
 logs that did: a busy log costs one wake-up per batch of writes (the kernel merges repeated events while
 nobody reads them), a quiet one nothing.
+
+Events are read while a follower waits, and by each follower as it starts to wait; while none waits (the alert
+watch between its turns, with no `logs -f` open) the kernel holds them, and a hundred jobs printing a line a
+second each wake the daemon once a turn rather than a hundred times a second.
 """
 
 from __future__ import annotations
@@ -30,9 +34,14 @@ class Subscription:
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self.grown: set[str] = set()
+        self.growth: Optional[LogGrowth] = None  # whose events wake it: set by LogGrowth.follow
 
     def wake(self, path: str) -> None:
         self.grown.add(path)
+        self.event.set()
+
+    def poke(self) -> None:
+        """Wake the follower though no file grew: it has something else to look at (a job written)."""
         self.event.set()
 
     def take(self) -> set[str]:
@@ -47,13 +56,21 @@ class Subscription:
         and a follower whose client hung up (cancelled as other followers' handles close, which sets the
         event) would then follow on, for nobody, until its job ended. Nor a task of its own for the wait:
         each hop through one costs a turn of the event loop, and a followed line waited three of them.
-        The timeout sets the event: a look that finds nothing new."""
+        The timeout sets the event: a look that finds nothing new. The events the kernel holds are read first
+        (none may have been while no follower waited), and while it waits, as they come."""
+        growth = self.growth
+        if growth is not None:
+            growth.read_events()
         if not self.event.is_set():
             timer = asyncio.get_running_loop().call_later(timeout, self.event.set)
+            if growth is not None:
+                growth.listen()
             try:
                 await self.event.wait()
             finally:
                 timer.cancel()
+                if growth is not None:
+                    growth.unlisten()
         self.event.clear()
 
 
@@ -72,17 +89,36 @@ class LogGrowth:
         self.files: dict[str, int] = {}  # followed file: its watch for writes
         self._by_watch: dict[int, tuple[str, bool]] = {}  # watch: (the folder or file, whether a folder)
         self._inotify: Optional[Inotify] = None
+        self._listening = 0  # followers waiting now: while there are any, the loop reads events as they come
         try:
             self._inotify = Inotify()
-            loop.add_reader(self._inotify.fd, self._read)
         except OSError as exc:  # no inotify here: followers poll, as they would anyway on timeout
             log.warning("file events unavailable (%s); log followers poll", exc)
 
     def stop(self) -> None:
         if self._inotify is not None:
-            self.loop.remove_reader(self._inotify.fd)
+            if self._listening:
+                self.loop.remove_reader(self._inotify.fd)
             self._inotify.close()
             self._inotify = None
+
+    def read_events(self) -> None:
+        """Read the events waiting now, waking who follows each file."""
+        if self._inotify is not None:
+            self._read()
+
+    def listen(self) -> None:
+        """A follower starts waiting: events are read as they come (the first such follower registers the
+        descriptor with the loop)."""
+        self._listening += 1
+        if self._listening == 1 and self._inotify is not None:
+            self.loop.add_reader(self._inotify.fd, self._read)
+
+    def unlisten(self) -> None:
+        """A follower stopped waiting; once none waits, events wait in the kernel for the next one."""
+        self._listening -= 1
+        if self._listening == 0 and self._inotify is not None:
+            self.loop.remove_reader(self._inotify.fd)
 
     def watches(self, folder: str) -> bool:
         """Whether the growth of the files followed in `folder` wakes their followers (else they must poll)."""
@@ -95,6 +131,7 @@ class LogGrowth:
         key = os.fspath(path)
         folder = os.path.dirname(key)
         subscription = subscription or Subscription()
+        subscription.growth = self
         first = key not in self.waiters
         self.waiters.setdefault(key, set()).add(subscription)
         if first:
@@ -144,7 +181,8 @@ class LogGrowth:
             self._inotify.remove(wd)
 
     def _read(self) -> None:
-        """The events waiting (on the event loop, when the descriptor is ready): wake who follows each file."""
+        """The events waiting (on the event loop: when the descriptor is ready while a follower waits, and as one
+        starts to wait): wake who follows each file."""
         assert self._inotify is not None
         for event in self._inotify.read():
             if event.mask & IN_Q_OVERFLOW:  # some were dropped: every follower looks again

@@ -23,7 +23,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
@@ -83,6 +83,7 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.job_writes = 0  # bumped by every write to the jobs table: the cue to read them again
+        self.on_job_write: list[Callable[[], None]] = []  # called at each such write: who waits on it wakes
         self._unfinished: Optional[dict[int, JobRow]] = None  # the unfinished jobs (None: to be read)
         self._listed: list[JobRow] = []  # the same, by id, as list(include_final=False) returns them
         self._stale: set[int] = set()  # jobs written since they were read into _unfinished
@@ -216,13 +217,18 @@ class Store:
 
     def _wrote(self, job_id: int) -> None:
         """Note a write to a job's row: the next list of unfinished jobs reads that row again."""
-        self.job_writes += 1
+        self._bump()
         self._stale.add(job_id)
 
     def _forget_unfinished(self) -> None:
         """Read every unfinished job again at the next list (many rows written, or a write undone)."""
-        self.job_writes += 1
+        self._bump()
         self._unfinished = None
+
+    def _bump(self) -> None:
+        self.job_writes += 1
+        for wake in self.on_job_write:
+            wake()
 
     def update(self, job_id: int, **values: Any) -> None:
         """Write fields of a job other than its state."""

@@ -76,3 +76,70 @@ def test_a_followed_file_replaced_by_a_rename_is_followed_on(tmp_path: Path) -> 
 
     replaced, written = asyncio.run(scenario())
     assert replaced == {str(log)} and written == {str(log)}
+
+
+class _CountingGrowth(LogGrowth):
+    """A LogGrowth that counts its reads of the kernel's events: each is a wake-up of the daemon."""
+
+    reads = 0
+
+    def _read(self) -> None:
+        self.reads += 1
+        super()._read()
+
+
+def test_events_wait_in_the_kernel_while_no_follower_waits_and_the_next_wait_reads_them(tmp_path: Path) -> None:
+    """Between the alert watch's turns nobody reads events: a hundred jobs printing a line a second each wake the
+    daemon once a turn, not a hundred times a second, and no line is missed."""
+    log = tmp_path / "output.log"
+    log.write_bytes(b"")
+
+    async def scenario() -> tuple[int, set[str], int]:
+        growth = _CountingGrowth(asyncio.get_running_loop())
+        grew = Subscription()
+        try:
+            with growth.follow(log, grew):
+                before = growth.reads
+                for step in range(5):  # the loop turns between the writes, and nobody waits
+                    with open(log, "ab") as f:
+                        f.write(b"step %d loss=0.5\n" % step)
+                    await asyncio.sleep(0.05)
+                read_meanwhile = growth.reads - before
+                await grew.wait(10)
+                return read_meanwhile, grew.take(), growth.reads - before
+        finally:
+            growth.stop()
+
+    read_meanwhile, grown, reads = asyncio.run(scenario())
+    assert read_meanwhile == 0
+    assert grown == {str(log)}
+    assert reads == 1  # the wait read them all at once, and did not wait
+
+
+def test_more_events_than_the_kernel_holds_while_nobody_waits_wake_every_follower(tmp_path: Path) -> None:
+    """Events that overflow the kernel's queue (fs.inotify.max_queued_events) are lost; the overflow itself is
+    told, and every follower then looks at every file it follows."""
+    logs = [tmp_path / f"{name}.log" for name in ("a", "b")]
+    for path in logs:
+        path.write_bytes(b"")
+    limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+
+    async def scenario() -> set[str]:
+        growth = LogGrowth(asyncio.get_running_loop())
+        grew = Subscription()
+        try:
+            with growth.follow(logs[0], grew), growth.follow(logs[1], grew):
+                files = [open(path, "ab", buffering=0) for path in logs]
+                try:
+                    for _ in range(limit // 2 + 100):  # alternating: the kernel merges only repeats of one event
+                        for f in files:
+                            f.write(b"x")
+                finally:
+                    for f in files:
+                        f.close()
+                await grew.wait(10)
+                return grew.take()
+        finally:
+            growth.stop()
+
+    assert asyncio.run(scenario()) == {str(path) for path in logs}

@@ -187,3 +187,17 @@ def test_an_end_that_fails_half_way_leaves_the_job_as_it_was(
     with pytest.raises(OSError, match="disk full"):
         lifecycle.end(row, JobState.FAILED, exit_code=1, finished_at=2.0)
     assert _dump(lifecycle.store) == before
+
+
+def test_every_move_tells_who_waits_on_the_store(lifecycle: Lifecycle) -> None:
+    """The alert watch wakes at a job's start and end (Store.on_job_write) instead of finding them at its next
+    poll: a job that fails in its first second alerts as soon as one that fails later."""
+    told: list[int] = []
+    lifecycle.store.on_job_write.append(lambda: told.append(lifecycle.store.job_writes))
+    row = lifecycle.create("j", _spec())
+    created = len(told)
+    row = lifecycle.start(row, pid=11, shim_pid=10, shim_start=5, boot_id="b", started_at=1.0)
+    started = len(told)
+    lifecycle.end(row, JobState.FAILED, exit_code=1, finished_at=2.0, reason="r")
+    assert 0 < created < started < len(told)
+    assert told == sorted(told) and told[-1] == lifecycle.store.job_writes  # told after each write is counted
