@@ -57,8 +57,10 @@ from tfrun.runner.store import Store
 log = logging.getLogger("tfrund")
 
 WATCH_INTERVAL_S = 0.5
-# The watch's turns after a log grew at most this often: a busy box's lines are read in batches, four times a second
-# (an alert of a busy box waits up to this long; a `logs -f` follower never does)
+# Two turns of the watch that a log's growth woke, less than this apart, are followed by a pause this long: a busy
+# box's lines are read in batches, about four times a second (an alert of a busy box waits up to this long; a
+# `logs -f` follower never does). The second turn is free: a line often comes in two writes, its text and then
+# its newline, and the turn woken by the first would otherwise leave an OOM line unread for the whole pause.
 MIN_LOOK_INTERVAL_S = 0.25
 SAVE_EVERY_S = 10.0  # a running job's watch saved this often (and after every alert): what a restart reads again
 KEEP_EVERY_S = 10.0  # the metrics read from a log are appended to its files this often (and at every save,
@@ -162,9 +164,10 @@ class Alerts:
     # -- the loop -----------------------------------------------------------------------------------------
 
     async def run(self, log_growth: LogGrowth) -> None:
-        """Forever: look at each job whose log or metrics grew (file events) or whose row was written, at most
-        every MIN_LOOK_INTERVAL_S; every WATCH_INTERVAL_S check the stall deadlines (in memory) and read
-        the jobs whose growth no event tells (no inotify, or `poll_logs`); now and then look at the GPUs.
+        """Forever: look at each job whose log or metrics grew (file events) or whose row was written, in turns
+        paced by MIN_LOOK_INTERVAL_S when logs grow nonstop; every WATCH_INTERVAL_S check the stall deadlines
+        (in memory) and read the jobs whose growth no event tells (no inotify, or `poll_logs`); now and then
+        look at the GPUs.
         A job that prints nothing costs nothing here, and a printed line costs its own job's look alone (of
         its log alone, when only the log grew)."""
         grew = Subscription()
@@ -172,7 +175,7 @@ class Alerts:
         files: dict[str, tuple[int, bool]] = {}  # a followed file -> its job, and whether it is its metrics.jsonl
         rows: dict[int, JobRow] = {}
         read_as_of = -1  # the store's job_writes when the watched jobs were read
-        polled_at = gpu_next = 0.0
+        polled_at = gpu_next = woken_at = 0.0
         self.store.on_job_write.append(grew.poke)  # a job that starts is followed at once, one that ends read
         try:
             while True:
@@ -209,8 +212,10 @@ class Alerts:
                 if time.monotonic() >= gpu_next and "gpu-memory" in self.config.rules:
                     gpu_next = time.monotonic() + GPU_INTERVAL_S
                     await self._look_at_gpus()
-                if woken:  # a log written nonstop wakes us at most this often; after a quiet turn, any line at once
-                    await asyncio.sleep(MIN_LOOK_INTERVAL_S)
+                if woken:  # a log written nonstop wakes us about this often; after a quiet while, twice at once
+                    busy, woken_at = time.monotonic() - woken_at < MIN_LOOK_INTERVAL_S, time.monotonic()
+                    if busy:
+                        await asyncio.sleep(MIN_LOOK_INTERVAL_S)
                 await grew.wait(WATCH_INTERVAL_S)
         finally:
             self.store.on_job_write.remove(grew.poke)

@@ -129,14 +129,10 @@ def test_more_events_than_the_kernel_holds_while_nobody_waits_wake_every_followe
         grew = Subscription()
         try:
             with growth.follow(logs[0], grew), growth.follow(logs[1], grew):
-                files = [open(path, "ab", buffering=0) for path in logs]
-                try:
+                with open(logs[0], "ab", buffering=0) as a, open(logs[1], "ab", buffering=0) as b:
                     for _ in range(limit // 2 + 100):  # alternating: the kernel merges only repeats of one event
-                        for f in files:
-                            f.write(b"x")
-                finally:
-                    for f in files:
-                        f.close()
+                        a.write(b"x")
+                        b.write(b"x")
                 await grew.wait(10)
                 return grew.take()
         finally:
