@@ -3,9 +3,9 @@ loss is missed (and what `--metric` pattern would catch it) or why it lands at t
 
 The log is read again from its start with a fresh reader (runner/metrics/), one segment (a line, or one redraw
 of a progress bar) at a time, and each segment's reading is kept with the reader's own account of it. A log has
-thousands of lines of a few shapes, so one line of each shape (its digits aside) is shown, with how many lines
-have that shape: first the shapes that gave a metric, then those with a metric's word that gave none (the misses),
-then the rest, each in the order the log first shows it.
+thousands of lines of a few shapes, so one line of each shape (its digits, spacing and a bar's graphic aside) is
+shown, with how many lines have that shape: first the shapes that gave a metric, then those with a metric's word
+that gave none (the misses), then the rest, each in the order the log first shows it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ MAX_SHAPES = 10_000  # distinct shapes remembered; a log of more is mostly noise
 MAX_SHOWN_CHARS = 160
 _SEGMENT = re.compile(rb"[^\r\n\b]*[\r\n\b]")
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_BAR_GRAPHIC = re.compile(r"\|[ #\u2588-\u258f]*\|")  # a tqdm bar's `|███▌      |`, which grows with its count
+_SPACES = re.compile(r"\s+")  # and the padding of its numbers (`  3%`, ` 12%`)
 _METRIC_WORD = re.compile(r"(?i)loss|acc|epoch|step|iter|lr\b")
 
 
@@ -47,7 +49,7 @@ def explain(path: Path, patterns: Sequence[str], limit: int) -> tuple[list[LineR
         text = plain(display(segment[:-1])).strip()
         if not any(c.isdigit() for c in text):
             continue
-        shape = _NUMBERS.sub("#", text)[:MAX_SHOWN_CHARS]
+        shape = _SPACES.sub(" ", _NUMBERS.sub("#", _BAR_GRAPHIC.sub("|", text)))[:MAX_SHOWN_CHARS]
         known = shapes.get(shape)
         if known is not None:
             known.reading.lines += 1

@@ -95,18 +95,34 @@ def callback_losses(path: str, offset: int) -> Optional[tuple[int, list[LossPoin
 
 def read_metrics(job_dir: Path, last: Optional[int]) -> tuple[str, list[MetricSample]]:
     """A job's metrics for `tfrun metrics`: its own metrics.jsonl when it wrote one, else what was read from
-    its log; the last `last` samples."""
+    its log, one sample a step; the last `last` samples."""
     for source, name in (("callback", jobdir.METRICS), ("log", jobdir.LOG_METRICS)):
         path = job_dir / name
         if path.exists() and path.stat().st_size:
-            samples = []
+            samples: list[MetricSample] = []
             with open(path, "rb") as f:
                 for line in f:
                     sample = _sample(line)
-                    if sample is not None:
+                    if sample is None:
+                        continue
+                    if source == "log" and samples and samples[-1].step == sample.step:
+                        samples[-1] = _updated(samples[-1], sample)
+                    else:
                         samples.append(sample)
             return source, samples[-last:] if last else samples
     return "none", []
+
+
+def _updated(sample: MetricSample, later: MetricSample) -> MetricSample:
+    """A step's sample with what a later line at that step gave (an evaluation's value that changed where the
+    log printed it twice, a print placed at the step a bar reached): its values added, the last one winning, as a
+    terminal shows the last."""
+    return MetricSample(
+        step=sample.step,
+        values={**sample.values, **later.values},
+        epoch=later.epoch if later.epoch is not None else sample.epoch,
+        time=later.time if later.time is not None else sample.time,
+    )
 
 
 def recent_losses(job_dir: Path, n: int) -> list[float]:

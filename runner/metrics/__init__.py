@@ -29,12 +29,23 @@ the sample count: a step the line shows, where an alert points to. A printed ste
 made global, by the epoch's length where the line prints it (`Step [100/600]`), else by the last step printed;
 the line's own counter stays in Sample.printed_step, with the epoch (from the line, or from the last line that
 named one alone: `Start of epoch 3`), for the alert to quote. A print with no step written over a tqdm bar
-(tqdm.write, Hugging Face's Trainer) takes the count the bar is redrawn with right after it; any other is
-counted. An evaluation's line (`Test set: Average loss: 0.2475`, `Validation loss: 0.31`, `Test loss: 0.31` after
-training) is named `test_loss`, `val_loss` or `eval_loss`, which training_loss() never takes, and placed at the
-step training got to when it says none.
+(tqdm.write: Hugging Face's Trainer, ignite's example), while the bar is drawn or left before its end (Trainer's,
+under its evaluation's bar), takes the count the bar is redrawn with right after it. Any other print with no step,
+an evaluation's or a summary's (`Training Results - Epoch: 1 ... Avg loss: 2.29`, Trainer's last
+`{'train_loss': ...}`), is placed at the step training got to: the last sample's, or that of a bar's step held for
+its last redraw. Where that step has the print's metric already (a loop that prints a line an epoch after one
+`Step: 1` line), training went on without saying where, and the print is counted on from that step; only where
+nothing in the log gave a step yet is a print's step its count of such prints. An evaluation's line (`Test set:
+Average loss: 0.2475`, `Validation loss: 0.31`, `Test loss: 0.31` after training) is named `test_loss`,
+`val_loss` or `eval_loss`, which training_loss() never takes.
 
-tests/data/real/ holds the output of 14 training scripts, 13 of them published, and what each computed;
+One sample a step a metric: a value its step has given already (a bar redrawn where it was after tqdm.write, a
+line printed again) is left out of a sample, and a sample left with no value is none; a value that differs is
+kept, the last the log shows (an evaluation's lines at one step, timm's `Test: [0/1]` then `[1/1]`). Steps never
+go back: a printed counter, a Keras `Epoch k/N` or a bar that starts over (a second training loop's `Epoch 1`)
+goes on from the steps before it, and `tfrun metrics --explain` says that the log starts over.
+
+tests/data/real/ holds the output of 17 training scripts, 15 of them published, and what each computed;
 tests/test_corpus.py checks this reader on all of it (the README has the table).
 
 Keras prints the running mean of each metric since the start of the epoch. An alert needs what the model does

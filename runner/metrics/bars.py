@@ -41,8 +41,16 @@ class ProgressBars(Reader):
     """The reader's part that reads progress bars."""
 
     def _keras_epoch(self, epoch: int) -> None:
+        """`Epoch k/N`: its batches go on from the last epoch's, also where k goes back (fit called again, as
+        a tutorial's next training loop does: the log starts over, the steps do not)."""
         keras = self.keras
         self.keras = Keras(epoch=epoch, open=True, base=keras.base + (keras.size or keras.batch), signed=keras.signed)
+        self.why = "Keras: an epoch begins"
+        if keras.epoch is not None and epoch <= keras.epoch:
+            self.why = (
+                f"Keras: epoch {epoch} after epoch {keras.epoch}, the log starts over (fit again): its steps go on"
+                f" from step {self.keras.base}"
+            )
 
     def _keras_bar(
         self, batch: int, size: Optional[int], printed: dict[str, float], line_end: bool
@@ -93,6 +101,7 @@ class ProgressBars(Reader):
             return []
         counters = self.counters
         new = epoch != counters.bar_epoch if epoch is not None else n < counters.bar_batch
+        again = epoch is not None and counters.bar_epoch is not None and epoch < counters.bar_epoch
         if counters.bar_batch and new:
             counters.bar_base += counters.bar_size or counters.bar_batch
         counters.bar_epoch, counters.bar_batch = epoch, n
@@ -101,12 +110,16 @@ class ProgressBars(Reader):
         # bars are all as long; a user's own `Epoch 1:` may count from 1.
         lightning = found is not None and desc.lstrip().startswith("Epoch") and "v_num=" in bar.group("info")
         # Lightning's `Epoch 0:` counts from 0 and its bars are all as long: a log read from the middle of a
-        # run (a job restarted from a checkpoint) still gives the run's global step.
-        step = epoch * counters.bar_size if lightning and epoch and counters.bar_size else counters.bar_base
+        # run (a job restarted from a checkpoint) still gives the run's global step; a second fit's epochs, from 0
+        # again, go on from the first's.
+        step = counters.bar_base
+        if lightning and epoch and counters.bar_size:
+            step = max(step, epoch * counters.bar_size)
         step += n
         self.why = (
             f"{'Lightning' if lightning else 'tqdm'} bar: step {step}, its count {n}"
             + (f" after {step - n} of earlier epochs" if step != n else "")
+            + (f"; epoch {epoch} after a later one: the log starts over, its steps go on" if again else "")
             + "; a step's last redraw is taken when the next is drawn or the line ends"
         )
         held = counters.bar_held

@@ -76,23 +76,19 @@ class Prints(Reader):
             if printed is None and counted and len(counted.group(1)) <= MAX_COUNTER_DIGITS:
                 printed, total = int(counted.group(1)), counted.group(2)
         if printed is not None:
+            last_epoch = counters.print_epoch
             step = self._print_step(printed, total, epoch)
             self.why = f"a print: step {step}, from its counter {printed}" + (
                 f" after {step - printed} of earlier epochs" if step != printed else ""
             )
-        evaluation = all(name.startswith(EVALUATION_PREFIXES) for name in values if "loss" in name)
-        if step is None and evaluation:
-            step = counters.last_step  # after the training it evaluates, not a training print of its own
-            self.why = f"an evaluation's print: placed at step {step}, where training got to"
-        elif step is None and counters.bar_live:
+            if epoch is not None and last_epoch is not None and epoch < last_epoch:
+                self.why += f"; epoch {epoch} after epoch {last_epoch}: the log starts over, its steps go on"
+        if step is None and not counters.bar_quiet and (counters.bar_live or self._bar_open()):
             counters.waiting = {"values": {name: json_float(v) for name, v in values.items()}, "epoch": epoch}
             self.why = "a print with no step, over a tqdm bar: its step is the count the bar is redrawn with next"
             return None
-        elif step is None:
-            step = self._counted_step()
-            self.why = f"a print with no step in it: step {step}, " + (
-                "its count of such prints" if step == counters.prints else "the last step printed"
-            )
+        if step is None:
+            step = self._placed_step(values)
         counters.print_epoch = epoch if epoch is not None else counters.print_epoch
         return Sample(step, values, epoch, "print", printed)
 
@@ -122,18 +118,42 @@ class Prints(Reader):
         counters.print_last = printed
         return counters.print_offset + printed
 
-    def _counted_step(self) -> int:
-        """The step of a print that says none: its count of such prints, or the last step printed where that is
-        further (`epoch 1 done, loss 0.6` after `step 40`: at 40)."""
+    def _placed_step(self, values: dict[str, float]) -> int:
+        """The step of a training print that says none (`Epoch 3, Avg Loss: 0.23`, ignite's `Training Results -
+        Epoch: 1 ... Avg loss: 2.29`, Trainer's last `{'train_loss': ...}`): the step training got to, as
+        whatever gave steps before it says. Where nothing did, or where that step has this print's metric
+        already (a loop that prints one line an epoch after a `Step: 1` line), training has gone on without
+        saying where: the print is counted, on from that step."""
         counters = self.counters
+        reached = self.reached()
+        if all(name.startswith(EVALUATION_PREFIXES) for name in values if "loss" in name):
+            self.why = f"an evaluation's print: placed at step {reached}, where training got to"
+            return reached  # after the training it evaluates, not a training print of its own
+        known = bool(counters.given) or reached > 0  # something before it gave a step
+        given = counters.given if reached == counters.last_step else {}
+        if known and not given.keys() & values.keys():
+            self.why = f"a print with no step: placed at step {reached}, where training got to"
+            return reached
         counters.prints += 1
-        printed_before = 0 if counters.print_last is None else counters.print_offset + counters.print_last
-        return max(counters.prints, printed_before)
+        if not known:
+            self.why = f"a print with no step, and none before it gave one: step {counters.prints}, its count of prints"
+            return counters.prints
+        step = max(counters.prints, reached + 1)
+        self.why = f"a print with no step, its metrics at step {reached} already: step {step}, counted on"
+        return step
+
+    def _bar_open(self) -> bool:
+        """Whether a tqdm bar was left before its end (Trainer's, under an evaluation's bar that ended its
+        line): it is drawn again, at the step reached, right after a print written over it."""
+        return any(last < int(total) for total, (_, last) in self.counters.bar_counts.items() if total.isdigit())
 
     def _release(self, step: Optional[int]) -> list[Sample]:
-        """The waiting print, if any, at `step` (the bar's count), or counted when the bar was not redrawn."""
+        """The waiting print, if any, at `step` (the bar's count), or placed (_placed_step) when the bar was not
+        redrawn; never behind the step training got to (a bar of another total, an evaluation's, counts its own)."""
         waiting, self.counters.waiting = self.counters.waiting, None
         if waiting is None:
             return []
         values = {name: float(value) for name, value in waiting["values"].items()}
-        return [Sample(self._counted_step() if step is None else step, values, waiting["epoch"], "print")]
+        self.counters.bar_quiet = step is None
+        step = self._placed_step(values) if step is None else max(step, self.reached())
+        return [Sample(step, values, waiting["epoch"], "print")]

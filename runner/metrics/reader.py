@@ -4,8 +4,9 @@ docstring says what it reads and how)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import fields, replace
+from itertools import islice
 from typing import Any, Optional
 
 from tfrun.runner.metrics.bars import KERAS_BAR, KERAS_HEADER, KERAS_PAIR, RICH, RICH_MORE, TQDM, ProgressBars
@@ -14,6 +15,7 @@ from tfrun.runner.metrics.state import Counters, Keras, PatternError, Sample, pl
 from tfrun.runner.metrics.text import NUMBER, json_float, parse_float
 
 MAX_SEGMENT = 1 << 16  # longer segments are not metrics: skipped, and never buffered whole
+MAX_GIVEN = 64  # metric names remembered at the last step (Counters.given), kept in the state a restart restores
 MAX_RICH_TEXT = 4096  # what a rich bar's metric lines may add up to, kept in the state a restart restores
 # loss, Loss, LOSS, epoch, Epoch, EPOCH: every format has one; and a tqdm bar's rate, whose count is the step of
 # the prints written over it
@@ -64,22 +66,44 @@ class LogMetrics(ProgressBars, Prints):
             end = segments[start]
             if end - start > MAX_SEGMENT:
                 continue
+            ended = table and self.counters.table is None and start not in matched
+            if ended and not any(marker in flat[start:end] for marker in _MARKERS):
+                continue  # the table ended in this block: the segments after it are looked at as in any other
             try:
                 sample = self._pattern_sample(matched[start]) if start in matched else None
-                found = [sample] if sample is not None else []
-                if sample is None:
-                    found = self._parse(flat[start:end].decode("utf-8", "replace"), text[end] == ord("\n"))
+                segment = flat[start:end].decode("utf-8", "replace")
+                found = iter([sample]) if sample is not None else self._parse(segment, text[end] == ord("\n"))
+                for sample in found:  # each kept before the segment is read on: a print may be placed at its step
+                    if not plausible(sample.step, sample.epoch):
+                        self.why = f"step {sample.step} or epoch {sample.epoch} is no training's count: dropped"
+                        continue
+                    new = self._new_values(sample)
+                    if new is not None:
+                        samples.append(new)
             except (ValueError, OverflowError):  # a count of 4,300+ digits: no training printed that
-                found, self.why = [], "a number too long to be a metric or a count"
-            for sample in found:
-                if not plausible(sample.step, sample.epoch):
-                    self.why = f"step {sample.step} or epoch {sample.epoch} is no training's count: dropped"
-                else:
-                    samples.append(sample)
-                    self.counters.last_step = sample.step
+                self.why = "a number too long to be a metric or a count"
             if not table and self.counters.table is not None:  # a table's header: its rows may follow in this block
                 return samples + self._scan(text[end + 1 :])
         return samples
+
+    def _new_values(self, sample: Sample) -> Optional[Sample]:
+        """The sample less the values its step has given already (a bar redrawn where it was after tqdm.write,
+        a line printed again): one sample a step a metric, as a terminal shows one value; None if nothing is
+        new. A value that differs from the one given is kept: the last the log shows."""
+        counters = self.counters
+        if sample.step != counters.last_step:  # a new step: every value is new
+            counters.last_step = sample.step
+            values = sample.values
+            counters.given = dict(values) if len(values) <= MAX_GIVEN else dict(islice(values.items(), MAX_GIVEN))
+            return sample
+        given = counters.given
+        values = {name: value for name, value in sample.values.items() if not _same(given.get(name), value)}
+        if not values:
+            self.why = f"step {sample.step} again, with the values it has given already: no new sample"
+            return None
+        if len(given) < MAX_GIVEN:
+            given.update(values)
+        return sample if len(values) == len(sample.values) else replace(sample, values=values)
 
     def _pattern_matches(self, flat: bytes, segments: dict[int, int]) -> dict[int, dict[bytes, Optional[bytes]]]:
         """The named groups of the user patterns in each segment that one matches, by the segment's start;
@@ -116,30 +140,36 @@ class LogMetrics(ProgressBars, Prints):
         )
         return Sample(counters.get("step", self.counters.patterns), values, counters.get("epoch"), "pattern")
 
-    def _parse(self, segment: str, line_end: bool) -> list[Sample]:
+    def _parse(self, segment: str, line_end: bool) -> Iterator[Sample]:
+        """The samples of one segment, in order; a generator, so that each is kept (_new_values) before the
+        segment is read on: a print released by the next segment, or a rich bar taken when a line not its own
+        comes, is the step a print in that segment may be placed at."""
         if self.counters.table is not None:
             row = self._table_row(segment)
             if row is not None:
-                return [row]
+                yield row
+                return
             if line_end and segment.strip():
                 self.counters.table = None  # a line that is no row: the table is over
         rich = RICH.match(segment)
         if rich:
-            return self._rich(rich)
+            yield from self._rich(rich)
+            return
         held = self.counters.rich_held
         if held is not None and RICH_MORE.fullmatch(segment):
             if len(held["text"]) < MAX_RICH_TEXT:  # a bar's metrics: a few lines; more is no bar's, and kept no more
                 held["text"] += " " + segment.strip()
             self.why = f"a metric of the rich bar above: step {held['step']}"
-            return []
+            return
         released = self._rich_release()
         if released:
-            return [*released, *self._parse(segment, line_end)]
+            yield from released
+            yield from self._parse(segment, line_end)
+            return
         header = KERAS_HEADER.fullmatch(segment)
         if header:
             self._keras_epoch(int(header.group(1)))
-            self.why = "Keras: an epoch begins"
-            return []
+            return
         bar = KERAS_BAR.match(segment)
         sample: Optional[Sample]
         if bar:
@@ -147,15 +177,24 @@ class LogMetrics(ProgressBars, Prints):
             if pairs:
                 size = int(bar.group(2)) if bar.group(2).isdigit() else None
                 sample = self._keras_bar(int(bar.group(1)), size, pairs, line_end)
-                return [sample] if sample is not None else []
+                if sample is not None:
+                    yield sample
+                return
         tqdm = TQDM.match(segment)
         if tqdm:
             count = self._bar_count(int(tqdm.group("n")), tqdm.group("total"))
-            self.counters.bar_live = not line_end
-            return [*self._release(count), *self._bar(tqdm, line_end)]
-        released = self._release(None)  # not the bar: the waiting print is counted
+            self.counters.bar_live, self.counters.bar_quiet = not line_end, False
+            released = self._release(count)
+            samples = self._bar(tqdm, line_end)
+            if released:
+                self.why += f"; the print written over it (tqdm.write) is at step {released[0].step}, its count"
+            # the steps this redraw closes come before the print written over it, at the count it shows
+            yield from sorted([*released, *samples], key=lambda sample: sample.step) if released else samples
+            return
+        yield from self._release(None)  # not the bar: the waiting print is placed as one with no bar
         sample = self._print(segment)
-        return [*released, sample] if sample is not None else released
+        if sample is not None:
+            yield sample
 
     def state(self) -> dict[str, Any]:
         """Where reading has got to, as JSON, so that a restarted daemon goes on where it stopped. Shallow
@@ -163,11 +202,13 @@ class LogMetrics(ProgressBars, Prints):
         for the caller to serialise at once."""
         keras = dict(vars(self.keras))
         keras["means"] = {name: json_float(value) for name, value in self.keras.means.items()}
+        counters = dict(vars(self.counters))
+        counters["given"] = {name: json_float(value) for name, value in self.counters.given.items()}
         return {
             "pending": self.pending.decode("latin-1"),  # any bytes, one code point each
             "skipping": self.skipping,
             "keras": keras,
-            "counters": dict(vars(self.counters)),
+            "counters": counters,
         }
 
     @classmethod
@@ -180,7 +221,13 @@ class LogMetrics(ProgressBars, Prints):
         metrics.keras = Keras(**keras)
         known = {counter.name for counter in fields(Counters)}  # a state saved before a counter was added or dropped
         metrics.counters = Counters(**{name: value for name, value in state["counters"].items() if name in known})
+        metrics.counters.given = {name: float(value) for name, value in metrics.counters.given.items()}
         return metrics
+
+
+def _same(given: Optional[float], value: float) -> bool:
+    """Whether a value is the one given already, NaN the same as NaN."""
+    return given is not None and (given == value or (given != given and value != value))
 
 
 def _compile(pattern: str) -> Any:

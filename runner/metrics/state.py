@@ -75,9 +75,12 @@ class Counters:
     # epoch's (base grows by the total); a bar of another total is another bar (an evaluation's).
     bar_counts: dict[str, list[int]] = field(default_factory=dict)
     bar_live: bool = False  # a tqdm bar is being redrawn: its last redraw ended with \r, not its line
-    # A training print with no step written over a tqdm bar (tqdm.write, Hugging Face's Trainer's `{'loss': ...}`),
-    # as JSON (values, epoch): tqdm redraws the bar right after it, with the count the print belongs to.
+    # A print with no step written over a tqdm bar (tqdm.write, Hugging Face's Trainer's `{'loss': ...}`), as JSON
+    # (values, epoch): tqdm redraws the bar right after it, with the count the print belongs to.
     waiting: Optional[dict[str, Any]] = None
+    # A print waited for a bar that was not drawn again (a bar left for good): the prints after it wait no more,
+    # until a bar is drawn.
+    bar_quiet: bool = False
     table: Optional[list[str]] = None  # the columns of the table being printed, until a line that is no row
     # The last redraw of a rich bar, as JSON (step, values, epoch, batch, source, desc), its metrics growing with
     # the lines under it: taken when the bar is redrawn at another step, or a line that is not its own comes.
@@ -85,12 +88,16 @@ class Counters:
     # The step each rich bar (by its desc, the newest last) was last taken at: a bar redrawn at that step after a
     # line not its own (Lightning's validation bar) gives no second sample of it.
     rich_taken: dict[str, int] = field(default_factory=dict)
-    prints: int = 0  # samples from plain prints
+    prints: int = 0  # prints (and table rows) counted for a step: none said one, or training went on unsaid
     print_last: Optional[int] = None  # the last step counter printed
     print_offset: int = 0  # added to printed steps that restart at each epoch
     print_epoch: Optional[int] = None  # the last epoch counter printed
     patterns: int = 0  # samples from user patterns
-    last_step: int = 0  # the step of the last sample: where an evaluation that says no step is placed
+    last_step: int = 0  # the step of the last sample: where a print that says no step is placed
+    # The metrics given at last_step, by name (in the state as JSON, NaN and Inf as their names): a redraw or a
+    # repeat of that step with the same values is no new sample (one sample a step a metric), and a print with no
+    # step that has one of them is a later step's.
+    given: dict[str, float] = field(default_factory=dict)
 
 
 def held_sample(held: Mapping[str, Any]) -> Sample:
@@ -106,3 +113,9 @@ class Reader:
     keras: Keras
     counters: Counters
     why: str
+
+    def reached(self) -> int:
+        """The step training got to: the last sample's, or a bar's step held for its last redraw."""
+        counters = self.counters
+        held: list[int] = [held["step"] for held in (counters.bar_held, counters.rich_held) if held is not None]
+        return max([counters.last_step, *held])
