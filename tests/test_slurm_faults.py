@@ -28,7 +28,7 @@ from tfrun.runner.oom import SLURM_OUT_OF_MEMORY
 from tfrun.runner.slurm import states
 from tfrun.runner.slurm.checks import slurm_checks
 from tfrun.runner.slurm.commands import QueuedJob, Slurm, gpu_count
-from tfrun.runner.slurm.executor import MISSING_GRACE_S, SlurmExecutor, _read_record
+from tfrun.runner.slurm.executor import MISSING_GRACE_S, SlurmExecutor
 from tfrun.runner.slurm.settings import SlurmSettings
 
 
@@ -141,6 +141,29 @@ def test_a_requeued_job_stays_the_same_job_and_resumes_from_its_checkpoint(
     assert ended["restarted_as"] is None and len(tf.jobs()) == 1
 
 
+def test_a_job_held_in_slurms_queue_costs_no_file_read_at_a_poll(tmp_path: Path) -> None:
+    """A thousand held jobs cost tfrund what none do: each one's slurm.json is read once and kept (this daemon
+    alone writes it), and an answer that says a queued job still waits reads nothing of its folder (a start
+    is told by the answer that says it runs). Shown with the folder moved away after the first look."""
+    job_dir = tmp_path / "1"
+    job_dir.mkdir()
+    (job_dir / "slurm.json").write_text(json.dumps({"slurm_id": "7"}))
+    (job_dir / "shim.json").write_text(json.dumps({"shim_pid": 1, "job_pid": 2, "started_at": 10.0}))
+    spec = JobSpec(script="x.py", args=(), command=("python3", "x.py"), env={})
+    row = JobRow(1, None, "queued", spec, str(job_dir), str(tmp_path), 0.0)
+    executor = SlurmExecutor(SlurmSettings)
+    assert executor.records.of(row.id, job_dir) == {"slurm_id": "7"}
+    job_dir.rename(tmp_path / "elsewhere")
+    held = {"7": QueuedJob("7", "PENDING", str(job_dir), reason="JobHeldUser")}
+    record = executor.records.of(row.id, job_dir)
+    assert record == {"slurm_id": "7"}
+    assert executor._check(row, record, held, {}, asked_at=time.time()) == []
+    executor.records.write(tmp_path / "elsewhere", {"slurm_id": "7", "kill_at": 1.0})
+    assert json.loads((tmp_path / "elsewhere" / "slurm.json").read_text())["kill_at"] == 1.0
+    executor.forget(row.id)
+    assert executor.records.of(row.id, job_dir) == {}  # read again: the folder holds none now
+
+
 def test_a_record_of_slurms_own_sigterm_waits_for_slurms_word(tmp_path: Path) -> None:
     """The killed run's exit record (Slurm's SIGTERM: `stopped`) never ends a job that Slurm holds again or
     still runs; a plain one ends a job Slurm no longer lists at once, a stopped one after MISSING_GRACE_S."""
@@ -164,7 +187,7 @@ def test_a_record_of_slurms_own_sigterm_waits_for_slurms_word(tmp_path: Path) ->
 
     def check(state: str | None) -> list[object]:
         queue = {"7": QueuedJob("7", state, str(job_dir))} if state else {}
-        return list(executor._check(row, _read_record(job_dir), queue, {}, asked_at=time.time()))
+        return list(executor._check(row, executor.records.read(job_dir), queue, {}, asked_at=time.time()))
 
     assert check("PENDING") == [Requeued(1)] and check("PENDING") == []  # once per requeue
     assert check("RUNNING") == [] and check("COMPLETING") == []  # settled long ago, but Slurm has not said

@@ -38,7 +38,8 @@ from tfrun.runner.faults import crash_point
 from tfrun.runner.job import JobRow
 from tfrun.runner.slurm import task
 from tfrun.runner.slurm.commands import SlurmError
-from tfrun.runner.slurm.executor import _TFRUN_PARENT, _read_record, _write_record, launch_env, sbatch_args
+from tfrun.runner.slurm.executor import _TFRUN_PARENT, launch_env, sbatch_args
+from tfrun.runner.slurm.record import Records
 
 if TYPE_CHECKING:
     from tfrun.runner.jobdir import LaunchRecord
@@ -96,7 +97,7 @@ async def launch(executor: SlurmExecutor, rows: list[JobRow], envs: list[dict[st
     """Write each task's launch record, the array folder, then one sbatch for all of `rows`."""
     if rows[0].spec.tty:
         for row in rows:
-            _write_record(Path(row.job_dir), {"error": "--tty jobs do not run on Slurm (yet)"})
+            executor.records.write(Path(row.job_dir), {"error": "--tty jobs do not run on Slurm (yet)"})
         return
     folder = array_folder(rows[0])
     folder.mkdir(parents=True, exist_ok=True)
@@ -133,21 +134,21 @@ async def _submit(executor: SlurmExecutor, first: JobRow, folder: Path, tasks: d
         if found is None:
             log.warning("array of job %d: sbatch refused it: %s", first.id, exc)
             for job_dir in tasks.values():
-                _write_record(job_dir, {"error": str(exc)})
+                executor.records.write(job_dir, {"error": str(exc)})
             return
         slurm_id = found
     crash_point("array-submitted")
-    _recorded(folder, tasks, slurm_id)
+    _recorded(executor.records, folder, tasks, slurm_id)
     log.info("jobs %s: submitted to Slurm as array %s", ", ".join(Path(d).name for d in tasks.values()), slurm_id)
 
 
-def _recorded(folder: Path, tasks: dict[int, Path], slurm_id: str) -> None:
+def _recorded(records: Records, folder: Path, tasks: dict[int, Path], slurm_id: str) -> None:
     """The array's Slurm id in its record, and each task's own (ARRAYID_INDEX) in its folder."""
     record: ArrayRecord = {"tasks": {str(i): str(d) for i, d in tasks.items()}, "slurm_id": slurm_id}
     _write_json(folder / RECORD, dict(record))
     now = time.time()
     for index, job_dir in tasks.items():
-        _write_record(job_dir, {"slurm_id": f"{slurm_id}_{index}", "submitted_at": now})
+        records.write(job_dir, {"slurm_id": f"{slurm_id}_{index}", "submitted_at": now})
 
 
 def _submitted(executor: SlurmExecutor, folder: Path) -> Optional[str]:
@@ -177,9 +178,10 @@ async def resume(executor: SlurmExecutor, row: JobRow, folder: Path) -> bool:
     loop = asyncio.get_running_loop()
     found = record.get("slurm_id") or await loop.run_in_executor(None, _submitted, executor, folder)
     if isinstance(found, str):
-        _recorded(folder, {i: d for i, d in tasks.items() if not _read_record(d)}, found)
+        records = executor.records
+        _recorded(records, folder, {i: d for i, d in tasks.items() if not records.read(d)}, found)
         return True
-    left = {i: d for i, d in tasks.items() if not (d / jobdir.CANCEL).exists() and not _read_record(d)}
+    left = {i: d for i, d in tasks.items() if not (d / jobdir.CANCEL).exists() and not executor.records.read(d)}
     if not left:
         return False
     try:

@@ -7,8 +7,8 @@ Slurm places jobs: `places_jobs()` tells the scheduler to hand every queued job 
 `--after` jobs), with no devices of tfrun's; the job asks for `--gres=gpu:N` and Slurm sets its
 CUDA_VISIBLE_DEVICES. `max_cpu_jobs` and tfrun's GPU bookkeeping do not apply.
 
-In the job's folder: `slurm.sh` (the batch script), `slurm.json` (SlurmRecord: the Slurm id, written
-atomically before launch returns; or why sbatch refused the job), `slurm-ID.out` (the batch script's own
+In the job's folder: `slurm.sh` (the batch script), `slurm.json` (runner/slurm/record.py: the Slurm id,
+written atomically before launch returns; or why sbatch refused the job), `slurm-ID.out` (the batch script's own
 output, named by tfrun's id: Slurm's ids restart when its state is wiped).
 
 What a job did is learnt from its folder (shim.json: it runs; exit.json: how it ended, exactly) and from
@@ -29,7 +29,6 @@ FAILED), by slurmstepd's line in slurm-ID.out.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import shlex
@@ -37,7 +36,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, TypedDict
+from typing import TYPE_CHECKING, Callable, Optional
 
 import tfrun
 from tfrun.protocol.fields import JobState
@@ -46,6 +45,7 @@ from tfrun.runner.executor import Change, Ended, Requeued, Started
 from tfrun.runner.job import JobRow
 from tfrun.runner.slurm import states, task
 from tfrun.runner.slurm.commands import AccountedJob, QueuedJob, Slurm, SlurmError
+from tfrun.runner.slurm.record import Records, SlurmRecord
 from tfrun.runner.slurm.settings import SlurmSettings, nice
 from tfrun.runner.slurm.snapshot import Watcher, in_thread
 
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tfrund")
 
-RECORD = "slurm.json"
 SCRIPT = "slurm.sh"
 MISSING_GRACE_S = 60.0
 SETTLE_S = 10.0  # an exit record this old ends the job even if Slurm has not said it ended
@@ -65,16 +64,6 @@ LOG_SETTLE_S = 2.0
 SIGNAL_MARGIN_S = 5  # the shim's SIGTERM comes this much before the grace's SIGKILL would pass the time limit
 _TFRUN_PARENT = str(Path(tfrun.__file__).resolve().parent.parent)
 _ALLOCATION_PREFIXES = ("SLURM_", "SLURMD_", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES")
-
-
-class SlurmRecord(TypedDict, total=False):
-    """slurm.json: the Slurm id once sbatch gave it, or sbatch's refusal; a cancel's escalation time."""
-
-    slurm_id: str
-    submitted_at: float
-    error: str
-    kill_at: float  # scancel outright if it still runs then (a tfrun cancel's grace has passed)
-    requeues: int  # Slurm's requeues of the job reported so far (Requeued)
 
 
 def sbatch_args(row: JobRow, settings: SlurmSettings, grace: float) -> list[str]:
@@ -131,7 +120,7 @@ class SlurmExecutor:
         self.slurm = slurm or Slurm()
         self.watcher = Watcher(self.slurm)  # squeue and sacct, in a thread of their own
         self._missing_since: dict[int, float] = {}
-        self._records: dict[int, tuple[tuple[int, int, int], SlurmRecord]] = {}  # slurm.json by job, and its stamp
+        self.records = Records()  # every job's slurm.json, kept as written
 
     # -- handing jobs over --------------------------------------------------------------------------------
 
@@ -139,7 +128,7 @@ class SlurmExecutor:
         """Write the launch record and the batch script, submit, and record the Slurm id (or the refusal)."""
         job_dir = Path(row.job_dir)
         if row.spec.tty:
-            _write_record(job_dir, {"error": "--tty jobs do not run on Slurm (yet)"})
+            self.records.write(job_dir, {"error": "--tty jobs do not run on Slurm (yet)"})
             return
         launch: LaunchRecord = {
             "command": list(row.spec.command),
@@ -162,10 +151,10 @@ class SlurmExecutor:
             found = await loop.run_in_executor(None, self._submitted, row)  # a timeout may hide a submit
             if found is None:
                 log.warning("job %d: sbatch refused it: %s", row.id, exc)
-                _write_record(Path(row.job_dir), {"error": str(exc)})
+                self.records.write(Path(row.job_dir), {"error": str(exc)})
                 return
             slurm_id = found
-        _write_record(Path(row.job_dir), {"slurm_id": slurm_id, "submitted_at": time.time()})
+        self.records.write(Path(row.job_dir), {"slurm_id": slurm_id, "submitted_at": time.time()})
         log.info("job %d: submitted to Slurm as job %s", row.id, slurm_id)
 
     def _submitted(self, row: JobRow) -> Optional[str]:
@@ -186,8 +175,8 @@ class SlurmExecutor:
         """A queued job whose launch was recorded: submitted already (its id stored, or found in squeue by
         its folder), or submitted now; False if its launch record was never written."""
         job_dir = Path(row.job_dir)
-        if _read_record(job_dir) or not (job_dir / jobdir.LAUNCH).exists():
-            return bool(_read_record(job_dir))
+        if self.records.read(job_dir) or not (job_dir / jobdir.LAUNCH).exists():
+            return bool(self.records.read(job_dir))
         from tfrun.runner.slurm import arrays
 
         array = arrays.submitted_with(job_dir)
@@ -196,7 +185,7 @@ class SlurmExecutor:
         loop = asyncio.get_running_loop()
         found = await loop.run_in_executor(None, self._submitted, row)
         if found is not None:
-            _write_record(job_dir, {"slurm_id": found, "submitted_at": time.time()})
+            self.records.write(job_dir, {"slurm_id": found, "submitted_at": time.time()})
             return True
         launch: Optional[LaunchRecord] = jobdir.read_launch(job_dir / jobdir.LAUNCH)
         grace = launch.get("grace", 10.0) if launch else 10.0
@@ -208,7 +197,7 @@ class SlurmExecutor:
 
     def failed_to_start(self, row: JobRow) -> Optional[str]:
         """sbatch's refusal; None for a job Slurm holds: it waits in Slurm's queue, still `queued`."""
-        record = _read_record(Path(row.job_dir))
+        record = self.records.read(Path(row.job_dir))
         if record.get("slurm_id"):
             return None
         return f"sbatch refused it: {record.get('error', 'no Slurm id was recorded')}"
@@ -245,14 +234,17 @@ class SlurmExecutor:
     def _look(self, rows: Sequence[JobRow], force: bool) -> list[tuple[int, Change]]:
         """Slurm's latest answer, then each job's folder. Between answers only running jobs are looked at (an
         exit record may end one sooner than Slurm tells): a queued one changes only by what Slurm says, so a
-        hundred held jobs cost no file reads five times a second (bench/slurm.py measured 12% of a core)."""
-        tracked = [(row, record) for row in rows if (record := self._record(row)).get("slurm_id")]
-        if not tracked:
-            return []
-        ids = [record["slurm_id"] for _, record in tracked]
-        snapshot = self.watcher.now(ids) if force else self.watcher.take(ids)
+        thousand held jobs cost nothing five times a second (a hundred cost 12% of a core in file reads, then
+        a stat each), nor at an answer that says they still wait (_check); their records are kept in memory
+        (Records), and their Slurm ids listed only when a question to Slurm starts."""
+
+        def slurm_ids() -> list[str]:
+            return [record["slurm_id"] for row in rows if (record := self._record(row)).get("slurm_id")]
+
+        snapshot = self.watcher.now(slurm_ids()) if force else self.watcher.take(slurm_ids)
         if snapshot is None and not force:
-            tracked = [(row, record) for row, record in tracked if row.state == JobState.RUNNING]
+            rows = [row for row in rows if row.state == JobState.RUNNING]
+        tracked = [(row, record) for row in rows if (record := self._record(row)).get("slurm_id")]
         queue = snapshot.queue if snapshot is not None else None
         accounted = snapshot.accounted if snapshot is not None else {}
         asked_at = snapshot.asked_at if snapshot is not None else 0.0
@@ -280,6 +272,10 @@ class SlurmExecutor:
         acct = accounted.get(slurm_id)
         state = listed.state if listed else (acct.state if acct else None)
         phase = states.phase(state) if state else None
+        if row.state == JobState.QUEUED and phase == "pending":  # held, or waiting for room: no folder read
+            self._missing_since.pop(row.id, None)  # (its start is told by the answer that says it runs)
+            self._escalate(row, record)
+            return []
         exit_record = _exit_record(job_dir)
         shim = _shim_record(job_dir)
         cancel_requested = (job_dir / jobdir.CANCEL).exists()
@@ -321,7 +317,7 @@ class SlurmExecutor:
         if count <= record.get("requeues", 0):
             return []
         record["requeues"] = count  # in place: what else this look writes to slurm.json keeps it
-        _write_record(Path(row.job_dir), record)
+        self.records.write(Path(row.job_dir), record)
         return [Requeued(count)]
 
     def _escalate(self, row: JobRow, record: SlurmRecord) -> None:
@@ -329,7 +325,7 @@ class SlurmExecutor:
         thread; asked again KILL_AFTER_S later while it is still listed."""
         kill_at = record.get("kill_at")
         if kill_at is not None and time.time() >= kill_at:
-            _write_record(Path(row.job_dir), {**record, "kill_at": time.time() + KILL_AFTER_S})
+            self.records.write(Path(row.job_dir), {**record, "kill_at": time.time() + KILL_AFTER_S})
             slurm_id = record["slurm_id"]
             in_thread(f"scancel {slurm_id}", lambda: self.slurm.cancel(slurm_id))
 
@@ -343,7 +339,7 @@ class SlurmExecutor:
         job_dir = Path(row.job_dir)
         request: CancelRequest = {"grace": grace, "requested_at": time.time()}
         jobdir.write_json(job_dir / jobdir.CANCEL, request)
-        record = _read_record(job_dir)
+        record = self.records.read(job_dir)
         slurm_id = record.get("slurm_id")
         if not slurm_id:
             return Ended(JobState.CANCELLED, finished_at=time.time(), reason="cancelled before it started")
@@ -353,59 +349,18 @@ class SlurmExecutor:
                 await loop.run_in_executor(None, self.slurm.cancel, slurm_id)
                 return Ended(JobState.CANCELLED, finished_at=time.time(), reason="cancelled before it started")
             await loop.run_in_executor(None, self.slurm.signal_batch, slurm_id, "TERM")
-            _write_record(job_dir, {**record, "kill_at": time.time() + grace + KILL_AFTER_S})
+            self.records.write(job_dir, {**record, "kill_at": time.time() + grace + KILL_AFTER_S})
         except SlurmError as exc:
             log.warning("job %d: cancel: %s; scancel again at the next look", row.id, exc)
-            _write_record(job_dir, {**record, "kill_at": time.time()})
+            self.records.write(job_dir, {**record, "kill_at": time.time()})
         return None
 
     def forget(self, job_id: int) -> None:
         self._missing_since.pop(job_id, None)
-        self._records.pop(job_id, None)
+        self.records.forget(job_id)
 
     def _record(self, row: JobRow) -> SlurmRecord:
-        """The job's slurm.json, read again only when it was replaced (this daemon writes it, atomically, by
-        rename: a new inode each time) or changed."""
-        path = Path(row.job_dir) / RECORD
-        try:
-            info = path.stat()
-        except OSError:
-            return {}
-        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
-        cached = self._records.get(row.id)
-        if cached is None or cached[0] != stamp:
-            cached = self._records[row.id] = (stamp, _read_record(Path(row.job_dir)))
-        return cached[1]
-
-
-def _write_record(job_dir: Path, record: SlurmRecord) -> None:
-    """slurm.json, atomically (a temporary file, fsynced, renamed over)."""
-    tmp = job_dir / f".{RECORD}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(record))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, job_dir / RECORD)
-
-
-def _read_record(job_dir: Path) -> SlurmRecord:
-    try:
-        data = json.loads((job_dir / RECORD).read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    record: SlurmRecord = {}
-    if isinstance(data.get("slurm_id"), str):
-        record["slurm_id"] = data["slurm_id"]
-    if isinstance(data.get("error"), str):
-        record["error"] = data["error"]
-    for key in ("submitted_at", "kill_at"):
-        if isinstance(data.get(key), (int, float)):
-            record[key] = float(data[key])
-    if isinstance(data.get("requeues"), int):
-        record["requeues"] = data["requeues"]
-    return record
+        return self.records.of(row.id, Path(row.job_dir))
 
 
 # What slurmstepd writes to the batch script's output when it kills a job for its memory: jobacct_gather's

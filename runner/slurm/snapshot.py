@@ -44,16 +44,21 @@ class Watcher:
         self._next = 0.0
         self._interval = POLL_INTERVAL_S
 
-    def take(self, slurm_ids: Sequence[str]) -> Optional[Snapshot]:
+    def take(self, slurm_ids: Callable[[], Sequence[str]]) -> Optional[Snapshot]:
         """The snapshot taken since the last call, if any; never waits. Starts the next one (sacct asked
-        about `slurm_ids` squeue does not list) if it is due and none is being taken."""
+        about the ids `slurm_ids()` gives that squeue does not list) if it is due, none is being taken, and
+        there are any: they are listed only then, at most every POLL_INTERVAL_S, not at every poll."""
         with self._lock:
             fresh, self._fresh = self._fresh, None
             start = not self._busy and time.monotonic() >= self._next
             self._busy = self._busy or start
         if start:
-            ids = list(slurm_ids)
-            threading.Thread(target=self._refresh, args=(ids,), name="tfrund-squeue", daemon=True).start()
+            ids = list(slurm_ids())
+            if ids:
+                threading.Thread(target=self._refresh, args=(ids,), name="tfrund-squeue", daemon=True).start()
+            else:
+                with self._lock:
+                    self._busy = False
         return fresh
 
     def now(self, slurm_ids: Sequence[str]) -> Optional[Snapshot]:
