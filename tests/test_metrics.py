@@ -914,3 +914,27 @@ def test_tfrun_metrics_shows_a_step_read_from_the_log_once_its_last_value_winnin
         (200, {"loss": 2.1}, 4.0),
     ]
     assert [s.step for s in read_metrics(tmp_path, 1)[1]] == [200]
+
+
+def test_mmengine_training_lines_give_the_global_step_and_its_evaluation_the_step_reached() -> None:
+    """MMEngine's LoggerHook (mmdetection, mmpretrain...): `Epoch(train) [E][N/M]` is batch N of an epoch of M, so
+    epoch 2's batch 50 of 469 is step 519, not the seventh print; an `Epoch(val)` line counts its own batches and
+    goes to the step training got to; `Iter(train) [N/M]` is the run's iteration."""
+    head = "12/03 07:00:00 - mmengine - INFO - "
+    lines = [
+        f"{head}Epoch(train)  [{epoch}][{batch:3d}/469]  lr: 1.0000e-02  eta: 0:05:12  time: 0.0313  memory: 191  "
+        f"loss: {1 / (epoch * batch):.4f}  loss_cls: 0.1000\n"
+        for epoch, batch in ((1, 50), (1, 450), (2, 50))
+    ]
+    lines.insert(2, f"{head}Epoch(val) [1][79/79]    accuracy/top1: 97.2000  loss: 0.3000  data_time: 0.0054\n")
+    samples = LogMetrics().feed("".join(lines).encode())
+    assert [(s.step, s.epoch, "val_loss" in s.values) for s in samples] == [
+        (50, 1, False),
+        (450, 1, False),
+        (450, None, True),
+        (519, 2, False),
+    ]
+    iterations = LogMetrics().feed(
+        b"Iter(train) [  10/1000]  lr: 1e-2  loss: 0.5\nIter(train) [  20/1000]  loss: 0.4\n"
+    )
+    assert [s.step for s in iterations] == [10, 20]

@@ -22,8 +22,9 @@ the end of a chunk waits for the next. Recognised, in this order (ANSI colour re
   `inf.0`, `Infinity`, and tensors and NumPy scalars (`tensor(0.23, grad_fn=<...>)`,
   `tf.Tensor(0.23, shape=(), dtype=float32)`, `np.float32(0.23)`).
 
-The step of a print is the one it says: `step N`, `iter N`, `| 200/ 2983 batches |`, and `[N/M (p%)]`
-(PyTorch's examples), which counts samples, not batches. The batch size cannot be read from those prints (the
+The step of a print is the one it says: `step N`, `iter N`, `| 200/ 2983 batches |`, MMEngine's
+`Epoch(train) [E][N/M]` and `Iter(train) [N/M]`, and `[N/M (p%)]` (PyTorch's examples), which counts samples,
+not batches. The batch size cannot be read from those prints (the
 gap between two is the log interval times the batch size, and the percentage is N/M again), so that step is
 the sample count: a step the line shows, where an alert points to. A printed step that restarts each epoch is
 made global, by the epoch's length where the line prints it (`Step [100/600]`), else by the last step printed;

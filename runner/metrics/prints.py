@@ -32,6 +32,11 @@ _COUNTER = re.compile(
 # A count before its name: word_language_model's `|   200/ 2983 batches |`.
 _COUNTED = re.compile(r"(?i)(?<![\d.])(\d+)\s*/\s*(\d+)\s+(?:batch|step|iteration|iter)(?:es|s)?\b")
 _SEEN = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\(\s*\d+(?:\.\d*)?%\)\s*\]")  # PyTorch's `[22400/60000 (37%)]`
+# MMEngine's LoggerHook (mmdetection, mmpretrain, mmsegmentation...), training lines only (an evaluation's counts
+# its own batches): `Epoch(train)  [2][ 50/469]`, the epoch then the batch in it of the epoch's length, and
+# `Iter(train) [ 100/1000]`, the run's iteration.
+_MM_EPOCH = re.compile(r"\bEpoch\(train\)\s*\[\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")
+_MM_ITER = re.compile(r"\bIter\(train\)\s*\[\s*(\d+)\s*/\s*\d+\s*\]")
 
 
 class Prints(Reader):
@@ -70,6 +75,9 @@ class Prints(Reader):
                 counters.header_epoch = epoch
                 self.why = f"epoch {epoch} begins: the epoch of the prints that follow"
             return None
+        mmengine = _mmengine_counter(segment) if printed is None and "(train)" in segment else None
+        if mmengine is not None:
+            epoch, printed, total = mmengine[0] if mmengine[0] is not None else epoch, mmengine[1], mmengine[2]
         if epoch is None:
             epoch = counters.header_epoch
         for counted in (_SEEN.search(segment), _COUNTED.search(segment)) if printed is None else ():
@@ -157,3 +165,14 @@ class Prints(Reader):
         self.counters.bar_quiet = step is None
         step = self._placed_step(values) if step is None else max(step, self.reached())
         return [Sample(step, values, waiting["epoch"], "print")]
+
+
+def _mmengine_counter(segment: str) -> Optional[tuple[Optional[int], int, Optional[str]]]:
+    """(epoch, step, the epoch's length) of an MMEngine training line: `Epoch(train) [2][ 50/469]` gives
+    (2, 50, "469"), `Iter(train) [ 100/1000]` (None, 100, None): the run's iteration, global already."""
+    found = _MM_EPOCH.search(segment) or _MM_ITER.search(segment)
+    if found is None or any(len(digits) > MAX_COUNTER_DIGITS for digits in found.groups()):
+        return None
+    if found.re is _MM_EPOCH:
+        return int(found.group(1)), int(found.group(2)), found.group(3)
+    return None, int(found.group(1)), None
