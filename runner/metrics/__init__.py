@@ -22,22 +22,21 @@ the end of a chunk waits for the next. Recognised, in this order (ANSI colour re
   `inf.0`, `Infinity`, and tensors and NumPy scalars (`tensor(0.23, grad_fn=<...>)`,
   `tf.Tensor(0.23, shape=(), dtype=float32)`, `np.float32(0.23)`).
 
-The step of a print is the one it says: `step N`, `iter N`, `| 200/ 2983 batches |`, MMEngine's
-`Epoch(train) [E][N/M]` and `Iter(train) [N/M]`, and `[N/M (p%)]` (PyTorch's examples), which counts samples,
-not batches. The batch size cannot be read from those prints (the
-gap between two is the log interval times the batch size, and the percentage is N/M again), so that step is
-the sample count: a step the line shows, where an alert points to. A printed step that restarts each epoch is
-made global, by the epoch's length where the line prints it (`Step [100/600]`), else by the last step printed;
-the line's own counter stays in Sample.printed_step, with the epoch (from the line, or from the last line that
-named one alone: `Start of epoch 3`), for the alert to quote. A print with no step written over a tqdm bar
-(tqdm.write: Hugging Face's Trainer, ignite's example), while the bar is drawn or left before its end (Trainer's,
-under its evaluation's bar), takes the count the bar is redrawn with right after it. Any other print with no step,
-an evaluation's or a summary's (`Training Results - Epoch: 1 ... Avg loss: 2.29`, Trainer's last
-`{'train_loss': ...}`), is placed at the step training got to: the last sample's, or that of a bar's step held for
-its last redraw. Where that step has the print's metric already (a loop that prints a line an epoch after one
-`Step: 1` line), training went on without saying where, and the print is counted on from that step; only where
-nothing in the log gave a step yet is a print's step its count of such prints. An evaluation's line (`Test set:
-Average loss: 0.2475`, `Validation loss: 0.31`, `Test loss: 0.31` after training) is named `test_loss`,
+The step of a print is the one it says: `step N`, `iter N`, `| 200/ 2983 batches |`, MMEngine's `Epoch(train)
+[E][N/M]` and `Iter(train) [N/M]`, and `[N/M (p%)]` (PyTorch's examples), which counts samples, not batches. The
+batch size cannot be read from those prints (the gap between two is the log interval times the batch size, and the
+percentage is N/M again), so that step is the sample count: a step the line shows, where an alert points to. A
+printed step that restarts each epoch is made global, by the epoch's length where the line prints it (`Step
+[100/600]`), else by the last step printed; the line's own counter stays in Sample.printed_step, with the epoch
+(from the line, or from the last line that named one alone: `Start of epoch 3`), for the alert to quote. A print
+with no step written over a tqdm bar (tqdm.write: Hugging Face's Trainer, ignite's example), while the bar is drawn
+or left before its end (Trainer's, under its evaluation's bar), takes the count the bar is redrawn with right after
+it. Any other print with no step, an evaluation's or a summary's (`Training Results - Epoch: 1 ... Avg loss: 2.29`,
+Trainer's last `{'train_loss': ...}`), is placed at the step training got to: the last sample's, or that of a bar's
+step held for its last redraw. Where that step has the print's metric already (a loop that prints a line an epoch
+after one `Step: 1` line), training went on without saying where, and the print is counted on from that step; only
+where nothing in the log gave a step yet is a print's step its count of such prints. An evaluation's line (`Test
+set: Average loss: 0.2475`, `Validation loss: 0.31`, `Test loss: 0.31` after training) is named `test_loss`,
 `val_loss` or `eval_loss`, which training_loss() never takes.
 
 One sample a step a metric: a value its step has given already (a bar redrawn where it was after tqdm.write, a
