@@ -4,8 +4,9 @@ loss is missed (and what `--metric` pattern would catch it) or why it lands at t
 The log is read again from its start with a fresh reader (runner/metrics/), one segment (a line, or one redraw
 of a progress bar) at a time, and each segment's reading is kept with the reader's own account of it. A log has
 thousands of lines of a few shapes, so one line of each shape (its digits, spacing and a bar's graphic aside) is
-shown, with how many lines have that shape: first the shapes that gave a metric, then those with a metric's word
-that gave none (the misses), then the rest, each in the order the log first shows it.
+shown, with how many lines have that shape. When there are more shapes than the limit, those that gave a metric
+are chosen first, then those with a metric's word that gave none (the misses), then the rest; the chosen ones are
+shown in the order the log first shows them.
 """
 
 from __future__ import annotations
