@@ -247,7 +247,7 @@ class Alerts:
                 for path in paths:
                     files.pop(os.fspath(path), None)
 
-    def _look(self, row: JobRow, whole: bool = True) -> bool:
+    def _look(self, row: JobRow, whole: bool) -> bool:
         """Read what the job's log and metrics gained (its log alone unless `whole`: a file event said only the
         log grew); for an ended job once all is read, its end alerts. True once those are stored and the job
         is watched no more."""
@@ -255,7 +255,7 @@ class Alerts:
         settings = self._settings.get(job_id) or self._settings.setdefault(job_id, self.settings(job_id))
         watch = self._watches.get(job_id) or self._load(row, settings)
         caught_up = self._read_log(row, watch, settings)
-        if whole or row.final:
+        if whole or row.final:  # a final job's end alerts come once all of both files is read
             self._read_callback_metrics(row, watch, settings)
         if not caught_up:  # more than a look reads: the next look goes on
             self._behind.add(job_id)

@@ -175,8 +175,8 @@ class SlurmExecutor:
         """A queued job whose launch was recorded: submitted already (its id stored, or found in squeue by
         its folder), or submitted now; False if its launch record was never written."""
         job_dir = Path(row.job_dir)
-        if self.records.read(job_dir) or not (job_dir / jobdir.LAUNCH).exists():
-            return bool(self.records.read(job_dir))
+        if self._record(row) or not (job_dir / jobdir.LAUNCH).exists():
+            return bool(self._record(row))
         from tfrun.runner.slurm import arrays
 
         array = arrays.submitted_with(job_dir)
@@ -197,7 +197,7 @@ class SlurmExecutor:
 
     def failed_to_start(self, row: JobRow) -> Optional[str]:
         """sbatch's refusal; None for a job Slurm holds: it waits in Slurm's queue, still `queued`."""
-        record = self.records.read(Path(row.job_dir))
+        record = self._record(row)
         if record.get("slurm_id"):
             return None
         return f"sbatch refused it: {record.get('error', 'no Slurm id was recorded')}"
@@ -339,7 +339,7 @@ class SlurmExecutor:
         job_dir = Path(row.job_dir)
         request: CancelRequest = {"grace": grace, "requested_at": time.time()}
         jobdir.write_json(job_dir / jobdir.CANCEL, request)
-        record = self.records.read(job_dir)
+        record = self._record(row)
         slurm_id = record.get("slurm_id")
         if not slurm_id:
             return Ended(JobState.CANCELLED, finished_at=time.time(), reason="cancelled before it started")
@@ -360,6 +360,7 @@ class SlurmExecutor:
         self.records.forget(job_id)
 
     def _record(self, row: JobRow) -> SlurmRecord:
+        """The job's slurm.json, as kept (read from its folder the first time), until its end is recorded."""
         return self.records.of(row.id, Path(row.job_dir))
 
 

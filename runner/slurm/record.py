@@ -33,18 +33,19 @@ class Records:
         self._folders: dict[int, str] = {}  # job id -> its folder, for `forget`
 
     def of(self, job_id: int, job_dir: Path) -> SlurmRecord:
-        """The job's record ({} while it has none)."""
+        """The job's record ({} while it has none), kept until `forget(job_id)`."""
         key = os.fspath(job_dir)
         self._folders[job_id] = key
-        return self.read(job_dir)
-
-    def read(self, job_dir: Path) -> SlurmRecord:
-        """The record in a job folder ({} while it has none)."""
-        key = os.fspath(job_dir)
         record = self._by_folder.get(key)
         if record is None:
             record = self._by_folder[key] = _read(job_dir)
         return record
+
+    def read(self, job_dir: Path) -> SlurmRecord:
+        """The record in a folder known only by its path (an array's task, at a daemon's start): the one kept,
+        else the folder's, not kept (nothing would forget it)."""
+        record = self._by_folder.get(os.fspath(job_dir))
+        return record if record is not None else _read(job_dir)
 
     def write(self, job_dir: Path, record: SlurmRecord) -> None:
         """Write the record, atomically (a temporary file, fsynced, renamed over), and keep it."""
