@@ -30,6 +30,7 @@ from tfrun.runner.slurm.checks import slurm_checks
 from tfrun.runner.slurm.commands import QueuedJob, Slurm, gpu_count
 from tfrun.runner.slurm.executor import MISSING_GRACE_S, SlurmExecutor
 from tfrun.runner.slurm.settings import SlurmSettings
+from tfrun.runner.slurm.snapshot import LISTED_PER_S, POLL_INTERVAL_S, Watcher
 
 
 @pytest.fixture
@@ -162,6 +163,33 @@ def test_a_job_held_in_slurms_queue_costs_no_file_read_at_a_poll(tmp_path: Path)
     assert json.loads((tmp_path / "elsewhere" / "slurm.json").read_text())["kill_at"] == 1.0
     executor.forget(row.id)
     assert executor.records.of(row.id, job_dir) == {}  # read again: the folder holds none now
+
+
+def test_a_long_answer_from_squeue_is_asked_for_less_often(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slurm is asked for at most LISTED_PER_S job lines a second: an answer that lists 600 held jobs is due again
+    after 3 s, not 1 s, so that watching a queue of a thousand costs what a hundred do (squeue, slurmctld and the
+    daemon each work by the line). Shown with the real squeue of an array of 600 held tasks."""
+    for name in ("SLURM_CONF", "PATH"):
+        monkeypatch.setenv(name, slurm.env[name])
+    script = tmp_path / "held.sh"
+    script.write_text("#!/bin/sh\nsleep 600\n")
+    array = slurm.sbatch("--hold", "--array=0-599", f"--partition={slurm.partition}", "-o", "/dev/null", str(script))
+    watcher = Watcher(Slurm())
+    try:
+        snapshot = watcher.now([f"{array}_0"])
+        assert snapshot is not None and len([i for i in snapshot.queue if i.startswith(f"{array}_")]) == 600
+        assert watcher._interval == len(snapshot.queue) / LISTED_PER_S > POLL_INTERVAL_S  # other tests' jobs too
+    finally:
+        slurm.ok(["scancel", str(array)])
+
+    def short() -> bool:  # the cancelled tasks are listed until MinJobAge has passed (4 to 12 s here)
+        snapshot = watcher.now([])
+        return snapshot is not None and len(snapshot.queue) <= LISTED_PER_S
+
+    wait_for(short, timeout=60, what="the cancelled tasks to leave squeue")
+    assert watcher._interval == POLL_INTERVAL_S
 
 
 def test_a_record_of_slurms_own_sigterm_waits_for_slurms_word(tmp_path: Path) -> None:

@@ -11,12 +11,12 @@ In the job's folder: `slurm.sh` (the batch script), `slurm.json` (runner/slurm/r
 written atomically before launch returns; or why sbatch refused the job), `slurm-ID.out` (the batch script's own
 output, named by tfrun's id: Slurm's ids restart when its state is wiped).
 
-What a job did is learnt from its folder (shim.json: it runs; exit.json: how it ended, exactly) and from
-Slurm (one `squeue` for all jobs, at most every snapshot.POLL_INTERVAL_S and backing off when it is slow or fails;
-`sacct` for those squeue no longer lists), asked in a thread of its own (runner/slurm/snapshot.py): `poll`
-answers from the latest answer at once, and `cancel` runs scancel in a worker thread, so a slurmctld that
-hangs never stalls the daemon. A failed or missing answer is no change; a job absent from both is lost
-only after MISSING_GRACE_S of answers without it.
+What a job did is learnt from its folder (shim.json: it runs; exit.json: how it ended, exactly) and from Slurm (one
+`squeue` for all jobs, at most every snapshot.POLL_INTERVAL_S, less often for a long answer, backing off when it is
+slow or fails; `sacct` for those squeue no longer lists), asked in a thread of its own (runner/slurm/snapshot.py):
+`poll` answers from the latest answer at once, and `cancel` runs scancel in a worker thread, so a slurmctld that
+hangs never stalls the daemon. A failed or missing answer is no change; a job absent from both is lost only after
+MISSING_GRACE_S of answers without it.
 
 Slurm may requeue a running job (`scontrol requeue`, a preemption): the same Slurm id runs the batch
 script again in the same folder. Such a job stays the same tfrun job, `running`, reported `Requeued`; the
@@ -361,7 +361,7 @@ class SlurmExecutor:
 
     def _record(self, row: JobRow) -> SlurmRecord:
         """The job's slurm.json, as kept (read from its folder the first time), until its end is recorded."""
-        return self.records.of(row.id, Path(row.job_dir))
+        return self.records.of(row.id, row.job_dir)
 
 
 # What slurmstepd writes to the batch script's output when it kills a job for its memory: jobacct_gather's

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TypedDict
+from typing import TypedDict, Union
 
 RECORD = "slurm.json"
 
@@ -32,13 +32,17 @@ class Records:
         self._by_folder: dict[str, SlurmRecord] = {}
         self._folders: dict[int, str] = {}  # job id -> its folder, for `forget`
 
-    def of(self, job_id: int, job_dir: Path) -> SlurmRecord:
-        """The job's record ({} while it has none), kept until `forget(job_id)`."""
-        key = os.fspath(job_dir)
-        self._folders[job_id] = key
+    def of(self, job_id: int, job_dir: Union[str, Path]) -> SlurmRecord:
+        """The job's record ({} while it has none), kept until `forget(job_id)`; found by the job's id first, so
+        that a look at a thousand held jobs builds no Path (that was a third of its time)."""
+        key = self._folders.get(job_id)
+        record = self._by_folder.get(key) if key is not None else None
+        if record is not None:
+            return record
+        key = self._folders[job_id] = os.fspath(job_dir)
         record = self._by_folder.get(key)
         if record is None:
-            record = self._by_folder[key] = _read(job_dir)
+            record = self._by_folder[key] = _read(Path(job_dir))
         return record
 
     def read(self, job_dir: Path) -> SlurmRecord:

@@ -3,6 +3,11 @@ at a time, in a thread of its own, so that a slurmctld that hangs (each command 
 stalls the daemon. The executor's look hands out each answer once (`take`) and starts the next one when it
 is due: at most every POLL_INTERVAL_S, the interval doubled (up to MAX_BACKOFF_S) while squeue is slow or
 fails. No answer yet, or a failed one, is no answer at all: never proof that a job ended.
+
+A long answer is asked for less often: at most LISTED_PER_S jobs listed a second, on average. squeue's work,
+slurmctld's and the daemon's grow with the jobs listed (held ones too), so this keeps the cost of watching a
+queue of a thousand jobs that of a hundred (a job's start or Slurm's end of it is then learnt up to
+1,000 / LISTED_PER_S s later; an end the job's exit record tells is still seen at once).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ log = logging.getLogger("tfrund")
 POLL_INTERVAL_S = 1.0  # squeue at most this often (the monitor looks every 0.2 s)
 MAX_BACKOFF_S = 30.0
 SLOW_S = 2.0  # an squeue slower than this doubles the interval
+LISTED_PER_S = 200.0  # squeue's lines a second at most, on average (the interval grows with its answer)
 
 
 @dataclass(frozen=True)
@@ -88,12 +94,22 @@ class Watcher:
             queue = None
         took = time.monotonic() - began
         ok = queue is not None and took < SLOW_S
-        self._interval = POLL_INTERVAL_S if ok else min(MAX_BACKOFF_S, self._interval * 2)
+        self._interval = steady_interval(len(queue)) if ok and queue is not None else backoff(self._interval)
         self._next = time.monotonic() + self._interval
         if queue is None:
             return None
         missing = [i for i in slurm_ids if i not in queue]
         return Snapshot(queue, (self.slurm.accounting(missing) or {}) if missing else {}, asked_at)
+
+
+def steady_interval(listed: int) -> float:
+    """The wait after an answer that listed `listed` jobs: POLL_INTERVAL_S, longer for a long answer."""
+    return min(MAX_BACKOFF_S, max(POLL_INTERVAL_S, listed / LISTED_PER_S))
+
+
+def backoff(interval: float) -> float:
+    """The wait after a slow or failed answer: the last one doubled, up to MAX_BACKOFF_S."""
+    return min(MAX_BACKOFF_S, interval * 2)
 
 
 def in_thread(name: str, work: Callable[[], None]) -> None:
