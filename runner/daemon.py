@@ -49,7 +49,7 @@ from tfrun.runner import liveconfig
 from tfrun.runner.alerts import Alerts
 from tfrun.runner.blobs import BlobStore, Spares
 from tfrun.runner.config import Config, ConfigError
-from tfrun.runner.executor import LocalExecutor
+from tfrun.runner.executor import Executor, LocalExecutor
 from tfrun.runner.gpus import device_ids
 from tfrun.runner.handlers import HANDLERS, WATCHING, Connection, RequestError
 from tfrun.runner.job import JobRow
@@ -214,7 +214,7 @@ class Daemon:
         self.store = store
         self.lifecycle = Lifecycle(store, layout.jobs_dir, lambda: self.config.checkpoint_root)
         # Chosen once, at start (`executor` applies when tfrund restarts); [slurm] is read at each launch.
-        self.executor: Union[LocalExecutor, SlurmExecutor] = (
+        self.executor: Executor = (
             SlurmExecutor(lambda: self.config.slurm)
             if config.executor == "slurm"
             else LocalExecutor(layout, device_ids(config.gpus))
@@ -225,7 +225,7 @@ class Daemon:
         self._background: set[asyncio.Future[Any]] = set()
         self.outbox = Outbox(store, config.cooldown, config.expire)
         self.alerts = Alerts(config, store, self.outbox)
-        self.alerts.poll_logs = isinstance(self.executor, SlurmExecutor)
+        self.alerts.poll_logs = not self.executor.capabilities.files_here
         self.scheduler = Scheduler(store, self.supervisor, self.spares, layout, lambda: self.config)
         self.supervisor.after_final = self._after_end
         self._connections = 0
@@ -283,8 +283,7 @@ class Daemon:
         self.config = config
         self.alerts.reconfigure(config)
         self.outbox.cooldown, self.outbox.expire = config.cooldown, config.expire
-        if isinstance(self.executor, LocalExecutor):
-            self.executor.devices = device_ids(config.gpus)
+        self.executor.use_devices(device_ids(config.gpus))
         self.in_background(self.scheduler.run_pass())
 
     def _reload_on_hangup(self) -> None:

@@ -42,7 +42,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol, Union
 
@@ -56,11 +56,12 @@ from tfrun.runner.job import JobRow
 from tfrun.runner.process import Identity, boot_id
 
 if TYPE_CHECKING:
+    from tfrun.protocol.admin import Check
     from tfrun.runner.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
 
 log = logging.getLogger("tfrund")
 SWEEP_S = 5.0  # every running job is looked at this often, whatever its shim's pidfd says
-_TFRUN_PARENT = str(Path(tfrun.__file__).resolve().parent.parent)  # where `import tfrun` finds this tfrun
+TFRUN_PARENT = str(Path(tfrun.__file__).resolve().parent.parent)  # where `import tfrun` finds this tfrun
 
 
 class Started(NamedTuple):
@@ -108,8 +109,23 @@ class Requeued(NamedTuple):
 Change = Union[Started, Ended, Requeued]
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What an executor can do, said by the executor itself: a handler refuses what it cannot, in these words
+    (each a reason after the option's name, None where it can), and nothing outside the executors asks which
+    executor runs the jobs."""
+
+    no_tty: Optional[str] = None  # why `--tty` jobs cannot run here
+    no_services: Optional[str] = None  # why TensorBoard and Jupyter cannot run here
+    no_batch_options: Optional[str] = None  # why --partition, --time, --nodes mean nothing here
+    files_here: bool = True  # a job writes its files on this machine, where file events tell of them
+    log_settle_s: float = 0.0  # a follower ends once a final job's log has been quiet this long
+
+
 class Executor(Protocol):
     """Runs jobs; tells what happened to them as changes, in the order they happened, per job."""
+
+    capabilities: Capabilities
 
     async def launch(self, row: JobRow, env: dict[str, str], grace: float) -> None:
         """Hand the job over, to run its command in its work dir with `env`, killed `grace` after a stop."""
@@ -154,9 +170,17 @@ class Executor(Protocol):
         """Whether the executor's own scheduler places jobs (Slurm): then the daemon's scheduler hands every
         job over as soon as its `--after` jobs allow, with no devices, and keeps no GPU count or CPU cap."""
 
+    def use_devices(self, devices: list[str]) -> None:
+        """The config's GPUs, read again (a reload): where the executor gives jobs devices of its own."""
+
+    def checks(self) -> list[Check]:
+        """The executor's own checks for `tfrun doctor` (blocking: run off the event loop)."""
+
 
 class LocalExecutor:
     """Jobs on this machine, each under its own shim (runner/shim.py)."""
+
+    capabilities = Capabilities(no_batch_options="only on a Slurm host (this daemon runs jobs itself)")
 
     def __init__(self, layout: Layout, devices: list[str]) -> None:
         self.layout = layout
@@ -206,7 +230,7 @@ class LocalExecutor:
                 "-m",
                 "tfrun.runner.shim",
                 str(job_dir),
-                env={**inherited_env(), "PYTHONPATH": _TFRUN_PARENT},
+                env={**inherited_env(), "PYTHONPATH": TFRUN_PARENT},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=shim_log,
@@ -401,6 +425,13 @@ class LocalExecutor:
 
     def places_jobs(self) -> bool:
         return False  # the scheduler gives each job its devices
+
+    def use_devices(self, devices: list[str]) -> None:
+        self.devices = devices
+
+    def checks(self) -> list[Check]:
+        """None of its own: the box's checks (runner/doctor.py) are this executor's."""
+        return []
 
 
 def tty_socket(layout: Layout, job_id: int) -> Path:

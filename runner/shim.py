@@ -36,7 +36,7 @@ import signal
 import sys
 import time
 
-from tfrun.constants import JOB_UMASK_ENV
+from tfrun.constants import DEFAULT_GRACE_S, JOB_UMASK_ENV
 from tfrun.runner import cgroup, gpulease, jobdir, logindex
 from tfrun.runner.process import Identity, descendants
 
@@ -49,7 +49,6 @@ if TYPE_CHECKING:  # no typing or pathlib at run time: the shim starts once per 
 
 _PR_SET_CHILD_SUBREAPER = 36
 _HANDLED = (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP)
-_DEFAULT_GRACE_S = 10.0
 
 
 def _job_umask() -> int:
@@ -231,8 +230,8 @@ class Shim:
             request = jobdir.read_cancel(os.path.join(self.job_dir, jobdir.CANCEL)) or {}
         except ValueError:
             request = {}
-        grace = request.get("grace", self.launch.get("grace", _DEFAULT_GRACE_S))
-        return float(grace) if isinstance(grace, (int, float)) else _DEFAULT_GRACE_S
+        grace = request.get("grace", self.launch.get("grace", DEFAULT_GRACE_S))
+        return float(grace) if isinstance(grace, (int, float)) else DEFAULT_GRACE_S
 
     def _reap(self) -> None:
         """Collect every child that ended: the job, and orphans the subreaper inherited."""

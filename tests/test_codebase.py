@@ -79,3 +79,22 @@ def test_the_job_side_imports_only_the_standard_library_and_tensorflow() -> None
                 assert top in allowed | siblings, f"{path.relative_to(ROOT)} imports {name}"
                 if top == "tfrun":
                     assert name.startswith("tfrun.jobs"), f"{path.relative_to(ROOT)} imports {name}"
+
+
+def test_no_code_outside_the_executors_asks_which_executor_runs_the_jobs() -> None:
+    """What an executor can do is said by its `capabilities` and methods (runner/executor.py); an
+    `isinstance(..., SomethingExecutor)` elsewhere would put the executor's behaviour in its callers."""
+    allowed = {ROOT / "runner" / "executor.py", *(ROOT / "runner" / "slurm").glob("*.py")}
+    asked = []
+    for folder in ("runner", "client", "tfrun/protocol"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path in allowed:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Call) or getattr(node.func, "id", None) != "isinstance":
+                    continue
+                if len(node.args) == 2:
+                    names = {getattr(n, "id", getattr(n, "attr", "")) for n in ast.walk(node.args[1])}
+                    if any(name.endswith("Executor") for name in names):
+                        asked.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert asked == [], asked

@@ -21,8 +21,8 @@ from tfrun.runner.config import Config, ConfigError
 from tfrun.runner.job import JobRow, JobSpec
 from tfrun.runner.oom import SLURM_OUT_OF_MEMORY
 from tfrun.runner.slurm import states
+from tfrun.runner.slurm.batch import batch_script, launch_env, sbatch_args
 from tfrun.runner.slurm.commands import Features
-from tfrun.runner.slurm.executor import batch_script, launch_env, sbatch_args
 from tfrun.runner.slurm.settings import SettingsError, SlurmSettings, job_options, nice, refused, slurm_time_limit
 
 # -- the state mapping ------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from tfrun.jobs import cluster
 from tfrun.protocol.fields import JobState
 from tfrun.runner.job import JobRow, JobSpec
 from tfrun.runner.slurm import task
-from tfrun.runner.slurm.executor import sbatch_args
+from tfrun.runner.slurm.batch import sbatch_args
 from tfrun.runner.slurm.settings import SettingsError, SlurmSettings, job_options
 
 if TYPE_CHECKING:

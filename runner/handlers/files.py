@@ -13,7 +13,6 @@ from tfrun.protocol.wire import Ok, encode
 from tfrun.runner import jobfiles, logstream
 from tfrun.runner.handlers.base import Connection, RequestError, find, handles, invalid
 from tfrun.runner.lines import PatternError
-from tfrun.runner.slurm.executor import LOG_SETTLE_S, SlurmExecutor
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -28,7 +27,7 @@ async def read_log(daemon: Daemon, req: ReadLog, conn: Connection) -> None:
         chosen = await logstream.selection(req)
     except PatternError as exc:
         raise invalid(str(exc)) from None
-    settle = LOG_SETTLE_S if isinstance(daemon.executor, SlurmExecutor) else 0.0
+    settle = daemon.executor.capabilities.log_settle_s
     try:
         await logstream.stream(
             req, chosen, row, lambda: daemon.store.get(row.id) or row, daemon.log_growth, conn.send, settle

@@ -47,7 +47,6 @@ from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.outbox import diagnose, masked, usable
 from tfrun.runner.scheduler import SnapshotError, snapshot_files
 from tfrun.runner.slurm import settings as slurm_settings
-from tfrun.runner.slurm.executor import SlurmExecutor
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -201,8 +200,9 @@ def _resources(daemon: Daemon, req: Submit) -> tuple[int, tuple[int, ...]]:
     after: list[int] = []
     for ref in req.after:
         after += [job_id for job_id in _after_ids(daemon, ref) if job_id not in after]
-    if req.tty and isinstance(daemon.executor, SlurmExecutor):
-        raise invalid("--tty: not on a Slurm host (its jobs run in batch allocations, with no terminal to attach)")
+    no_tty = daemon.executor.capabilities.no_tty
+    if req.tty and no_tty:
+        raise invalid(f"--tty: {no_tty}")
     if req.tty and shutil.which("tmux") is None:
         raise invalid("--tty needs tmux on the box (apt-get install tmux)")
     return gpus, tuple(after)
@@ -226,8 +226,9 @@ def _slurm_options(daemon: Daemon, req: Submit) -> tuple[Optional[str], Optional
     """The job's --partition and --time (as sbatch takes it), checked; refused on a box that is no Slurm host."""
     given = [flag for flag, value in (("--partition", req.partition), ("--time", req.time), ("--nodes", req.nodes))
              if value is not None]  # fmt: skip
-    if given and not isinstance(daemon.executor, SlurmExecutor):
-        raise invalid(f"{', '.join(given)}: only on a Slurm host (this daemon runs jobs itself)")
+    refused = daemon.executor.capabilities.no_batch_options
+    if given and refused:
+        raise invalid(f"{', '.join(given)}: {refused}")
     try:
         return slurm_settings.job_options(req.partition, req.time, req.nodes)
     except slurm_settings.SettingsError as exc:

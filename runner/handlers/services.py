@@ -16,7 +16,6 @@ from tfrun.runner.doctor import job_python
 from tfrun.runner.handlers.base import Connection, find, handles, invalid
 from tfrun.runner.handlers.jobs import public
 from tfrun.runner.job import JobRow, JobSpec
-from tfrun.runner.slurm.executor import SlurmExecutor
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -28,8 +27,9 @@ _LOG_TAIL_BYTES = 2000
 @handles(StartService)
 async def start_service(daemon: Daemon, req: StartService, conn: Connection) -> None:
     """The service asked for: the same one if it runs (same kind, runs or folder, GPUs), else a new one."""
-    if isinstance(daemon.executor, SlurmExecutor):
-        raise invalid(f"{req.kind}: not on a Slurm host yet (its jobs run in batch allocations on compute nodes)")
+    refused = daemon.executor.capabilities.no_services
+    if refused:
+        raise invalid(f"{req.kind}: {refused}")
     devices = daemon.scheduler.devices
     if req.gpus > len(devices):
         has = f"has {len(devices)} ({', '.join(devices)})" if devices else "has none"

@@ -41,8 +41,6 @@ from tfrun.runner.handlers.jobs import public
 from tfrun.runner.jobmetrics import read_metrics, recent_losses
 from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.outbox import diagnose, usable
-from tfrun.runner.slurm.checks import slurm_checks
-from tfrun.runner.slurm.executor import SlurmExecutor
 
 if TYPE_CHECKING:
     from tfrun.runner.daemon import Daemon
@@ -52,11 +50,10 @@ if TYPE_CHECKING:
 async def doctor(daemon: Daemon, req: Doctor, conn: Connection) -> None:
     """The box's checks; on a Slurm login node, Slurm's too (runner/slurm/checks.py)."""
     python = req.python or job_python(daemon.config.job_python)
-    executor, slurm = daemon.executor, daemon.config.slurm
+    executor = daemon.executor
 
     def work() -> list[Check]:
-        checks = run_checks(daemon.config.checkpoint_root, python)
-        return checks + slurm_checks(executor.slurm, slurm) if isinstance(executor, SlurmExecutor) else checks
+        return run_checks(daemon.config.checkpoint_root, python) + executor.checks()
 
     await conn.send(DoctorReport(await asyncio.get_running_loop().run_in_executor(None, work)))
 

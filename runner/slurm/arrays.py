@@ -9,7 +9,7 @@ ID the job id of its first task), holding:
   array id: what a new daemon needs to find the submission (squeue by this folder, the array's work dir)
   rather than submit it twice;
 - `slurm.sh`: picks the task's job folder by SLURM_ARRAY_TASK_ID and runs tfrun's shim there, as a plain
-  job's batch script does (runner/slurm/executor.py);
+  job's batch script does (runner/slurm/batch.py);
 - `output-INDEX`: a symlink to the task's `slurm-JOBID.out` in its own folder, for `--output=.../output-%a`:
   the batch output stays under each task's folder, named by tfrun's id, as for a plain job.
 
@@ -30,27 +30,27 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypedDict
 
 from tfrun.constants import DEFAULT_GRACE_S
 from tfrun.runner import jobdir
+from tfrun.runner.executor import TFRUN_PARENT
 from tfrun.runner.faults import crash_point
 from tfrun.runner.job import JobRow
 from tfrun.runner.slurm import task
-from tfrun.runner.slurm.commands import SlurmError
-from tfrun.runner.slurm.executor import _TFRUN_PARENT, launch_env, sbatch_args
+from tfrun.runner.slurm.batch import SCRIPT, launch_env, sbatch_args
+from tfrun.runner.slurm.commands import Slurm, SlurmError
 from tfrun.runner.slurm.record import Records
+from tfrun.runner.slurm.settings import SlurmSettings
 
 if TYPE_CHECKING:
     from tfrun.runner.jobdir import LaunchRecord
-    from tfrun.runner.slurm.executor import SlurmExecutor
 
 log = logging.getLogger("tfrund")
 
 ARRAYS = "slurm-arrays"  # under TFRUN_HOME
 RECORD = "array.json"
 TASK_RECORD = "slurm-array.json"  # in a task's folder: its array folder
-SCRIPT = "slurm.sh"
 _OWN = ("--job-name=", "--output=", "--chdir=")  # sbatch_args' per-job options, set here per array
 
 
@@ -59,6 +59,15 @@ class ArrayRecord(TypedDict, total=False):
 
     tasks: dict[str, str]
     slurm_id: str
+
+
+class Submitter(Protocol):
+    """What an array's submission needs of the executor (SlurmExecutor): its records, its Slurm and its settings;
+    named here so that this module does not import the executor that imports it."""
+
+    records: Records
+    slurm: Slurm
+    settings: Callable[[], SlurmSettings]
 
 
 def array_folder(row: JobRow) -> Path:
@@ -75,7 +84,7 @@ def batch_script(tasks: dict[int, Path]) -> str:
         "# each task of the array runs in its own tfrun job folder (runner/slurm/arrays.py)\n"
         f'case "$SLURM_ARRAY_TASK_ID" in\n{cases}'
         '*) echo "tfrun: no task $SLURM_ARRAY_TASK_ID in this array" >&2; exit 1 ;;\nesac\n'
-        f'PYTHONPATH={shlex.quote(_TFRUN_PARENT)} exec {command} "$dir"\n'
+        f'PYTHONPATH={shlex.quote(TFRUN_PARENT)} exec {command} "$dir"\n'
     )
 
 
@@ -93,7 +102,7 @@ def array_sbatch_args(first: JobRow, folder: Path, indexes: list[int], settings_
     ]
 
 
-async def launch(executor: SlurmExecutor, rows: list[JobRow], envs: list[dict[str, str]], grace: float) -> None:
+async def launch(executor: Submitter, rows: list[JobRow], envs: list[dict[str, str]], grace: float) -> None:
     """Write each task's launch record, the array folder, then one sbatch for all of `rows`."""
     if rows[0].spec.tty:
         for row in rows:
@@ -123,7 +132,7 @@ async def launch(executor: SlurmExecutor, rows: list[JobRow], envs: list[dict[st
     await _submit(executor, rows[0], folder, tasks, grace)
 
 
-async def _submit(executor: SlurmExecutor, first: JobRow, folder: Path, tasks: dict[int, Path], grace: float) -> None:
+async def _submit(executor: Submitter, first: JobRow, folder: Path, tasks: dict[int, Path], grace: float) -> None:
     """One sbatch for `tasks`; each task's Slurm id (or sbatch's refusal) recorded in its folder."""
     args = array_sbatch_args(first, folder, sorted(tasks), sbatch_args(first, executor.settings(), grace))
     loop = asyncio.get_running_loop()
@@ -151,7 +160,7 @@ def _recorded(records: Records, folder: Path, tasks: dict[int, Path], slurm_id: 
         records.write(job_dir, {"slurm_id": f"{slurm_id}_{index}", "submitted_at": now})
 
 
-def _submitted(executor: SlurmExecutor, folder: Path) -> Optional[str]:
+def _submitted(executor: Submitter, folder: Path) -> Optional[str]:
     """The Slurm id of an array submitted from `folder` if Slurm holds one (the folder is its work dir)."""
     try:
         queue = executor.slurm.queue()
@@ -166,7 +175,7 @@ def submitted_with(job_dir: Path) -> Optional[Path]:
     return Path(folder) if isinstance(folder, str) else None
 
 
-async def resume(executor: SlurmExecutor, row: JobRow, folder: Path) -> bool:
+async def resume(executor: Submitter, row: JobRow, folder: Path) -> bool:
     """A task whose launch a dead daemon recorded and whose Slurm id it did not: its array found in squeue
     (its id recorded for every task of that submission), or submitted now, less the tasks cancelled since.
     False if the array's record is unreadable (the task is handed over again)."""

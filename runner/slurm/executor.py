@@ -31,89 +31,48 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shlex
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-import tfrun
+from tfrun.constants import DEFAULT_GRACE_S
 from tfrun.protocol.fields import JobState
 from tfrun.runner import jobdir
-from tfrun.runner.executor import Change, Ended, Requeued, Started
+from tfrun.runner.executor import Capabilities, Change, Ended, Requeued, Started
 from tfrun.runner.job import JobRow
-from tfrun.runner.slurm import states, task
+from tfrun.runner.slurm import arrays, states, task
+from tfrun.runner.slurm.batch import SCRIPT, batch_script, launch_env, sbatch_args
+from tfrun.runner.slurm.checks import slurm_checks
 from tfrun.runner.slurm.commands import AccountedJob, QueuedJob, Slurm, SlurmError
 from tfrun.runner.slurm.record import Records, SlurmRecord
-from tfrun.runner.slurm.settings import SlurmSettings, nice
+from tfrun.runner.slurm.settings import SlurmSettings
 from tfrun.runner.slurm.snapshot import Watcher, in_thread
 
 if TYPE_CHECKING:
+    from tfrun.protocol.admin import Check
     from tfrun.runner.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
 
 log = logging.getLogger("tfrund")
 
-SCRIPT = "slurm.sh"
 MISSING_GRACE_S = 60.0
 SETTLE_S = 10.0  # an exit record this old ends the job even if Slurm has not said it ended
 KILL_AFTER_S = 10.0  # past the grace, a cancelled job still listed is scancelled outright
 # A log follower ends once the job is final and its log has not grown for this long: the shim writes it on
 # the compute node, and a shared filesystem may show the daemon its last bytes after Slurm's end.
 LOG_SETTLE_S = 2.0
-SIGNAL_MARGIN_S = 5  # the shim's SIGTERM comes this much before the grace's SIGKILL would pass the time limit
-_TFRUN_PARENT = str(Path(tfrun.__file__).resolve().parent.parent)
-_ALLOCATION_PREFIXES = ("SLURM_", "SLURMD_", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES")
-
-
-def sbatch_args(row: JobRow, settings: SlurmSettings, grace: float) -> list[str]:
-    """sbatch's options for a job: tfrun's own first (the job's --partition and --time over the config's;
-    its --priority as --nice, see settings.nice), the config's extras (checked at load never to touch them)
-    last, the batch script after them."""
-    job_dir = Path(row.job_dir)
-    args = [
-        "--parsable",
-        f"--job-name=tfrun-{row.id}",
-        f"--output={job_dir / f'slurm-{row.id}.out'}",
-        "--open-mode=append",
-        f"--chdir={job_dir}",
-        f"--signal=B:TERM@{int(grace + 0.999) + SIGNAL_MARGIN_S}",
-    ]
-    spec = row.spec
-    if spec.gpus:
-        args.append(f"--gres=gpu:{spec.gpus}")
-    if spec.nodes:
-        args.append(f"--nodes={spec.nodes}")  # --gres is per node: --gpus N on each
-    if spec.nodes and spec.nodes > 1:
-        args.append("--ntasks-per-node=1")  # one task a node, started by task.py's srun
-    niceness = nice(spec.priority)
-    if niceness is not None:
-        args.append(f"--nice={niceness}")
-    partition, time_limit = spec.partition or settings.partition, spec.time_limit or settings.time
-    for flag, value in (("partition", partition), ("account", settings.account), ("time", time_limit)):
-        if value:
-            args.append(f"--{flag}={value}")
-    return [*args, *settings.sbatch_options, str(job_dir / SCRIPT)]
-
-
-def batch_script(job_dir: Path) -> str:
-    """The batch script: tfrun's shim in the foreground, as LocalExecutor starts it (`python -S -m`)."""
-    command = [sys.executable, "-S", "-m", "tfrun.runner.shim", "--batch", str(job_dir)]
-    return (
-        "#!/bin/sh\n"
-        "# tfrun's shim runs the job, records its end in exit.json and owns the cancel grace (runner/shim.py)\n"
-        f"PYTHONPATH={shlex.quote(_TFRUN_PARENT)} exec {shlex.join(command)}\n"
-    )
-
-
-def launch_env(env: dict[str, str]) -> dict[str, str]:
-    """The launch record's environment: the allocation's own variables (its SLURM_*, the GPUs Slurm chose)
-    come from the allocation, never from the daemon's environment."""
-    return {k: v for k, v in env.items() if not k.startswith(_ALLOCATION_PREFIXES)}
 
 
 class SlurmExecutor:
     """Jobs on a Slurm cluster, this daemon on its login node (shared filesystem for TFRUN_HOME)."""
+
+    capabilities = Capabilities(
+        no_tty="not on a Slurm host (its jobs run in batch allocations, with no terminal to attach)",
+        no_services="not on a Slurm host yet (its jobs run in batch allocations on compute nodes)",
+        files_here=False,  # written on a compute node: file events on the login node may never tell
+        log_settle_s=LOG_SETTLE_S,
+    )
 
     def __init__(self, settings: Callable[[], SlurmSettings], slurm: Optional[Slurm] = None) -> None:
         self.settings = settings  # the config's as it is now: a reload applies to jobs launched after it
@@ -167,8 +126,6 @@ class SlurmExecutor:
 
     async def launch_array(self, rows: list[JobRow], envs: list[dict[str, str]], grace: float) -> None:
         """Tasks of one array: one `sbatch --array` for all of them (runner/slurm/arrays.py)."""
-        from tfrun.runner.slurm import arrays  # it builds on this module
-
         await arrays.launch(self, rows, envs, grace)
 
     async def resume(self, row: JobRow) -> bool:
@@ -177,8 +134,6 @@ class SlurmExecutor:
         job_dir = Path(row.job_dir)
         if self._record(row) or not (job_dir / jobdir.LAUNCH).exists():
             return bool(self._record(row))
-        from tfrun.runner.slurm import arrays
-
         array = arrays.submitted_with(job_dir)
         if array is not None:  # a task of an array: the array is found, or submitted, as one
             return await arrays.resume(self, row, array)
@@ -188,7 +143,7 @@ class SlurmExecutor:
             self.records.write(job_dir, {"slurm_id": found, "submitted_at": time.time()})
             return True
         launch: Optional[LaunchRecord] = jobdir.read_launch(job_dir / jobdir.LAUNCH)
-        grace = launch.get("grace", 10.0) if launch else 10.0
+        grace = launch.get("grace", DEFAULT_GRACE_S) if launch else DEFAULT_GRACE_S
         if not (job_dir / SCRIPT).exists():
             (job_dir / SCRIPT).write_text(batch_script(job_dir))
         log.info("job %d: submitting it (accepted before the last daemon stopped)", row.id)
@@ -208,6 +163,13 @@ class SlurmExecutor:
     def resources(self) -> list[str]:
         """None of tfrun's: Slurm gives each job its GPUs (--gres)."""
         return []
+
+    def use_devices(self, devices: list[str]) -> None:
+        """Nothing: Slurm gives each job its GPUs."""
+
+    def checks(self) -> list[Check]:
+        """Slurm's: its commands, partitions and accounting (runner/slurm/checks.py)."""
+        return slurm_checks(self.slurm, self.settings())
 
     # -- learning how jobs are doing ----------------------------------------------------------------------
 
