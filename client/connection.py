@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError
+from tfrun.client.errors import TfrunError, cannot_start
 from tfrun.constants import EXIT_DAEMON
 from tfrun.paths import Layout
 from tfrun.private import NotPrivate
@@ -54,7 +54,7 @@ class Target:
                 return await keeper.connect(self.host, self.accept_new_host_key, self.timeout)
             except RemoteError as exc:  # the box's dial-stdio, through a keeper already up, says why
                 if exc.code == ErrorCode.CANNOT_START:
-                    raise cannot_start(self.host, exc.message) from None
+                    raise cannot_start(self.host.label, exc.message) from None
                 raise
             except keeper.HUNG_UP:
                 await self._why_hung_up()
@@ -87,13 +87,6 @@ class Target:
         except Exception:  # the link again: the hang-up says it
             return
         channel.close()
-
-
-def cannot_start(host: Optional[Host], reason: str) -> TfrunError:
-    """The one line for a daemon that could not start, whichever way its reason came (its log, its
-    stderr, an `Error` from dial-stdio): `tfrund cannot start on box: config.toml line 2: ...`."""
-    where = f" on {host.label}" if host is not None else ""
-    return TfrunError(f"tfrund cannot start{where}: {reason}", EXIT_DAEMON)
 
 
 async def connect_local(layout: Layout) -> Channel:

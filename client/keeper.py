@@ -12,7 +12,7 @@ boxes starts one Python that imports asyncssh, not ten. Each box still has its o
 clock and end: a connection idle for ten minutes, or one that drops, is let go (its socket removed, the next
 verb for that box starts a keeper process for it alone) while the process serves the others, and the process
 exits with its last connection. Each box's keeper also takes `tfrun forward`'s connections, on a socket of
-their own beside the protocol's (client/forward.py).
+their own beside the protocol's (client/tunnel.py).
 
 The simplest design that keeps one verb's boxes together: no process is shared across verbs or callers, so
 nothing needs a control protocol, and every property of one keeper per box holds per socket. A per-user
@@ -47,8 +47,8 @@ from typing import Any, Callable, ClassVar, Optional
 
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
-from tfrun.client.forward import forward_path, pump, serve_forward
 from tfrun.client.keepertrust import socket_path
+from tfrun.client.tunnel import forward_path, pump, serve_forward
 from tfrun.constants import EXIT_DAEMON
 from tfrun.private import check_private, peer_is_self
 from tfrun.protocol.channel import Channel
@@ -319,7 +319,7 @@ class Keeper:
             self.last_used = time.monotonic()
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One `tfrun forward` connection: a direct-tcpip channel to a port on the box (client/forward.py).
+        """One `tfrun forward` connection: a direct-tcpip channel to a port on the box (client/tunnel.py).
         It counts as use, so the keeper does not idle out under a browser's open connection. A caller of
         another uid is hung up on, as in `_client`."""
         if not peer_is_self(writer.get_extra_info("socket")):

@@ -25,8 +25,7 @@ import asyncssh
 
 from tfrun import __version__
 from tfrun.client.config import Host, parse_destination
-from tfrun.client.connection import cannot_start
-from tfrun.client.errors import TfrunError
+from tfrun.client.errors import TfrunError, cannot_start
 from tfrun.constants import (
     EXIT_DAEMON,
     EXIT_USAGE,
@@ -395,7 +394,7 @@ async def _dial_stdio(conn: asyncssh.SSHClientConnection, host: Host) -> Channel
         channel = await _open_stream(process.stdout, process.stdin)
     except RemoteError as exc:
         if exc.code == ErrorCode.CANNOT_START:  # no daemon could start, and dial-stdio says why
-            raise cannot_start(host, exc.message) from None
+            raise cannot_start(host.label, exc.message) from None
         raise
     except (ProtocolError, ConnectionError, asyncssh.Error):
         process.stdin.write_eof()

@@ -88,7 +88,7 @@ def ps_pool(
 ) -> None:
     """`tfrun ps --host POOL`: every member's jobs (and services, if asked), each once, as HOST:ID; with `last`,
     each member's newest `last`."""
-    from tfrun.client.verbs.jobs import left_out, newest
+    from tfrun.client.joblist import left_out, newest
 
     listing = ListJobs(all=show_all, services=services, last=last)
     answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), listing, _wait(), _accept_new())))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Optional
 import click
 
 from tfrun.client import cli, config, render
+from tfrun.client.joblist import left_out, newest
 from tfrun.constants import (
     DEFAULT_GRACE_S,
     EXIT_FAILURE,
@@ -376,19 +377,6 @@ def ps(show_all: bool, last: Optional[int], quiet: bool, as_json: bool, with_ser
         return
     render.job_table(jobs, cli.output(), cli.place(full=True))
     left_out(older)
-
-
-def newest(reply: JobList, last: Optional[int]) -> tuple[list[Job], int]:
-    """The newest `last` jobs of a listing, and how many older ones it left out: a tfrund older than
-    `ListJobs.last` sends every job, and is cut here."""
-    cut = 0 if last is None else max(0, len(reply.jobs) - last)
-    return reply.jobs[cut:], reply.older + cut
-
-
-def left_out(older: int) -> None:
-    """The line under a table that `-n` cut (on stderr: a pipe's reader gets only rows), and how to see all."""
-    if older:
-        click.echo(f"tfrun: {older} older job{'s' if older > 1 else ''} not shown (-n 0 shows every job)", err=True)
 
 
 def _print_records(listing: ListJobs) -> None:
