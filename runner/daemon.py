@@ -25,7 +25,7 @@ import signal
 import time
 from collections.abc import Awaitable, Coroutine
 from pathlib import Path
-from typing import IO, Any, Callable, Optional, TypeVar, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 
 import tfrun
 from tfrun.constants import JOB_UMASK_ENV, MAX_HEADER_BYTES, PRIVATE_DIR_MODE, PRIVATE_UMASK
@@ -51,7 +51,7 @@ from tfrun.runner.blobs import BlobStore, Spares
 from tfrun.runner.config import Config, ConfigError
 from tfrun.runner.executor import Executor, LocalExecutor
 from tfrun.runner.gpus import device_ids
-from tfrun.runner.handlers import HANDLERS, WATCHING, Connection, RequestError
+from tfrun.runner.handlers import HANDLERS, WATCHING, Connection, RequestError, admin, files, jobs, services, watching
 from tfrun.runner.job import JobRow
 from tfrun.runner.lifecycle import Lifecycle
 from tfrun.runner.loggrowth import LogGrowth
@@ -495,3 +495,12 @@ def _say_last(line: str) -> None:
 async def _try_send(writer: asyncio.StreamWriter, msg: Message) -> None:
     with contextlib.suppress(ConnectionError, RuntimeError):
         await write_message(writer, msg)
+
+
+if TYPE_CHECKING:  # for mypy alone: the table of handlers (runner/handlers/base.py) takes any context
+
+    def _handlers_context(
+        daemon: Daemon,
+    ) -> tuple[admin.Context, files.Context, jobs.Context, services.Context, watching.Context]:
+        """Each handler takes what its module's Context names, and the daemon is every one of them."""
+        return daemon, daemon, daemon, daemon, daemon

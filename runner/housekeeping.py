@@ -36,9 +36,9 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Coroutine, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
 
 from tfrun.constants import END_ALERTS_WAIT_S
 from tfrun.paths import Layout
@@ -51,13 +51,26 @@ from tfrun.runner.job import JobRow
 from tfrun.runner.slurm import arrays as slurm_arrays
 
 if TYPE_CHECKING:
-    from tfrun.runner.daemon import Daemon
+    from tfrun.runner.config import Config
+    from tfrun.runner.store import Store
 
 log = logging.getLogger("tfrund")
 
 REMOVED_SUFFIX = ".removed"  # a job folder on its way out (see the module's docstring)
 LOG_FILES = frozenset({jobdir.OUTPUT, jobdir.INDEX})  # what `tfrun df` counts as a job's log
 DATABASE_FILES = ("tfrun.db", "tfrun.db-wal", "tfrun.db-shm")
+
+
+class Context(Protocol):
+    """What removing jobs and collecting blobs need of the daemon (runner/daemon.py's Daemon is one)."""
+
+    store: Store
+    layout: Layout
+    config: Config
+    blobs: BlobStore
+
+    def in_background(self, work: Union[Callable[[], object], Coroutine[Any, Any, None]]) -> None: ...
+
 
 # -- choosing ------------------------------------------------------------------------------------------------
 
@@ -98,7 +111,7 @@ def for_prune(
 # -- removing ------------------------------------------------------------------------------------------------
 
 
-async def remove(daemon: Daemon, refs: list[str], checkpoints: bool, dry_run: bool) -> RemoveReply:
+async def remove(daemon: Context, refs: list[str], checkpoints: bool, dry_run: bool) -> RemoveReply:
     """`tfrun rm`: the jobs named, each refused with its reason where it must stay."""
     needs = needed_by(daemon.store.list(include_final=True))
     outcomes: list[tuple[str, Union[Removal, int]]] = []  # per reference: why it stays, or the job's id
@@ -123,7 +136,7 @@ async def remove(daemon: Daemon, refs: list[str], checkpoints: bool, dry_run: bo
     return RemoveReply(results, collected.removed, collected.freed, dry_run)
 
 
-async def prune(daemon: Daemon, req: Prune) -> RemoveReply:
+async def prune(daemon: Context, req: Prune) -> RemoveReply:
     """`tfrun prune`: the ended jobs picked by age and rank, less those an unfinished job needs."""
     rows = daemon.store.list(include_final=True)
     needs = needed_by(rows)
@@ -138,7 +151,7 @@ async def prune(daemon: Daemon, req: Prune) -> RemoveReply:
 
 
 async def _remove_jobs(
-    daemon: Daemon, rows: list[JobRow], checkpoints: bool, dry_run: bool
+    daemon: Context, rows: list[JobRow], checkpoints: bool, dry_run: bool
 ) -> tuple[list[Removal], Collected]:
     """Remove `rows` (ended, needed by none), then collect the contents no kept job needs."""
     if rows and not dry_run:
@@ -162,7 +175,7 @@ async def _remove_jobs(
     return removals, collected
 
 
-async def _end_alerts_stored(daemon: Daemon, ids: list[int]) -> None:
+async def _end_alerts_stored(daemon: Context, ids: list[int]) -> None:
     """Wait, a few seconds at most, until the watch has stored the end alerts of jobs that just ended."""
     deadline = time.monotonic() + END_ALERTS_WAIT_S
     while daemon.store.watched(ids) and time.monotonic() < deadline:
@@ -201,7 +214,7 @@ def _empty(folder: Path) -> bool:
         return False
 
 
-def _forget(daemon: Daemon, rows: list[JobRow]) -> None:
+def _forget(daemon: Context, rows: list[JobRow]) -> None:
     """Move the jobs' folders aside, then delete their rows: what is left of a job is never half of it."""
     for row in rows:
         with contextlib.suppress(FileNotFoundError):
@@ -247,7 +260,7 @@ def _remove_tree(path: Path) -> list[str]:
 
 
 async def collect_blobs(
-    daemon: Daemon, excluding: Collection[int] = (), limit: Optional[int] = None, dry_run: bool = False
+    daemon: Context, excluding: Collection[int] = (), limit: Optional[int] = None, dry_run: bool = False
 ) -> Collected:
     """Collect the contents that no job (less `excluding`, for a dry run) and no spare names; with `limit`,
     only the oldest of them, until the store takes at most `limit` bytes."""
@@ -265,13 +278,13 @@ async def collect_blobs(
     return collected
 
 
-def after_submit(daemon: Daemon) -> None:
+def after_submit(daemon: Context) -> None:
     """Keep the blob store within max_blob_bytes, in the background once a submit has made its job."""
     if daemon.config.max_blob_bytes:
         daemon.in_background(_cap(daemon, daemon.config.max_blob_bytes))
 
 
-async def _cap(daemon: Daemon, limit: int) -> None:
+async def _cap(daemon: Context, limit: int) -> None:
     collected = await collect_blobs(daemon, limit=limit)
     if collected.left > limit:
         log.warning(
@@ -282,7 +295,7 @@ async def _cap(daemon: Daemon, limit: int) -> None:
 # -- disk usage ----------------------------------------------------------------------------------------------
 
 
-async def disk_report(daemon: Daemon) -> DiskReport:
+async def disk_report(daemon: Context) -> DiskReport:
     """`tfrun df`: what each of tfrun's folders takes on the box."""
     rows = daemon.store.list(include_final=True)
     manifests = [Path(row.job_dir) / jobdir.FILES for row in rows]

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tfrun import tomltext
 from tfrun.constants import CONFIG_COUNT_DIGITS
@@ -25,13 +25,26 @@ from tfrun.runner.doctor import job_python
 from tfrun.runner.outbox import diagnose, shown_url, usable
 
 if TYPE_CHECKING:
-    from tfrun.runner.daemon import Daemon
+    from tfrun.paths import Layout
+    from tfrun.runner.alerts import Alerts
+    from tfrun.runner.scheduler import Scheduler
 
 log = logging.getLogger("tfrund")
 FILE = "config.toml"
 
 
-def effective(daemon: Daemon, secrets: bool = False) -> list[Setting]:
+class Context(Protocol):
+    """What reading, reloading and setting the config need of the daemon (runner/daemon.py's Daemon is one)."""
+
+    config: Config
+    layout: Layout
+    alerts: Alerts
+    scheduler: Scheduler
+
+    def apply_config(self, config: Config) -> None: ...
+
+
+def effective(daemon: Context, secrets: bool = False) -> list[Setting]:
     """Every key as the daemon uses it now, with where it came from; URLs masked unless its user asked for
     `secrets`. A key with no way of its own here shows the Config field of its name, as JSON."""
     config, scheduler = daemon.config, daemon.scheduler
@@ -65,7 +78,7 @@ def effective(daemon: Daemon, secrets: bool = False) -> list[Setting]:
     ]
 
 
-def reload(daemon: Daemon, how: str) -> list[str]:
+def reload(daemon: Context, how: str) -> list[str]:
     """Read config.toml again and use it: one line per key whose value changed, saying from when it applies.
     A file that cannot be used raises ConfigError, and the daemon keeps the config it has."""
     config = Config.load(daemon.layout)
@@ -76,7 +89,7 @@ def reload(daemon: Daemon, how: str) -> list[str]:
     return [f"{name}: applies {KEYS[name].applies}" for name in changed]
 
 
-def set_key(daemon: Daemon, name: str, words: list[str], unset: bool) -> list[str]:
+def set_key(daemon: Context, name: str, words: list[str], unset: bool) -> list[str]:
     """Set (or remove) one key in config.toml, only its own lines edited, once the whole would-be file has
     loaded as the daemon would load it; then reload. The change lines, as `reload` gives them."""
     key = KEYS.get(name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 from tfrun import __version__
 from tfrun.protocol.admin import (
@@ -24,12 +24,18 @@ from tfrun.runner import housekeeping, liveconfig
 from tfrun.runner.config import ConfigError
 from tfrun.runner.handlers.base import Connection, handles, invalid
 
-if TYPE_CHECKING:
-    from tfrun.runner.daemon import Daemon
+
+class Context(liveconfig.Context, housekeeping.Context, Protocol):
+    """What the daemon's own requests need of it: the config's and housekeeping's, when it started, its stop
+    (runner/daemon.py's Daemon is one)."""
+
+    started_at: float
+
+    def stop(self) -> None: ...
 
 
 @handles(DaemonStatus)
-async def daemon_status(daemon: Daemon, req: DaemonStatus, conn: Connection) -> None:
+async def daemon_status(daemon: Context, req: DaemonStatus, conn: Connection) -> None:
     await conn.send(
         DaemonInfo(
             pid=os.getpid(),
@@ -44,25 +50,25 @@ async def daemon_status(daemon: Daemon, req: DaemonStatus, conn: Connection) -> 
 
 
 @handles(Shutdown)
-async def shutdown(daemon: Daemon, req: Shutdown, conn: Connection) -> None:
+async def shutdown(daemon: Context, req: Shutdown, conn: Connection) -> None:
     running = daemon.store.counts()[JobState.RUNNING]
     await conn.send(Ok(f"tfrund (pid {os.getpid()}) stopping; {running} running job(s) keep running"))
     daemon.stop()
 
 
 @handles(GetConfig)
-async def get_config(daemon: Daemon, req: GetConfig, conn: Connection) -> None:
+async def get_config(daemon: Context, req: GetConfig, conn: Connection) -> None:
     await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon, req.secrets)))
 
 
 @handles(ReloadConfig)
-async def reload_config(daemon: Daemon, req: ReloadConfig, conn: Connection) -> None:
+async def reload_config(daemon: Context, req: ReloadConfig, conn: Connection) -> None:
     changes = _reconfigured(functools.partial(liveconfig.reload, daemon, "tfrun config reload"))
     await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon), changes))
 
 
 @handles(SetConfig)
-async def set_config(daemon: Daemon, req: SetConfig, conn: Connection) -> None:
+async def set_config(daemon: Context, req: SetConfig, conn: Connection) -> None:
     """Edit config.toml and reload it, with no await in between: no other request sees the file half done."""
     changes = _reconfigured(functools.partial(liveconfig.set_key, daemon, req.key, req.values, req.unset))
     await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon), changes))
@@ -76,15 +82,15 @@ def _reconfigured(change: Callable[[], list[str]]) -> list[str]:
 
 
 @handles(Remove)
-async def remove(daemon: Daemon, req: Remove, conn: Connection) -> None:
+async def remove(daemon: Context, req: Remove, conn: Connection) -> None:
     await conn.send(await housekeeping.remove(daemon, req.jobs, req.checkpoints, req.dry_run))
 
 
 @handles(Prune)
-async def prune(daemon: Daemon, req: Prune, conn: Connection) -> None:
+async def prune(daemon: Context, req: Prune, conn: Connection) -> None:
     await conn.send(await housekeeping.prune(daemon, req))
 
 
 @handles(DiskUsage)
-async def disk_usage(daemon: Daemon, req: DiskUsage, conn: Connection) -> None:
+async def disk_usage(daemon: Context, req: DiskUsage, conn: Connection) -> None:
     await conn.send(await housekeeping.disk_report(daemon))

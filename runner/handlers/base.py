@@ -7,25 +7,38 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import Message, write_message
+from tfrun.runner import rules
 from tfrun.runner.job import JobRow
+from tfrun.runner.outbox import masked
 
 if TYPE_CHECKING:
-    from tfrun.runner.daemon import Daemon
+    from tfrun.protocol.jobs import Job
+    from tfrun.runner.config import Config
+    from tfrun.runner.store import Store
 
 R = TypeVar("R", bound=Message)
-Handler = Callable[["Daemon", Any, "Connection"], Awaitable[None]]
+C = TypeVar("C")  # what the handler needs of the daemon: its module's Context (runner/daemon.py's Daemon is each)
+Handler = Callable[[Any, Any, "Connection"], Awaitable[None]]
 
 HANDLERS: dict[type[Message], Handler] = {}  # filled by @handles as runner/handlers/ modules are imported
 
 
-def handles(request: type[R]) -> Callable[[Callable[[Daemon, R, Connection], Awaitable[None]]], Handler]:
+class Shown(Protocol):
+    """What finding a job and showing it to a client need of the daemon: its jobs, and its config (the alert
+    rules a job without rules of its own has)."""
+
+    store: Store
+    config: Config
+
+
+def handles(request: type[R]) -> Callable[[Callable[[C, R, Connection], Awaitable[None]]], Handler]:
     """Register the decorated coroutine as the handler of `request`."""
 
-    def register(handler: Callable[[Daemon, R, Connection], Awaitable[None]]) -> Handler:
+    def register(handler: Callable[[C, R, Connection], Awaitable[None]]) -> Handler:
         HANDLERS[request] = handler
         return handler
 
@@ -58,7 +71,7 @@ class RequestError(Exception):
         self.message = message
 
 
-def find(daemon: Daemon, ref: str) -> JobRow:
+def find(daemon: Shown, ref: str) -> JobRow:
     row = daemon.store.find(ref)
     if row is None:
         raise RequestError(ErrorCode.NO_SUCH_JOB, f"no job {ref!r}")
@@ -67,3 +80,18 @@ def find(daemon: Daemon, ref: str) -> JobRow:
 
 def invalid(message: str) -> RequestError:
     return RequestError(ErrorCode.INVALID_INPUT, message)
+
+
+def public(daemon: Shown, row: JobRow) -> Job:
+    """The job as a client sees it, with its alert rules and its URLs masked."""
+    job = row.public()
+    stored = daemon.store.job_alerts(row.id)
+    chosen, urls = (stored[0], stored[1]) if stored else (daemon.config.rules, [])
+    job.alert_rules = rule_texts(chosen)
+    job.notify = [masked(url) for url in urls]
+    return job
+
+
+def rule_texts(chosen: dict[str, Optional[float]]) -> list[str]:
+    """A job's alert rules as a client reads them ("stall=30m"); the box's own (gpu-memory) left out."""
+    return rules.texts({k: v for k, v in chosen.items() if k in rules.JOB_RULES})

@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from tfrun import __version__, arrays, restarts
 from tfrun.constants import (
@@ -40,7 +40,7 @@ from tfrun.protocol.submit import FileEntry, Submit, SubmitArray
 from tfrun.runner import housekeeping, rules
 from tfrun.runner.doctor import job_python
 from tfrun.runner.faults import crash_point
-from tfrun.runner.handlers.base import Connection, RequestError, find, handles, invalid
+from tfrun.runner.handlers.base import Connection, RequestError, Shown, find, handles, invalid, public, rule_texts
 from tfrun.runner.job import SERVICE_LIKE, JobRow, JobSpec, from_json
 from tfrun.runner.metrics import LogMetrics
 from tfrun.runner.metrics import PatternError as MetricPatternError
@@ -49,11 +49,27 @@ from tfrun.runner.scheduler import SnapshotError, snapshot_files
 from tfrun.runner.slurm import settings as slurm_settings
 
 if TYPE_CHECKING:
-    from tfrun.runner.daemon import Daemon
+    from tfrun.runner.blobs import Spares
+    from tfrun.runner.executor import Executor
+    from tfrun.runner.lifecycle import Lifecycle
+    from tfrun.runner.scheduler import Scheduler
+    from tfrun.runner.supervisor import Supervisor
+
+
+class Context(Shown, housekeeping.Context, Protocol):
+    """What submitting, listing, waiting for and ending jobs need of the daemon (runner/daemon.py's Daemon is
+    one)."""
+
+    executor: Executor
+    lifecycle: Lifecycle
+    scheduler: Scheduler
+    supervisor: Supervisor
+    spares: Spares
+    submissions: dict[str, asyncio.Future[list[JobRow]]]  # submits being made, by submission id
 
 
 @handles(Submit)
-async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
+async def submit(daemon: Context, req: Submit, conn: Connection) -> None:
     """Check the request, build the job's work dir from the uploaded contents, start the job's shim.
 
     Once per submission id: the same submit sent again (by a client that lost its daemon before the answer,
@@ -63,7 +79,7 @@ async def submit(daemon: Daemon, req: Submit, conn: Connection) -> None:
 
 
 @handles(SubmitArray)
-async def submit_array(daemon: Daemon, req: SubmitArray, conn: Connection) -> None:
+async def submit_array(daemon: Context, req: SubmitArray, conn: Connection) -> None:
     """`submit`, as one task a combination of the axes' values (tfrun/arrays.py), answered with every task."""
     axes = [(axis.key, axis.values) for axis in req.axes]
     try:
@@ -74,7 +90,7 @@ async def submit_array(daemon: Daemon, req: SubmitArray, conn: Connection) -> No
     await conn.send(JobList([public(daemon, row) for row in rows]))
 
 
-async def _once(daemon: Daemon, req: Submit, sid: Optional[str], tasks: list[dict[str, str]]) -> list[JobRow]:
+async def _once(daemon: Context, req: Submit, sid: Optional[str], tasks: list[dict[str, str]]) -> list[JobRow]:
     """The job (or the array's tasks) of a submit, made once per submission id."""
     if sid is None:
         return await _new_jobs(daemon, req, tasks)
@@ -85,7 +101,7 @@ async def _once(daemon: Daemon, req: Submit, sid: Optional[str], tasks: list[dic
     return await asyncio.shield(pending)  # its client hanging up does not stop a job half made
 
 
-async def _submitted_once(daemon: Daemon, req: Submit, sid: str, tasks: list[dict[str, str]]) -> list[JobRow]:
+async def _submitted_once(daemon: Context, req: Submit, sid: str, tasks: list[dict[str, str]]) -> list[JobRow]:
     """The jobs of submission `sid`: the ones a daemon made before, or new ones."""
     found = daemon.store.find_submission(sid)
     made = [] if found is None else daemon.store.array_tasks(found.id) if found.array_id is not None else [found]
@@ -100,7 +116,7 @@ async def _submitted_once(daemon: Daemon, req: Submit, sid: str, tasks: list[dic
 
 
 async def _new_jobs(
-    daemon: Daemon, req: Submit, tasks: list[dict[str, str]], sid: Optional[str] = None
+    daemon: Context, req: Submit, tasks: list[dict[str, str]], sid: Optional[str] = None
 ) -> list[JobRow]:
     """One job, or the tasks of an array (one per item of `tasks`, their values by key): made in one
     transaction, their work dirs built, then scheduled."""
@@ -161,7 +177,7 @@ def _restart_on(req: Submit) -> tuple[Cause, ...]:
         raise invalid(f"--restart-on: {exc}") from None
 
 
-async def _build_array(daemon: Daemon, rows: list[JobRow], files: list[FileEntry]) -> list[JobRow]:
+async def _build_array(daemon: Context, rows: list[JobRow], files: list[FileEntry]) -> list[JobRow]:
     """Build every task's work dir, then make them all ready in one transaction and run one pass, which
     sees them together (on Slurm: one sbatch). A task that cannot be built takes the others with it."""
     for built, row in enumerate(rows):
@@ -190,7 +206,7 @@ def _task(req: Submit, spec: JobSpec, index: int, values: dict[str, str]) -> tup
     )
 
 
-def _resources(daemon: Daemon, req: Submit) -> tuple[int, tuple[int, ...]]:
+def _resources(daemon: Context, req: Submit) -> tuple[int, tuple[int, ...]]:
     """What the job waits for besides its turn: its GPUs, the jobs it runs after (by id); checked."""
     devices = daemon.scheduler.devices
     gpus = daemon.scheduler.default_gpus() if req.gpus is None else req.gpus
@@ -208,7 +224,7 @@ def _resources(daemon: Daemon, req: Submit) -> tuple[int, tuple[int, ...]]:
     return gpus, tuple(after)
 
 
-def _after_ids(daemon: Daemon, ref: str) -> list[int]:
+def _after_ids(daemon: Context, ref: str) -> list[int]:
     """The jobs `--after REF` waits for: the job of that id or name, else every task of the newest array
     submitted with --name REF (its tasks are named REF-0, REF-1, ...: a sweep, then the job that compares)."""
     dep = daemon.store.find(ref)
@@ -222,7 +238,7 @@ def _after_ids(daemon: Daemon, ref: str) -> list[int]:
     return [task.id for task in daemon.store.array_tasks(first.array_id)]
 
 
-def _slurm_options(daemon: Daemon, req: Submit) -> tuple[Optional[str], Optional[str]]:
+def _slurm_options(daemon: Context, req: Submit) -> tuple[Optional[str], Optional[str]]:
     """The job's --partition and --time (as sbatch takes it), checked; refused on a box that is no Slurm host."""
     given = [flag for flag, value in (("--partition", req.partition), ("--time", req.time), ("--nodes", req.nodes))
              if value is not None]  # fmt: skip
@@ -235,7 +251,7 @@ def _slurm_options(daemon: Daemon, req: Submit) -> tuple[Optional[str], Optional
         raise invalid(str(exc)) from None
 
 
-def _alert_rules(daemon: Daemon, req: Submit) -> dict[str, Optional[float]]:
+def _alert_rules(daemon: Context, req: Submit) -> dict[str, Optional[float]]:
     """The job's alert rules from the daemon's and the request's; its URLs and metric patterns checked."""
     try:
         chosen = rules.combine(daemon.config.rules, req.alerts, req.no_alerts)
@@ -251,23 +267,8 @@ def _alert_rules(daemon: Daemon, req: Submit) -> dict[str, Optional[float]]:
     return {name: value for name, value in chosen.items() if name in rules.JOB_RULES}
 
 
-def public(daemon: Daemon, row: JobRow) -> Job:
-    """The job as a client sees it, with its alert rules and its URLs masked."""
-    job = row.public()
-    stored = daemon.store.job_alerts(row.id)
-    chosen, urls = (stored[0], stored[1]) if stored else (daemon.config.rules, [])
-    job.alert_rules = _rule_texts(chosen)
-    job.notify = [masked(url) for url in urls]
-    return job
-
-
-def _rule_texts(chosen: dict[str, Optional[float]]) -> list[str]:
-    """A job's alert rules as a client reads them ("stall=30m"); the box's own (gpu-memory) left out."""
-    return rules.texts({k: v for k, v in chosen.items() if k in rules.JOB_RULES})
-
-
 @handles(Restart)
-async def restart(daemon: Daemon, req: Restart, conn: Connection) -> None:
+async def restart(daemon: Context, req: Restart, conn: Connection) -> None:
     """Run an ended job again, as a new job with the same snapshot, command and checkpoint folder."""
     row = find(daemon, req.job)
     if row.spec.service is not None:  # its port and token were this run's: a new one gets its own
@@ -294,7 +295,7 @@ def _snapshot_files(row: JobRow) -> list[FileEntry]:
         raise invalid(str(exc)) from None
 
 
-def _check_submit(daemon: Daemon, req: Submit) -> PurePosixPath:
+def _check_submit(daemon: Context, req: Submit) -> PurePosixPath:
     """The script's path in the snapshot, once everything about the request is known to be sound."""
     if req.name is not None:
         problem = validate_name(req.name)
@@ -319,7 +320,7 @@ def _check_submit(daemon: Daemon, req: Submit) -> PurePosixPath:
     return script
 
 
-def _command(daemon: Daemon, req: Submit, script: PurePosixPath) -> list[str]:
+def _command(daemon: Context, req: Submit, script: PurePosixPath) -> list[str]:
     """The argv the shim runs: `.py` through the job interpreter, anything else directly."""
     if script.suffix != ".py":
         return [f"./{script}", *req.args]
@@ -341,7 +342,7 @@ def _as_argument(script: PurePosixPath) -> str:
 
 
 @handles(ListJobs)
-async def list_jobs(daemon: Daemon, req: ListJobs, conn: Connection) -> None:
+async def list_jobs(daemon: Context, req: ListJobs, conn: Connection) -> None:
     """`ps`: the jobs listed (with `last`, the newest of them), as records in one reply, or with `text` as
     the JSON text `ps --json` prints, a page of jobs read, encoded and sent at a time, other clients served
     in between: a history of 10,000 jobs is neither one frame nor a query a job."""
@@ -378,7 +379,7 @@ def _by_state(req: ListJobs) -> tuple[str, tuple[str, ...]]:
     return f"state NOT IN ({', '.join('?' * len(JobState.FINAL))})", JobState.FINAL
 
 
-def _first_listed(daemon: Daemon, req: ListJobs) -> tuple[Optional[int], int]:
+def _first_listed(daemon: Context, req: ListJobs) -> tuple[Optional[int], int]:
     """The id the listing starts from (None: it lists nothing) and how many listed jobs are older: with
     `last`, the newest `last` jobs' oldest, counted from the newest by id alone, a spec decoded only where
     it may be a service's (services left out) and the rest only counted."""
@@ -400,7 +401,7 @@ def _first_listed(daemon: Daemon, req: ListJobs) -> tuple[Optional[int], int]:
     return first, older
 
 
-async def _listed(daemon: Daemon, req: ListJobs, first: Optional[int]) -> AsyncIterator[list[Job]]:
+async def _listed(daemon: Context, req: ListJobs, first: Optional[int]) -> AsyncIterator[list[Job]]:
     """The jobs `req` lists from id `first` on, oldest first, a page at a time with their alert settings
     (one query a page, not one a job), other clients served between pages."""
     if first is None:
@@ -418,7 +419,7 @@ async def _listed(daemon: Daemon, req: ListJobs, first: Optional[int]) -> AsyncI
 
 
 def _listed_jobs(
-    daemon: Daemon, req: ListJobs, found: list[sqlite3.Row], texts: dict[Optional[str], list[str]]
+    daemon: Context, req: ListJobs, found: list[sqlite3.Row], texts: dict[Optional[str], list[str]]
 ) -> Iterator[tuple[JobRow, Job, bool]]:
     """Each row of `_ALERTED_ROWS` that `req` lists (a service only if it lists services): the job's row, its
     record with its alert settings, and whether it has settings of its own."""
@@ -428,7 +429,7 @@ def _listed_jobs(
             yield row, _alerted(daemon, row.public(), values[-2], values[-1], texts), values[-2] is not None
 
 
-async def _listed_texts(daemon: Daemon, req: ListJobs, first: Optional[int]) -> AsyncIterator[list[str]]:
+async def _listed_texts(daemon: Context, req: ListJobs, first: Optional[int]) -> AsyncIterator[list[str]]:
     """The `ps --json` records of the jobs `req` lists from id `first` on, a page at a time: an ended job's as
     kept in job_texts, any other's made from its row (and an ended one's kept for the next listing). A
     history of 10,000 jobs is then read as text, where decoding and encoding each row cost 40 us a job."""
@@ -451,7 +452,7 @@ async def _listed_texts(daemon: Daemon, req: ListJobs, first: Optional[int]) -> 
         await asyncio.sleep(0)
 
 
-def _made_texts(daemon: Daemon, req: ListJobs, ids: list[int]) -> dict[int, str]:
+def _made_texts(daemon: Context, req: ListJobs, ids: list[int]) -> dict[int, str]:
     """The records of jobs with no text kept, made from their rows (services left out unless `req` lists
     them); those of ended jobs with alert settings of their own are kept (a job without them shows the
     daemon's rules, which a config reload may change)."""
@@ -487,29 +488,29 @@ def _job_row(values: sqlite3.Row) -> JobRow:
 
 
 def _alerted(
-    daemon: Daemon, job: Job, stored: Optional[str], notify: Optional[str], texts: dict[Optional[str], list[str]]
+    daemon: Context, job: Job, stored: Optional[str], notify: Optional[str], texts: dict[Optional[str], list[str]]
 ) -> Job:
     """`job` with its alert rules (stored as JSON, else the daemon's) and its URLs masked, as `public` makes it."""
     if stored not in texts:
-        texts[stored] = _rule_texts(json.loads(stored) if stored is not None else daemon.config.rules)
+        texts[stored] = rule_texts(json.loads(stored) if stored is not None else daemon.config.rules)
     job.alert_rules = list(texts[stored])
     job.notify = [masked(url) for url in json.loads(notify)] if notify is not None else []
     return job
 
 
 @handles(GetJob)
-async def get_job(daemon: Daemon, req: GetJob, conn: Connection) -> None:
+async def get_job(daemon: Context, req: GetJob, conn: Connection) -> None:
     await conn.send(JobReply(public(daemon, find(daemon, req.job))))
 
 
 @handles(Wait)
-async def wait(daemon: Daemon, req: Wait, conn: Connection) -> None:
+async def wait(daemon: Context, req: Wait, conn: Connection) -> None:
     row = await daemon.supervisor.wait_final(find(daemon, req.job).id)
     await conn.send(JobReply(public(daemon, row)))
 
 
 @handles(Cancel)
-async def cancel(daemon: Daemon, req: Cancel, conn: Connection) -> None:
+async def cancel(daemon: Context, req: Cancel, conn: Connection) -> None:
     grace = DEFAULT_GRACE_S if req.grace is None else req.grace
 
     async def one(ref: str, row: Optional[JobRow]) -> CancelResult:
@@ -524,7 +525,7 @@ async def cancel(daemon: Daemon, req: Cancel, conn: Connection) -> None:
     await conn.send(CancelReply(list(await asyncio.gather(*(one(ref, row) for ref, row in zip(req.jobs, rows))))))
 
 
-async def _find_all(daemon: Daemon, refs: list[str]) -> list[Optional[JobRow]]:
+async def _find_all(daemon: Context, refs: list[str]) -> list[Optional[JobRow]]:
     """The job each of `refs` names (None for none), looked up a hundred at a time with other clients served
     in between: the thousand a request may name take the store about 15 ms."""
     rows: list[Optional[JobRow]] = []

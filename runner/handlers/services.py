@@ -6,26 +6,35 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from tfrun.duration import format_duration
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.services import ServiceReply, StartService
 from tfrun.runner import jobdir, process, services
 from tfrun.runner.doctor import job_python
-from tfrun.runner.handlers.base import Connection, find, handles, invalid
-from tfrun.runner.handlers.jobs import public
+from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
 from tfrun.runner.job import JobRow, JobSpec
 
 if TYPE_CHECKING:
-    from tfrun.runner.daemon import Daemon
+    from tfrun.runner.executor import Executor
+    from tfrun.runner.lifecycle import Lifecycle
+    from tfrun.runner.scheduler import Scheduler
 
 _LOOK_S = 0.2
 _LOG_TAIL_BYTES = 2000
 
 
+class Context(Shown, Protocol):
+    """What starting TensorBoard and Jupyter needs of the daemon (runner/daemon.py's Daemon is one)."""
+
+    executor: Executor
+    lifecycle: Lifecycle
+    scheduler: Scheduler
+
+
 @handles(StartService)
-async def start_service(daemon: Daemon, req: StartService, conn: Connection) -> None:
+async def start_service(daemon: Context, req: StartService, conn: Connection) -> None:
     """The service asked for: the same one if it runs (same kind, runs or folder, GPUs), else a new one."""
     refused = daemon.executor.capabilities.no_services
     if refused:
@@ -52,7 +61,7 @@ async def start_service(daemon: Daemon, req: StartService, conn: Connection) -> 
     await conn.send(_reply(daemon, await _ready(daemon, row)))
 
 
-async def _spec(daemon: Daemon, req: StartService, python: str) -> JobSpec:
+async def _spec(daemon: Context, req: StartService, python: str) -> JobSpec:
     """The service's spec: its command with a free port, its GPUs; `args` holds what makes two the same. The
     job interpreter is asked whether it has the service in a worker thread (it takes a process)."""
     port = services.free_port()
@@ -73,13 +82,13 @@ async def _spec(daemon: Daemon, req: StartService, python: str) -> JobSpec:
                    gpus=req.gpus, service=req.kind, port=port)  # fmt: skip
 
 
-def _recent(daemon: Daemon, since: float) -> list[JobRow]:
+def _recent(daemon: Context, since: float) -> list[JobRow]:
     """The jobs made in the last `since` seconds, oldest first."""
     after = time.time() - since
     return [row for row in daemon.store.list(include_final=True) if row.created_at >= after]
 
 
-def _running_same(daemon: Daemon, spec: JobSpec) -> Optional[JobRow]:
+def _running_same(daemon: Context, spec: JobSpec) -> Optional[JobRow]:
     """An unfinished service of the same kind over the same runs or folder, with as many GPUs."""
     for row in daemon.store.list(include_final=False):
         if (row.spec.service, row.spec.args, row.spec.gpus) == (spec.service, spec.args, spec.gpus):
@@ -87,13 +96,13 @@ def _running_same(daemon: Daemon, spec: JobSpec) -> Optional[JobRow]:
     return None
 
 
-def _name(daemon: Daemon, kind: str) -> str:
+def _name(daemon: Context, kind: str) -> str:
     """`kind`, or `kind-2`, `kind-3`...: a name no unfinished job has, so `tfrun stop NAME` means one service."""
     taken = {row.name for row in daemon.store.list(include_final=False)}
     return next(name for n in range(1, len(taken) + 2) if (name := kind if n == 1 else f"{kind}-{n}") not in taken)
 
 
-async def _ready(daemon: Daemon, row: JobRow) -> JobRow:
+async def _ready(daemon: Context, row: JobRow) -> JobRow:
     """Wait until the service itself listens on its port; refused with its last output if it ends first or
     never listens (then it is left running: `tfrun logs NAME` shows why, `tfrun stop NAME` ends it), and with
     the squatter's uid if another process holds its port."""
@@ -138,7 +147,7 @@ def _tail(row: JobRow) -> str:
     return " | ".join(lines[-3:]) or row.reason or "no output"
 
 
-def _reply(daemon: Daemon, row: JobRow, reused: bool = False) -> ServiceReply:
+def _reply(daemon: Context, row: JobRow, reused: bool = False) -> ServiceReply:
     """The answer: the job, its port, and the path to open (Jupyter's with its token)."""
     assert row.spec.port is not None
     token = row.spec.env.get("JUPYTER_TOKEN")

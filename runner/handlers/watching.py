@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from tfrun.constants import (
     FOLLOW_POLL_S,
@@ -36,18 +36,33 @@ from tfrun.runner.doctor import job_python, run_checks
 from tfrun.runner.executor import tty_socket
 from tfrun.runner.explain import explain
 from tfrun.runner.gpus import held_outside, read_gpu_memory
-from tfrun.runner.handlers.base import Connection, find, handles, invalid
-from tfrun.runner.handlers.jobs import public
+from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
 from tfrun.runner.jobmetrics import read_metrics, recent_losses
 from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.outbox import diagnose, usable
 
 if TYPE_CHECKING:
-    from tfrun.runner.daemon import Daemon
+    from tfrun.paths import Layout
+    from tfrun.runner.alerts import Alerts
+    from tfrun.runner.executor import Executor
+    from tfrun.runner.outbox import Outbox
+    from tfrun.runner.scheduler import Scheduler
+    from tfrun.runner.supervisor import Supervisor
+
+
+class Context(Shown, Protocol):
+    """What alerts, metrics, GPUs, top, attach and doctor need of the daemon (runner/daemon.py's Daemon is one)."""
+
+    alerts: Alerts
+    executor: Executor
+    layout: Layout
+    outbox: Outbox
+    scheduler: Scheduler
+    supervisor: Supervisor
 
 
 @handles(Doctor)
-async def doctor(daemon: Daemon, req: Doctor, conn: Connection) -> None:
+async def doctor(daemon: Context, req: Doctor, conn: Connection) -> None:
     """The box's checks; on a Slurm login node, Slurm's too (runner/slurm/checks.py)."""
     python = req.python or job_python(daemon.config.job_python)
     executor = daemon.executor
@@ -59,13 +74,13 @@ async def doctor(daemon: Daemon, req: Doctor, conn: Connection) -> None:
 
 
 @handles(ListAlerts)
-async def list_alerts(daemon: Daemon, req: ListAlerts, conn: Connection) -> None:
+async def list_alerts(daemon: Context, req: ListAlerts, conn: Connection) -> None:
     job_id = find(daemon, req.job).id if req.job is not None else None
     await conn.send(AlertList(daemon.store.alerts(job_id, req.limit)))
 
 
 @handles(NotifyTest)
-async def notify_test(daemon: Daemon, req: NotifyTest, conn: Connection) -> None:
+async def notify_test(daemon: Context, req: NotifyTest, conn: Connection) -> None:
     """One message to the URL given, or to each of the daemon's; the report says how each went. A URL given
     that apprise cannot use is bad input: the error says what is wrong with it."""
     if req.url and not usable(req.url):
@@ -82,7 +97,7 @@ async def notify_test(daemon: Daemon, req: NotifyTest, conn: Connection) -> None
 
 
 @handles(GetMetrics)
-async def get_metrics(daemon: Daemon, req: GetMetrics, conn: Connection) -> None:
+async def get_metrics(daemon: Context, req: GetMetrics, conn: Connection) -> None:
     row = find(daemon, req.job)
     if row.final:
         await _watch_caught_up(daemon, row.id)
@@ -94,7 +109,7 @@ async def get_metrics(daemon: Daemon, req: GetMetrics, conn: Connection) -> None
 
 
 @handles(ExplainMetrics)
-async def explain_metrics(daemon: Daemon, req: ExplainMetrics, conn: Connection) -> None:
+async def explain_metrics(daemon: Context, req: ExplainMetrics, conn: Connection) -> None:
     row = find(daemon, req.job)
     patterns = daemon.alerts.settings(row.id).patterns
     work = functools.partial(explain, Path(row.job_dir) / jobdir.OUTPUT, patterns, req.lines)
@@ -107,7 +122,7 @@ async def explain_metrics(daemon: Daemon, req: ExplainMetrics, conn: Connection)
     await conn.send(MetricsExplained(readings=readings, truncated=truncated))
 
 
-async def _watch_caught_up(daemon: Daemon, job_id: int) -> None:
+async def _watch_caught_up(daemon: Context, job_id: int) -> None:
     """Wait (briefly) until the alert watch has read the rest of an ended job's log, which it marks by deleting
     the job's watch row: the metrics it reads from the output are whole only then, and `tfrun wait J && tfrun
     metrics J` must show the last lines' too. A watch that cannot finish (a daemon overloaded) costs at most
@@ -119,12 +134,12 @@ async def _watch_caught_up(daemon: Daemon, job_id: int) -> None:
 
 
 @handles(ListGpus)
-async def list_gpus(daemon: Daemon, req: ListGpus, conn: Connection) -> None:
+async def list_gpus(daemon: Context, req: ListGpus, conn: Connection) -> None:
     await conn.send(GpuList(await _gpus(daemon)))
 
 
 @handles(Top)
-async def top(daemon: Daemon, req: Top, conn: Connection) -> None:
+async def top(daemon: Context, req: Top, conn: Connection) -> None:
     rows = daemon.store.list(include_final=False)
     ended = daemon.store.recent_final(req.recent)
     shown = sorted([*rows, *ended], key=lambda row: row.id)
@@ -140,7 +155,7 @@ async def top(daemon: Daemon, req: Top, conn: Connection) -> None:
     await conn.send(TopReply(jobs, gpus, losses, daemon.alerts.host, daemon.scheduler.default_gpus()))
 
 
-async def _gpus(daemon: Daemon) -> list[Gpu]:
+async def _gpus(daemon: Context) -> list[Gpu]:
     """The devices jobs are given, with NVML's figures where it has them and the job holding each, or who
     holds it outside this daemon (read, never tried: that could fail another daemon's job starting)."""
     readings = await asyncio.get_running_loop().run_in_executor(None, read_gpu_memory)
@@ -159,7 +174,7 @@ async def _gpus(daemon: Daemon) -> list[Gpu]:
 
 
 @handles(Attach)
-async def attach(daemon: Daemon, req: Attach, conn: Connection) -> None:
+async def attach(daemon: Context, req: Attach, conn: Connection) -> None:
     row = find(daemon, req.job)
     if not row.spec.tty:
         raise invalid(f"job {row.id} was not submitted with --tty: there is no session to attach to")
