@@ -51,7 +51,19 @@ from tfrun.runner.blobs import BlobStore, Spares
 from tfrun.runner.config import Config, ConfigError
 from tfrun.runner.executor import Executor, LocalExecutor
 from tfrun.runner.gpus import device_ids
-from tfrun.runner.handlers import HANDLERS, WATCHING, Connection, RequestError, admin, files, jobs, services, watching
+from tfrun.runner.handlers import (
+    HANDLERS,
+    WATCHING,
+    Connection,
+    RequestError,
+    admin,
+    jobs,
+    logs,
+    services,
+    submit,
+    watching,
+)
+from tfrun.runner.handlers.base import Shown
 from tfrun.runner.job import JobRow
 from tfrun.runner.lifecycle import Lifecycle
 from tfrun.runner.loggrowth import LogGrowth
@@ -498,9 +510,10 @@ async def _try_send(writer: asyncio.StreamWriter, msg: Message) -> None:
 
 
 if TYPE_CHECKING:  # for mypy alone: the table of handlers (runner/handlers/base.py) takes any context
+    Contexts = tuple[
+        Shown, admin.Context, jobs.Context, logs.Context, services.Context, submit.Context, watching.Context
+    ]
 
-    def _handlers_context(
-        daemon: Daemon,
-    ) -> tuple[admin.Context, files.Context, jobs.Context, services.Context, watching.Context]:
+    def _handlers_context(daemon: Daemon) -> Contexts:
         """Each handler takes what its module's Context names, and the daemon is every one of them."""
-        return daemon, daemon, daemon, daemon, daemon
+        return daemon, daemon, daemon, daemon, daemon, daemon, daemon

@@ -2,10 +2,12 @@
 
 Handlers check a request and turn failures into Error replies; what a request does at length lives in its
 own module: a job's states in runner/lifecycle.py, streaming a log in runner/logstream.py, a job's files in
-runner/jobfiles.py, its metrics in runner/jobmetrics.py. The handlers are grouped by what they serve:
-`jobs.py` (submit, restart, cancel, wait, ps, status), `files.py` (uploads, pulls, logs), `watching.py`
-(alerts, metrics, GPUs, top, attach, doctor), `services.py` (TensorBoard, Jupyter) and `admin.py` (the daemon,
-its config, housekeeping); each is registered for its request type in `base.HANDLERS` by `@handles`.
+runner/jobfiles.py, its metrics in runner/jobmetrics.py. The handlers are grouped by what they serve, one module
+for each of tfrun/protocol/'s: `submit.py` (submit, uploads; the request made a spec in `jobspec.py`), `jobs.py`
+(ps, status, wait, cancel, restart), `logs.py` (logs, attach), `files.py` (checkpoints, pulls), `watching.py`
+(alerts, metrics, GPUs, top), `services.py` (TensorBoard, Jupyter), `housekeeping.py` (rm, prune, df) and
+`admin.py` (the daemon, its config, doctor); each is registered for its request type in `base.HANDLERS` by
+`@handles`, and takes its module's `Context`: what it needs of the daemon.
 """
 
 from __future__ import annotations
@@ -13,11 +15,24 @@ from __future__ import annotations
 from tfrun.protocol.jobs import Wait
 from tfrun.protocol.logs import ReadLog
 from tfrun.protocol.wire import Message
-from tfrun.runner.handlers import admin, files, jobs, services, watching
+from tfrun.runner.handlers import admin, files, housekeeping, jobs, logs, services, submit, watching
 from tfrun.runner.handlers.base import HANDLERS, Connection, RequestError
 
 # Requests that only watch a job: the daemon drops one the moment its client hangs up, rather than when the
 # job ends. Nothing else is dropped half way: a submit or a cancel whose client left still runs to its end.
 WATCHING: tuple[type[Message], ...] = (Wait, ReadLog)
 
-__all__ = ["HANDLERS", "WATCHING", "Connection", "RequestError", "admin", "files", "jobs", "services", "watching"]
+__all__ = [
+    "HANDLERS",
+    "WATCHING",
+    "Connection",
+    "RequestError",
+    "admin",
+    "files",
+    "housekeeping",
+    "jobs",
+    "logs",
+    "services",
+    "submit",
+    "watching",
+]

@@ -1,34 +1,43 @@
-"""Handlers of the daemon itself: its status, shutdown, its config, and housekeeping (`rm`, `prune`, `df`)."""
+"""Handlers of the daemon itself: its status, shutdown, its config, and `tfrun doctor`'s checks of the box."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from tfrun import __version__
 from tfrun.protocol.admin import (
+    Check,
     ConfigReply,
     DaemonInfo,
     DaemonStatus,
-    DiskUsage,
+    Doctor,
+    DoctorReport,
     GetConfig,
     ReloadConfig,
     SetConfig,
     Shutdown,
 )
 from tfrun.protocol.fields import JobState
-from tfrun.protocol.jobs import Prune, Remove
 from tfrun.protocol.wire import PROTOCOL_VERSION, Ok
-from tfrun.runner import housekeeping, liveconfig
+from tfrun.runner import liveconfig
 from tfrun.runner.config import ConfigError
+from tfrun.runner.doctor import job_python, run_checks
 from tfrun.runner.handlers.base import Connection, handles, invalid
 
+if TYPE_CHECKING:
+    from tfrun.runner.executor import Executor
+    from tfrun.runner.store import Store
 
-class Context(liveconfig.Context, housekeeping.Context, Protocol):
-    """What the daemon's own requests need of it: the config's and housekeeping's, when it started, its stop
-    (runner/daemon.py's Daemon is one)."""
 
+class Context(liveconfig.Context, Protocol):
+    """What the daemon's own requests need of it: the config's, its jobs, its executor (doctor), when it started,
+    its stop (runner/daemon.py's Daemon is one)."""
+
+    store: Store
+    executor: Executor
     started_at: float
 
     def stop(self) -> None: ...
@@ -81,16 +90,13 @@ def _reconfigured(change: Callable[[], list[str]]) -> list[str]:
         raise invalid(f"{exc} (nothing changed)") from None
 
 
-@handles(Remove)
-async def remove(daemon: Context, req: Remove, conn: Connection) -> None:
-    await conn.send(await housekeeping.remove(daemon, req.jobs, req.checkpoints, req.dry_run))
+@handles(Doctor)
+async def doctor(daemon: Context, req: Doctor, conn: Connection) -> None:
+    """The box's checks; on a Slurm login node, Slurm's too (runner/slurm/checks.py)."""
+    python = req.python or job_python(daemon.config.job_python)
+    executor = daemon.executor
 
+    def work() -> list[Check]:
+        return run_checks(daemon.config.checkpoint_root, python) + executor.checks()
 
-@handles(Prune)
-async def prune(daemon: Context, req: Prune, conn: Connection) -> None:
-    await conn.send(await housekeeping.prune(daemon, req))
-
-
-@handles(DiskUsage)
-async def disk_usage(daemon: Context, req: DiskUsage, conn: Connection) -> None:
-    await conn.send(await housekeeping.disk_report(daemon))
+    await conn.send(DoctorReport(await asyncio.get_running_loop().run_in_executor(None, work)))

@@ -1,5 +1,5 @@
-"""Handlers of a job's life: submit (its request checked and made a job), restart, cancel, wait, and the
-queries of jobs (ps, status)."""
+"""Handlers of jobs once made: the queries of them (ps, status), wait, cancel, and restart (an ended job run again
+as a new one). Submitting is runner/handlers/submit.py's."""
 
 from __future__ import annotations
 
@@ -8,21 +8,17 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
-import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
-from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Optional, Protocol
 
-from tfrun import __version__, arrays, restarts
+from tfrun import __version__
 from tfrun.constants import (
     DEFAULT_GRACE_S,
     MAX_PAYLOAD_BYTES,
 )
-from tfrun.content import ManifestError, check_manifest
-from tfrun.protocol.fields import Cause, ErrorCode, JobState, is_job_id, validate_name
+from tfrun.content import ManifestError
+from tfrun.protocol.fields import JobState
 from tfrun.protocol.jobs import (
     Cancel,
     CancelReply,
@@ -36,235 +32,25 @@ from tfrun.protocol.jobs import (
     Wait,
     record_text,
 )
-from tfrun.protocol.submit import FileEntry, Submit, SubmitArray
-from tfrun.runner import housekeeping, rules
-from tfrun.runner.doctor import job_python
-from tfrun.runner.faults import crash_point
-from tfrun.runner.handlers.base import Connection, RequestError, Shown, find, handles, invalid, public, rule_texts
-from tfrun.runner.job import SERVICE_LIKE, JobRow, JobSpec, from_json
-from tfrun.runner.metrics import LogMetrics
-from tfrun.runner.metrics import PatternError as MetricPatternError
-from tfrun.runner.outbox import diagnose, masked, usable
+from tfrun.protocol.submit import FileEntry
+from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public, rule_texts
+from tfrun.runner.job import SERVICE_LIKE, JobRow, from_json
+from tfrun.runner.outbox import masked
 from tfrun.runner.scheduler import SnapshotError, snapshot_files
-from tfrun.runner.slurm import settings as slurm_settings
 
 if TYPE_CHECKING:
-    from tfrun.runner.blobs import Spares
-    from tfrun.runner.executor import Executor
     from tfrun.runner.lifecycle import Lifecycle
     from tfrun.runner.scheduler import Scheduler
     from tfrun.runner.supervisor import Supervisor
 
 
-class Context(Shown, housekeeping.Context, Protocol):
-    """What submitting, listing, waiting for and ending jobs need of the daemon (runner/daemon.py's Daemon is
-    one)."""
+class Context(Shown, Protocol):
+    """What listing, showing, waiting for, ending and restarting jobs need of the daemon (runner/daemon.py's
+    Daemon is one)."""
 
-    executor: Executor
     lifecycle: Lifecycle
     scheduler: Scheduler
     supervisor: Supervisor
-    spares: Spares
-    submissions: dict[str, asyncio.Future[list[JobRow]]]  # submits being made, by submission id
-
-
-@handles(Submit)
-async def submit(daemon: Context, req: Submit, conn: Connection) -> None:
-    """Check the request, build the job's work dir from the uploaded contents, start the job's shim.
-
-    Once per submission id: the same submit sent again (by a client that lost its daemon before the answer,
-    to the next daemon or over a new SSH link to this one) gets the job the first one made."""
-    (row,) = await _once(daemon, req, req.submission_id, [])
-    await conn.send(JobReply(public(daemon, row)))
-
-
-@handles(SubmitArray)
-async def submit_array(daemon: Context, req: SubmitArray, conn: Connection) -> None:
-    """`submit`, as one task a combination of the axes' values (tfrun/arrays.py), answered with every task."""
-    axes = [(axis.key, axis.values) for axis in req.axes]
-    try:
-        arrays.check(axes, req.submit.env)
-    except arrays.ArrayError as exc:
-        raise invalid(f"--array: {exc}") from None
-    rows = await _once(daemon, req.submit, req.submit.submission_id, arrays.tasks(axes))
-    await conn.send(JobList([public(daemon, row) for row in rows]))
-
-
-async def _once(daemon: Context, req: Submit, sid: Optional[str], tasks: list[dict[str, str]]) -> list[JobRow]:
-    """The job (or the array's tasks) of a submit, made once per submission id."""
-    if sid is None:
-        return await _new_jobs(daemon, req, tasks)
-    pending = daemon.submissions.get(sid)
-    if pending is None:  # else the first is still being made here: its answer is this one's too
-        pending = daemon.submissions[sid] = asyncio.ensure_future(_submitted_once(daemon, req, sid, tasks))
-        pending.add_done_callback(lambda _: daemon.submissions.pop(sid, None))
-    return await asyncio.shield(pending)  # its client hanging up does not stop a job half made
-
-
-async def _submitted_once(daemon: Context, req: Submit, sid: str, tasks: list[dict[str, str]]) -> list[JobRow]:
-    """The jobs of submission `sid`: the ones a daemon made before, or new ones."""
-    found = daemon.store.find_submission(sid)
-    made = [] if found is None else daemon.store.array_tasks(found.id) if found.array_id is not None else [found]
-    if found is not None and found.prepared:
-        return made
-    for row in made:
-        # Recorded by a daemon that died before its work dir was built (the next one marked it failed): it
-        # never ran and its client never learnt its id, so it makes way for the job it was meant to be.
-        daemon.store.delete(row.id)
-        shutil.rmtree(daemon.layout.jobs_dir / str(row.id), ignore_errors=True)
-    return await _new_jobs(daemon, req, tasks, sid)
-
-
-async def _new_jobs(
-    daemon: Context, req: Submit, tasks: list[dict[str, str]], sid: Optional[str] = None
-) -> list[JobRow]:
-    """One job, or the tasks of an array (one per item of `tasks`, their values by key): made in one
-    transaction, their work dirs built, then scheduled."""
-    script = _check_submit(daemon, req)
-    command = _command(daemon, req, script)
-    gpus, after = _resources(daemon, req)  # checked after the command, as they always were
-    partition, time_limit = _slurm_options(daemon, req)
-    spec = JobSpec(
-        source=req.source,
-        script=str(script),
-        args=tuple(req.args),
-        command=tuple(command),
-        env=req.env,
-        git_commit=req.git_commit,
-        git_dirty=req.git_dirty,
-        files=len(req.files),
-        bytes=sum(e.size for e in req.files if e.kind == "file"),
-        max_restarts=req.max_restarts,
-        restart_on=_restart_on(req),
-        gpus=gpus,
-        priority=req.priority,
-        after=after,
-        tty=req.tty,
-        partition=partition,
-        time_limit=time_limit,
-        nodes=req.nodes,
-    )
-    alert_rules = _alert_rules(daemon, req)
-    task_specs = [_task(req, spec, index, values) for index, values in enumerate(tasks)]
-    with daemon.store.transaction():
-        if task_specs:
-            rows = daemon.lifecycle.create_array(task_specs, sid)
-        else:
-            rows = [daemon.lifecycle.create(req.name, spec, submission_id=sid)]
-        for row in rows:
-            daemon.store.set_job_alerts(row.id, alert_rules, req.notify, req.metric_patterns)
-    try:
-        if tasks:
-            rows = await _build_array(daemon, rows, req.files)
-        else:
-            rows = [await daemon.scheduler.build(rows[0], req.files)]
-    except ManifestError as exc:
-        raise invalid(f"cannot build the work dir: {exc}") from None
-    crash_point("submit-accepted")
-    daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
-    housekeeping.after_submit(daemon)
-    return rows
-
-
-def _restart_on(req: Submit) -> tuple[Cause, ...]:
-    """The causes whose failures restart the job: the request's, each once (the protocol checked each; an
-    empty list is refused, as the option refuses it), else tfrun's default."""
-    if req.restart_on is None:
-        return restarts.DEFAULT
-    try:
-        return restarts.parse(req.restart_on)
-    except ValueError as exc:
-        raise invalid(f"--restart-on: {exc}") from None
-
-
-async def _build_array(daemon: Context, rows: list[JobRow], files: list[FileEntry]) -> list[JobRow]:
-    """Build every task's work dir, then make them all ready in one transaction and run one pass, which
-    sees them together (on Slurm: one sbatch). A task that cannot be built takes the others with it."""
-    for built, row in enumerate(rows):
-        try:
-            await daemon.scheduler.build(row, files, schedule=False)
-        except ManifestError:
-            for other in rows[:built] + rows[built + 1 :]:  # build removed this one
-                daemon.store.delete(other.id)
-                shutil.rmtree(other.job_dir, ignore_errors=True)
-            raise
-    with daemon.store.transaction():
-        for row in rows:
-            daemon.store.update(row.id, prepared=1)
-    await daemon.scheduler.run_pass()
-    return [daemon.store.get(row.id) or row for row in rows]
-
-
-def _task(req: Submit, spec: JobSpec, index: int, values: dict[str, str]) -> tuple[Optional[str], JobSpec]:
-    """An array task's name and spec: its values as variables and as arguments after the script's own."""
-    name = arrays.task_name(req.name, index)
-    if name is not None and validate_name(name):
-        raise invalid(f"--name {req.name!r} with the task index: {validate_name(name)}")
-    extra = arrays.task_args(values)
-    return name, replace(
-        spec, args=(*spec.args, *extra), command=(*spec.command, *extra), env={**spec.env, **arrays.task_env(values)}
-    )
-
-
-def _resources(daemon: Context, req: Submit) -> tuple[int, tuple[int, ...]]:
-    """What the job waits for besides its turn: its GPUs, the jobs it runs after (by id); checked."""
-    devices = daemon.scheduler.devices
-    gpus = daemon.scheduler.default_gpus() if req.gpus is None else req.gpus
-    if gpus > len(devices) and not daemon.executor.places_jobs():  # Slurm checks its own GPUs
-        has = f"has {len(devices)} ({', '.join(devices)})" if devices else "has none"
-        raise invalid(f"the job asks for {gpus} GPU(s) and this box {has}")
-    after: list[int] = []
-    for ref in req.after:
-        after += [job_id for job_id in _after_ids(daemon, ref) if job_id not in after]
-    no_tty = daemon.executor.capabilities.no_tty
-    if req.tty and no_tty:
-        raise invalid(f"--tty: {no_tty}")
-    if req.tty and shutil.which("tmux") is None:
-        raise invalid("--tty needs tmux on the box (apt-get install tmux)")
-    return gpus, tuple(after)
-
-
-def _after_ids(daemon: Context, ref: str) -> list[int]:
-    """The jobs `--after REF` waits for: the job of that id or name, else every task of the newest array
-    submitted with --name REF (its tasks are named REF-0, REF-1, ...: a sweep, then the job that compares)."""
-    dep = daemon.store.find(ref)
-    if dep is not None:
-        return [dep.id]
-    if is_job_id(ref):
-        raise RequestError(ErrorCode.NO_SUCH_JOB, f"--after: no job {ref!r}")
-    first = daemon.store.find(arrays.task_name(ref, 0) or "")
-    if first is None or first.array_id is None or first.array_index != 0:
-        raise RequestError(ErrorCode.NO_SUCH_JOB, f"--after: no job or array {ref!r}")
-    return [task.id for task in daemon.store.array_tasks(first.array_id)]
-
-
-def _slurm_options(daemon: Context, req: Submit) -> tuple[Optional[str], Optional[str]]:
-    """The job's --partition and --time (as sbatch takes it), checked; refused on a box that is no Slurm host."""
-    given = [flag for flag, value in (("--partition", req.partition), ("--time", req.time), ("--nodes", req.nodes))
-             if value is not None]  # fmt: skip
-    refused = daemon.executor.capabilities.no_batch_options
-    if given and refused:
-        raise invalid(f"{', '.join(given)}: {refused}")
-    try:
-        return slurm_settings.job_options(req.partition, req.time, req.nodes)
-    except slurm_settings.SettingsError as exc:
-        raise invalid(str(exc)) from None
-
-
-def _alert_rules(daemon: Context, req: Submit) -> dict[str, Optional[float]]:
-    """The job's alert rules from the daemon's and the request's; its URLs and metric patterns checked."""
-    try:
-        chosen = rules.combine(daemon.config.rules, req.alerts, req.no_alerts)
-    except rules.RuleError as exc:
-        raise invalid(str(exc)) from None
-    try:
-        LogMetrics(req.metric_patterns)
-    except MetricPatternError as exc:
-        raise invalid(f"--metric: {exc}") from None
-    for url in req.notify:
-        if not usable(url):
-            raise invalid(f"--notify: {diagnose(url)}")
-    return {name: value for name, value in chosen.items() if name in rules.JOB_RULES}
 
 
 @handles(Restart)
@@ -293,52 +79,6 @@ def _snapshot_files(row: JobRow) -> list[FileEntry]:
         return snapshot_files(row)
     except SnapshotError as exc:
         raise invalid(str(exc)) from None
-
-
-def _check_submit(daemon: Context, req: Submit) -> PurePosixPath:
-    """The script's path in the snapshot, once everything about the request is known to be sound."""
-    if req.name is not None:
-        problem = validate_name(req.name)
-        if problem:
-            raise invalid(problem)
-    for key, value in req.env.items():
-        if not key or "=" in key or "\0" in key or "\0" in value:
-            raise invalid(f"bad environment variable {key!r}: use NAME=VALUE")
-    try:
-        check_manifest(req.files)
-        lacking = daemon.blobs.missing([e.digest for e in req.files if e.kind == "file" and e.digest])
-    except ManifestError as exc:
-        raise invalid(f"bad file list: {exc}") from None
-    if lacking:
-        raise invalid(f"{len(lacking)} file content(s) were never uploaded (e.g. {lacking[0][:12]})")
-    entry = next((e for e in req.files if e.path == req.script), None)
-    if entry is None or entry.kind == "dir":
-        raise invalid(f"script {req.script!r} is not among the files sent (ignored by .gitignore or .tfrunignore?)")
-    script = PurePosixPath(req.script)
-    if script.suffix != ".py" and entry.kind == "file" and not entry.mode & 0o111:
-        raise invalid(f"script {req.script} is not executable: chmod +x it, or name its interpreter")
-    return script
-
-
-def _command(daemon: Context, req: Submit, script: PurePosixPath) -> list[str]:
-    """The argv the shim runs: `.py` through the job interpreter, anything else directly."""
-    if script.suffix != ".py":
-        return [f"./{script}", *req.args]
-    python = req.python or job_python(daemon.config.job_python)
-    if os.sep in python:
-        if not os.access(python, os.X_OK):
-            raise invalid(f"job interpreter {python} does not exist or is not executable")
-    else:
-        found = shutil.which(python)
-        if found is None:
-            raise invalid(f"job interpreter {python!r} is not on the daemon's PATH")
-        python = found
-    return [python, _as_argument(script), *req.args]
-
-
-def _as_argument(script: PurePosixPath) -> str:
-    """The script's path as no interpreter can read it as an option: `python3 -dash.py` is "Unknown option"."""
-    return f"./{script}" if str(script).startswith("-") else str(script)
 
 
 @handles(ListJobs)

@@ -1,5 +1,4 @@
-"""Handlers that look at jobs and the box: alerts, metrics and how they are read, GPUs, `top`, `attach`,
-`doctor`."""
+"""Handlers that look at jobs and the box: alerts, metrics and how they are read, GPUs, `top`."""
 
 from __future__ import annotations
 
@@ -13,9 +12,6 @@ from tfrun.constants import (
     MAX_METRIC_SAMPLES,
     METRICS_SETTLE_S,
 )
-from tfrun.protocol.admin import Check, Doctor, DoctorReport
-from tfrun.protocol.fields import JobState
-from tfrun.protocol.jobs import Attach, AttachReply
 from tfrun.protocol.watching import (
     AlertList,
     ExplainMetrics,
@@ -32,8 +28,6 @@ from tfrun.protocol.watching import (
     TopReply,
 )
 from tfrun.runner import jobdir
-from tfrun.runner.doctor import job_python, run_checks
-from tfrun.runner.executor import tty_socket
 from tfrun.runner.explain import explain
 from tfrun.runner.gpus import held_outside, read_gpu_memory
 from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
@@ -44,33 +38,19 @@ from tfrun.runner.outbox import diagnose, usable
 if TYPE_CHECKING:
     from tfrun.paths import Layout
     from tfrun.runner.alerts import Alerts
-    from tfrun.runner.executor import Executor
     from tfrun.runner.outbox import Outbox
     from tfrun.runner.scheduler import Scheduler
     from tfrun.runner.supervisor import Supervisor
 
 
 class Context(Shown, Protocol):
-    """What alerts, metrics, GPUs, top, attach and doctor need of the daemon (runner/daemon.py's Daemon is one)."""
+    """What alerts, metrics, GPUs and top need of the daemon (runner/daemon.py's Daemon is one)."""
 
     alerts: Alerts
-    executor: Executor
     layout: Layout
     outbox: Outbox
     scheduler: Scheduler
     supervisor: Supervisor
-
-
-@handles(Doctor)
-async def doctor(daemon: Context, req: Doctor, conn: Connection) -> None:
-    """The box's checks; on a Slurm login node, Slurm's too (runner/slurm/checks.py)."""
-    python = req.python or job_python(daemon.config.job_python)
-    executor = daemon.executor
-
-    def work() -> list[Check]:
-        return run_checks(daemon.config.checkpoint_root, python) + executor.checks()
-
-    await conn.send(DoctorReport(await asyncio.get_running_loop().run_in_executor(None, work)))
 
 
 @handles(ListAlerts)
@@ -171,14 +151,3 @@ async def _gpus(daemon: Context) -> list[Gpu]:
             gpu.utilization = reading.utilization
         gpus.append(gpu)
     return gpus
-
-
-@handles(Attach)
-async def attach(daemon: Context, req: Attach, conn: Connection) -> None:
-    row = find(daemon, req.job)
-    if not row.spec.tty:
-        raise invalid(f"job {row.id} was not submitted with --tty: there is no session to attach to")
-    if row.state != JobState.RUNNING:
-        raise invalid(f"job {row.id} is {row.state}: only a running job's session can be attached to")
-    socket_path = tty_socket(daemon.layout, row.id)
-    await conn.send(AttachReply(command=["tmux", "-S", str(socket_path), "attach-session", "-t", "job"]))
