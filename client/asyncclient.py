@@ -25,8 +25,8 @@ from tfrun.client.follow import LogCursor, LogQuery, follow_log, read_log, resil
 from tfrun.constants import EXIT_DAEMON, EXIT_NO_SUCH_JOB, MAX_CANCEL_JOBS
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
-from tfrun.protocol.jobs import Attach, Cancel, CancelResult, GetJob, Job, ListJobs, Restart, Wait
-from tfrun.protocol.logs import LogEnd
+from tfrun.protocol.jobs import Cancel, CancelResult, GetJob, Job, ListJobs, Restart, Wait
+from tfrun.protocol.logs import Attach, LogEnd
 from tfrun.protocol.submit import ArrayAxis, Submit, SubmitArray
 from tfrun.protocol.watching import Alert, GetMetrics, Gpu, ListAlerts, ListGpus, MetricSample
 from tfrun.protocol.wire import ProtocolError, Request

@@ -9,8 +9,7 @@ import click
 from tfrun.client import render
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_FAILURE, EXIT_NO_SUCH_JOB, EXIT_OK
-from tfrun.protocol.admin import DiskReport
-from tfrun.protocol.jobs import Removal, RemoveReply
+from tfrun.protocol.housekeeping import DiskReport, Removal, RemoveReply
 
 
 def should_ask(upload_bytes: int, threshold: int, yes: bool, interactive: bool) -> bool:

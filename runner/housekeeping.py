@@ -42,8 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
 
 from tfrun.constants import END_ALERTS_WAIT_S
 from tfrun.paths import Layout
-from tfrun.protocol.admin import DiskReport, FolderUsage
-from tfrun.protocol.jobs import Prune, Removal, RemoveReply
+from tfrun.protocol.housekeeping import DiskReport, FolderUsage, Prune, Removal, RemoveReply
 from tfrun.runner import jobdir
 from tfrun.runner.blobs import BlobStore, Collected, manifest_digests
 from tfrun.runner.checkpoints import made_here

@@ -193,7 +193,7 @@ def test_ps_json_reads_an_ended_jobs_kept_text_and_any_write_to_the_job_drops_it
 
 def test_a_daemon_that_sends_every_job_is_cut_by_the_client() -> None:
     """A tfrund older than `ListJobs.last` ignores it: the client keeps the newest and counts the others."""
-    from tfrun.client.verbs.jobs import newest
+    from tfrun.client.joblist import newest
 
     jobs = [Job(i, "succeeded", "a.py", [], [], "/w", "/j", "/l", "/c", 1.0) for i in range(1, 6)]
     assert newest(JobList(jobs), 2) == (jobs[3:], 3)

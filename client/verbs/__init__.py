@@ -18,7 +18,7 @@ from tfrun.usage import OneLineUsageGroup
 # `tfrun --help` lists without importing the module (tests/test_imports.py checks it against the verb's).
 # fmt: off
 VERBS: dict[str, tuple[str, str, str]] = {
-    "submit": ("jobs", "submit", "Run SCRIPT [ARGS]... as a detached job, from a snapshot of its work dir."),
+    "submit": ("submit", "submit", "Run SCRIPT [ARGS]... as a detached job, from a snapshot of its work dir."),
     "ps": ("jobs", "ps", "List jobs that have not ended (with -a, every job)."),
     "status": ("jobs", "status", "Show one job: state, exit code, times, folders."),
     "wait": ("jobs", "wait", "Wait until JOB ends, then exit with its exit code (128+N for signal N, 255 if lost)."),
@@ -44,13 +44,13 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "gpus": ("watching", "gpus", "The box's GPUs: memory in use, utilisation, and the job each is given to (`submit "
              "--gpus N` gives a job N GPUs of its own), or who holds it outside your daemon (another user's job, a "
              "process outside tfrun), which keeps your jobs off it."),
-    "doctor": ("watching", "doctor", "Check the box for training, as its daemon sees it: the job interpreter and its "
+    "doctor": ("admin", "doctor", "Check the box for training, as its daemon sees it: the job interpreter and its "
                "TensorFlow (built with CUDA, GPUs seen, memory growth), the NVIDIA driver and CUDA version from "
                "nvidia-smi, and the checkpoint root (writable, free space)."),
     "checkpoints": ("files", "checkpoints", "List what is in JOB's checkpoint folder on the box: each checkpoint's "
                     "step, when it was saved, and its size."),
     "pull": ("files", "pull", "Copy a job's checkpoints or files back to this machine."),
-    "config": ("config", "config_verb", "The box's daemon config (config.toml in tfrund's TFRUN_HOME): show it, "
+    "config": ("admin", "config_verb", "The box's daemon config (config.toml in tfrund's TFRUN_HOME): show it, "
                "change it, reload it."),
     "hosts": ("hosts", "hosts", "The boxes tfrun knows (kept in ~/.config/tfrun/config.toml, or TFRUN_CONFIG)."),
     "pools": ("fleet", "pools", "List each pool with its members: whether each answers, its free and total GPUs, its "

@@ -34,7 +34,7 @@ def rm(jobs: tuple[str, ...], checkpoints: bool, dry_run: bool, as_json: bool) -
     """
     from tfrun.client.housekeeping import show_removals
     from tfrun.constants import MAX_REMOVE_JOBS
-    from tfrun.protocol.jobs import Remove
+    from tfrun.protocol.housekeeping import Remove
 
     if len(jobs) > MAX_REMOVE_JOBS:
         raise click.UsageError(f"at most {MAX_REMOVE_JOBS} jobs at once (tfrun prune removes many)")
@@ -76,7 +76,7 @@ def prune(
       tfrun prune                              only the contents no job needs
     """
     from tfrun.client.housekeeping import show_removals
-    from tfrun.protocol.jobs import Prune
+    from tfrun.protocol.housekeeping import Prune
 
     request = Prune(older_than=older_than, keep_last=keep_last, checkpoints=checkpoints, dry_run=dry_run)
     sys.exit(show_removals(cli.ask(request), as_json, named=False))
@@ -90,7 +90,7 @@ def df(as_json: bool) -> None:
     snapshots, checkpoints, the database; sizes on disk, as `du` counts them. `tfrun rm` and
     `tfrun prune` free space; max_blob_bytes in the daemon's config.toml caps the uploaded contents."""
     from tfrun.client.housekeeping import show_disk_report
-    from tfrun.protocol.admin import DiskUsage
+    from tfrun.protocol.housekeeping import DiskUsage
 
     target = cli.target()
     show_disk_report(cli.ask(DiskUsage()), target.host.label if target.host else "local", as_json)

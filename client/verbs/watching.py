@@ -1,4 +1,4 @@
-"""`tfrun top`, `alerts`, `notify-test`, `metrics`, `gpus` and `doctor`: watching jobs and the box."""
+"""`tfrun top`, `alerts`, `notify-test`, `metrics` and `gpus`: watching jobs and the box."""
 
 from __future__ import annotations
 
@@ -10,28 +10,7 @@ import click
 
 from tfrun.client import cli, render
 from tfrun.constants import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, MAX_ALERTS
-from tfrun.protocol.admin import Doctor
 from tfrun.protocol.watching import ExplainMetrics, GetMetrics, ListAlerts, ListGpus, NotifyTest
-
-
-@click.command()
-@cli.host_options
-@click.option("--python", metavar="PATH", help="Check this job interpreter on the box (default: the one jobs get).")
-@click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON list.")
-def doctor(python: Optional[str], as_json: bool) -> None:
-    """Check the box for training, as its daemon sees it: the job interpreter and its TensorFlow (built
-    with CUDA, GPUs seen, memory growth), the NVIDIA driver and CUDA version from nvidia-smi, and the
-    checkpoint root (writable, free space). Each line passes or says what to do; exits 1 if any fails.
-    A box without GPUs gets warnings, not failures."""
-    host = cli.target().host
-    checks = cli.ask(
-        Doctor(python=python or (host.python if host else None)),
-    ).checks
-    if as_json:
-        click.echo(render.to_json(checks))
-    else:
-        render.check_lines(checks, cli.output())
-    sys.exit(EXIT_FAILURE if any(check.status == "fail" for check in checks) else EXIT_OK)
 
 
 @click.command()

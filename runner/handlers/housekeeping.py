@@ -3,10 +3,7 @@ runner/housekeeping.py's."""
 
 from __future__ import annotations
 
-from tfrun.protocol.admin import (
-    DiskUsage,
-)
-from tfrun.protocol.jobs import Prune, Remove
+from tfrun.protocol.housekeeping import DiskUsage, Prune, Remove
 from tfrun.runner import housekeeping
 from tfrun.runner.handlers.base import Connection, handles
 

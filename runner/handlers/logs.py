@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from tfrun.protocol.fields import ErrorCode, JobState
-from tfrun.protocol.jobs import Attach, AttachReply
-from tfrun.protocol.logs import ReadLog
+from tfrun.protocol.logs import Attach, AttachReply, ReadLog
 from tfrun.runner import logstream
 from tfrun.runner.executor import tty_socket
 from tfrun.runner.handlers.base import Connection, RequestError, Shown, find, handles, invalid

@@ -32,10 +32,11 @@ classes, not 66):
 - `wire`: `Message` and `Request[R]`, the handshake's `Hello`, `Error`, `Ok`, and frames: `encode`,
   `decode_header`, `read_message`, `write_message`; `PROTOCOL_VERSION`;
 - `channel`: a client's conversation (`Channel.ask`, `check_reply`, `RemoteError`);
-- the messages, by conversation: `jobs` (the `Job` record; list, get, wait, cancel, restart, remove,
-  attach), `submit` (the snapshot's manifest, its blobs, `Submit`), `logs` (`ReadLog` and its stream), `files`
-  (`ListFiles`, `ReadFile`), `watching` (alerts, metrics, GPUs, top), `admin` (daemon status, config, disk,
-  doctor).
+- the messages, by conversation, each module with its handlers in runner/handlers/ of the same name: `jobs`
+  (the `Job` record; list, get, wait, cancel, restart), `submit` (the snapshot's manifest, its blobs,
+  `Submit`), `logs` (`ReadLog` and its stream, `Attach`), `files` (`ListFiles`, `ReadFile`), `watching`
+  (alerts, metrics, GPUs, top), `services` (TensorBoard, Jupyter), `housekeeping` (remove, prune, disk),
+  `admin` (daemon status, config, doctor).
 
 Glossary: a *message* is one frame's content; a *request* is a message a client sends, answered by its
 *reply* (or a stream of them); a *record* (`Job`, `Alert`, `FileEntry`) is a dataclass carried inside messages.

@@ -14,16 +14,6 @@ from tfrun.protocol.fields import UTF8, Limit, OsText, Text
 from tfrun.protocol.wire import Message, Ok, Request, tagged
 
 
-@dataclass
-class FolderUsage:
-    """One line of `tfrun df`: bytes on disk as `du` counts them, and regular files."""
-
-    name: str  # jobs (less their logs), logs, blobs, spares, checkpoints, database, other
-    path: str
-    bytes: int
-    files: int
-
-
 @tagged("daemon_info")
 @dataclass
 class DaemonInfo(Message):
@@ -34,16 +24,6 @@ class DaemonInfo(Message):
     socket: str
     started_at: float
     jobs: dict[str, int]  # count of jobs by state
-
-
-@tagged("disk_report")
-@dataclass
-class DiskReport(Message):
-    home: str
-    folders: list[FolderUsage]
-    free: int  # bytes free to the daemon on the filesystem of its home
-    jobs: int  # job records
-    unneeded: int  # bytes of uploaded contents that no job or spare names: what `tfrun prune` frees
 
 
 @dataclass
@@ -98,12 +78,6 @@ class DaemonStatus(Request[DaemonInfo]):
 @dataclass
 class Shutdown(Request[Ok]):
     """Stop the daemon. Jobs keep running; the next daemon re-adopts them."""
-
-
-@tagged("disk_usage")
-@dataclass
-class DiskUsage(Request[DiskReport]):
-    """What tfrun's folders take on the box; answered by `DiskReport`."""
 
 
 @tagged("get_config")

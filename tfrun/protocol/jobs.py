@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal, Optional, Union
 from tfrun.constants import (
     MAX_CANCEL_JOBS,
     MAX_GRACE_S,
-    MAX_REMOVE_JOBS,
 )
 from tfrun.protocol.fields import JobRef, Limit, Offset, Range, State
 from tfrun.protocol.wire import Message, Request, tagged
@@ -82,21 +81,6 @@ class CancelResult:
     state: Optional[str] = None
 
 
-@dataclass
-class Removal:
-    """What `Remove` or `Prune` did (with `dry_run`: would do) to one job."""
-
-    job: str  # the reference as given (for `Prune`, the id)
-    ok: bool  # removed (or would be); else `message` says why it stays
-    message: str = ""  # why it stays; for a removed job, what could not be deleted, if anything
-    id: Optional[int] = None
-    bytes: int = 0  # freed on disk: its folder, and its checkpoint folder where that goes too
-    checkpoint_dir: Optional[str] = None
-    # its checkpoint folder: "removed", "kept" (not asked to), "shared" (a kept job's too), "foreign" (not one
-    # this daemon made: never deleted, runner/checkpoints.py), "" (none there)
-    checkpoints: str = ""
-
-
 @tagged("job")
 @dataclass
 class JobReply(Message):
@@ -120,23 +104,6 @@ class JobList(Message):
 @dataclass
 class CancelReply(Message):
     results: list[CancelResult]
-
-
-@tagged("attach_reply")
-@dataclass
-class AttachReply(Message):
-    """The command that attaches a terminal to the job's tmux session, to run on the box."""
-
-    command: list[str]
-
-
-@tagged("remove_reply")
-@dataclass
-class RemoveReply(Message):
-    results: list[Removal]
-    blobs: int = 0  # uploaded contents collected (with dry_run: that would be) once the jobs were gone
-    blob_bytes: int = 0
-    dry_run: bool = False
 
 
 @tagged("restart")
@@ -184,38 +151,6 @@ class Wait(Request[JobReply]):
     """Answered with the job's record once it is final."""
 
     job: JobRef
-
-
-@tagged("attach")
-@dataclass
-class Attach(Request[AttachReply]):
-    """How to open a running `--tty` job's session: answered by `AttachReply`."""
-
-    job: JobRef
-
-
-@tagged("remove")
-@dataclass
-class Remove(Request[RemoveReply]):
-    """Remove ended jobs: their folders and records, their checkpoint folders with `checkpoints` (where no
-    kept job shares them), then the uploaded contents no kept job needs (runner/housekeeping.py). With
-    `dry_run`, only say what would go. Answered by `RemoveReply`."""
-
-    jobs: Annotated[list[JobRef], Limit(items=MAX_REMOVE_JOBS)]
-    checkpoints: bool = False
-    dry_run: bool = False
-
-
-@tagged("prune")
-@dataclass
-class Prune(Request[RemoveReply]):
-    """Remove the ended jobs that ended more than `older_than` seconds ago, less the `keep_last` that ended
-    last (both given: picked by both; neither: no job), as `Remove` does; answered by `RemoveReply`."""
-
-    older_than: Optional[Annotated[float, Range(0, math.inf)]] = None
-    keep_last: Optional[Offset] = None
-    checkpoints: bool = False
-    dry_run: bool = False
 
 
 def record_text(job: Job) -> str:

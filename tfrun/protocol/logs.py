@@ -72,3 +72,19 @@ class ReadLog(Request[Union[LogChunk, LogLines, LogEnd]]):
     # whose output, of a job on several Slurm nodes (submit --nodes): task 0's is the job's log; task I > 0
     # writes task-I.log, which has no time index (no `since` or `timestamps` then)
     task: Annotated[int, Range(0, MAX_NODES - 1)] = 0
+
+
+@tagged("attach_reply")
+@dataclass
+class AttachReply(Message):
+    """The command that attaches a terminal to the job's tmux session, to run on the box."""
+
+    command: list[str]
+
+
+@tagged("attach")
+@dataclass
+class Attach(Request[AttachReply]):
+    """How to open a running `--tty` job's session: answered by `AttachReply`."""
+
+    job: JobRef

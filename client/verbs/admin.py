@@ -1,11 +1,16 @@
-"""`tfrun config`: the box's daemon config, shown, set, unset and reloaded (rendered by client/daemonconfig.py)."""
+"""`tfrun config` and `doctor`: the box's daemon config, shown, set, unset and reloaded (rendered by
+client/daemonconfig.py), and the box checked for training as its daemon sees it."""
 
 from __future__ import annotations
 
+import sys
+from typing import Optional
+
 import click
 
-from tfrun.client import cli, daemonconfig
-from tfrun.protocol.admin import ConfigReply, GetConfig, ReloadConfig, SetConfig
+from tfrun.client import cli, daemonconfig, render
+from tfrun.constants import EXIT_FAILURE, EXIT_OK
+from tfrun.protocol.admin import ConfigReply, Doctor, GetConfig, ReloadConfig, SetConfig
 from tfrun.protocol.wire import Request
 
 
@@ -87,3 +92,23 @@ def _config_change(request: Request[ConfigReply], as_json: bool, what: str) -> N
         click.echo(daemonconfig.as_json(reply))
     else:
         daemonconfig.changed(reply, what)
+
+
+@click.command()
+@cli.host_options
+@click.option("--python", metavar="PATH", help="Check this job interpreter on the box (default: the one jobs get).")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON list.")
+def doctor(python: Optional[str], as_json: bool) -> None:
+    """Check the box for training, as its daemon sees it: the job interpreter and its TensorFlow (built
+    with CUDA, GPUs seen, memory growth), the NVIDIA driver and CUDA version from nvidia-smi, and the
+    checkpoint root (writable, free space). Each line passes or says what to do; exits 1 if any fails.
+    A box without GPUs gets warnings, not failures."""
+    host = cli.target().host
+    checks = cli.ask(
+        Doctor(python=python or (host.python if host else None)),
+    ).checks
+    if as_json:
+        click.echo(render.to_json(checks))
+    else:
+        render.check_lines(checks, cli.output())
+    sys.exit(EXIT_FAILURE if any(check.status == "fail" for check in checks) else EXIT_OK)
