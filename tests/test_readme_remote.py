@@ -33,7 +33,7 @@ else:  # pragma: no cover - Python 3.9 and 3.10
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parent.parent
-SECTION = "### Remote boxes"
+SECTION = "## Remote boxes"
 DESTINATION = re.compile(r"[\w.-]+@[\w.-]+(:\d+)?")
 
 pytestmark = pytest.mark.timeout(600)
