@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from tfrun.client.api import AsyncClient
     from tfrun.client.config import Host
     from tfrun.client.connection import Target
-    from tfrun.client.lines import Output
+    from tfrun.client.styled import Output
     from tfrun.client.syncchannel import SyncChannel
     from tfrun.protocol.wire import Message, Request
 
@@ -398,8 +398,8 @@ def color_choice() -> str:
 
 
 def output() -> Output:
-    """Where a verb writes its lines and tables (client/lines.py), with the main group's --color."""
-    from tfrun.client.lines import Output
+    """Where a verb writes its lines and tables (client/styled.py), with the main group's --color."""
+    from tfrun.client.styled import Output
 
     return Output(color_choice())
 

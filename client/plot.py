@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from tfrun.client.lines import Styled
+from tfrun.client.styled import Styled
 from tfrun.losses import evaluation_name, training_loss_name
 from tfrun.protocol.watching import MetricSample
 

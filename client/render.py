@@ -1,4 +1,4 @@
-"""How jobs look on a terminal (styled lines, client/lines.py), in a pipe (plain whole rows) and to scripts
+"""How jobs look on a terminal (styled lines, client/styled.py), in a pipe (plain whole rows) and to scripts
 (JSON)."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import time
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
-from tfrun.client.lines import Styled, wants_color
+from tfrun.client.styled import Styled, wants_color
 from tfrun.constants import GPU_HELD_OUTSIDE
 from tfrun.protocol.fields import JobState
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from tfrun.client.lines import Output
+    from tfrun.client.styled import Output
 
     # the records are only drawn here: a verb imports the protocol modules it asks with, and no others
     from tfrun.protocol.admin import Check
@@ -40,7 +40,7 @@ STATE_STYLE: dict[str, str] = {
 
 
 def console(choice: str = "auto") -> Console:
-    """rich's console, for `tfrun top`'s live view (the other views write through client/lines.py's Output,
+    """rich's console, for `tfrun top`'s live view (the other views write through client/styled.py's Output,
     which spares them importing rich.console). Whether stdout is a terminal is read here, once, and rich's own
     guesses (FORCE_COLOR or TTY_COMPATIBLE making a pipe a terminal) are overruled: a pipe gets whole lines,
     a terminal lines cut to its width. Without colour there are no escape codes at all, bold included."""

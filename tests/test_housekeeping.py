@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import TFRUN, Mailbox, Tfrun, gated_job, wait_for, write_script
 
-from tfrun.client.housekeeping import should_ask
+from tfrun.client.diskspace import should_ask
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.jobs import JobReply

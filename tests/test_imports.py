@@ -66,7 +66,7 @@ def test_help_imports_no_verb(tf: Tfrun) -> None:
     assert not {name for name in found if name.startswith("tfrun.client.verbs.")}
 
 
-# What the views of `ps` and `status` never load: they write through client/lines.py, and rich's console (a
+# What the views of `ps` and `status` never load: they write through client/styled.py, and rich's console (a
 # quarter of their start) is left to `tfrun top`. rich.cells, which measures wide characters, is allowed.
 RICH_CONSOLE = {"rich.console", "rich.text", "rich.live", "rich.table", "rich.markup"}
 
@@ -83,7 +83,7 @@ def test_a_local_request_to_a_running_daemon_needs_no_event_loop(tf: Tfrun, proj
     assert not found & {"asyncio", "tfrun.client.api", "tfrun.client.follow"}, sorted(found)
     assert not found & RICH_CONSOLE, sorted(found & RICH_CONSOLE)
     if argv in (["ps", "-a"], ["status"]):  # a row was drawn: through the light writer
-        assert "tfrun.client.lines" in found
+        assert "tfrun.client.styled" in found
 
 
 def test_the_verb_table_says_what_each_verb_says() -> None:

@@ -30,7 +30,7 @@ from tfrun.runner.slurm.checks import slurm_checks
 from tfrun.runner.slurm.commands import QueuedJob, Slurm, gpu_count
 from tfrun.runner.slurm.executor import MISSING_GRACE_S, SlurmExecutor
 from tfrun.runner.slurm.settings import SlurmSettings
-from tfrun.runner.slurm.snapshot import LISTED_PER_S, POLL_INTERVAL_S, Watcher
+from tfrun.runner.slurm.watcher import LISTED_PER_S, POLL_INTERVAL_S, Watcher
 
 
 @pytest.fixture

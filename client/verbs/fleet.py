@@ -12,8 +12,8 @@ import click
 from tfrun.client import cli, config, fleet, render
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
-from tfrun.client.lines import Styled
 from tfrun.client.placement import Figures, choose
+from tfrun.client.styled import Styled
 from tfrun.constants import EXIT_DAEMON, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from tfrun.protocol.jobs import Job, ListJobs
 from tfrun.protocol.watching import ListAlerts, NotifyReport, NotifyTest, Top, TopReply

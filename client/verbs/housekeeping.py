@@ -1,5 +1,5 @@
 """`tfrun rm`, `prune` and `df`: removing ended jobs and what they leave, and what tfrun takes on the box
-(rendered by client/housekeeping.py)."""
+(rendered by client/diskspace.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def rm(jobs: tuple[str, ...], checkpoints: bool, dry_run: bool, as_json: bool) -
       tfrun rm 3 4                 remove jobs 3 and 4; their checkpoints stay
       tfrun rm --checkpoints bert  the newest job named bert, with its checkpoints
     """
-    from tfrun.client.housekeeping import show_removals
+    from tfrun.client.diskspace import show_removals
     from tfrun.constants import MAX_REMOVE_JOBS
     from tfrun.protocol.housekeeping import Remove
 
@@ -75,7 +75,7 @@ def prune(
       tfrun prune --keep-last 20               all but the 20 jobs that ended last
       tfrun prune                              only the contents no job needs
     """
-    from tfrun.client.housekeeping import show_removals
+    from tfrun.client.diskspace import show_removals
     from tfrun.protocol.housekeeping import Prune
 
     request = Prune(older_than=older_than, keep_last=keep_last, checkpoints=checkpoints, dry_run=dry_run)
@@ -89,7 +89,7 @@ def df(as_json: bool) -> None:
     """What tfrun's folders take on the box: job folders, their logs, uploaded contents (blobs), spare
     snapshots, checkpoints, the database; sizes on disk, as `du` counts them. `tfrun rm` and
     `tfrun prune` free space; max_blob_bytes in the daemon's config.toml caps the uploaded contents."""
-    from tfrun.client.housekeeping import show_disk_report
+    from tfrun.client.diskspace import show_disk_report
     from tfrun.protocol.housekeeping import DiskUsage
 
     target = cli.target()

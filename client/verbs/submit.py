@@ -175,7 +175,7 @@ def submit(
       tfrun submit --host gpu --dry-run train.py       where it would go, and why
       tfrun submit --array lr=0.1,0.01,0.001 train.py  3 jobs: train.py --lr=0.1 (LR=0.1), ...
     """
-    from tfrun.client.housekeeping import UploadQuestion
+    from tfrun.client.diskspace import UploadQuestion
     from tfrun.client.verbs.logs import follow_job
 
     if name is not None and validate_name(name):

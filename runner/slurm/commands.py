@@ -116,7 +116,7 @@ def run(args: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
 
 class Slurm:
     """The commands, for one daemon. Blocking calls with timeouts: the executor always runs them off the event
-    loop (worker threads; poll's squeue and sacct in runner/slurm/snapshot.py's thread)."""
+    loop (worker threads; poll's squeue and sacct in runner/slurm/watcher.py's thread)."""
 
     def __init__(self) -> None:
         self._features: Optional[Features] = None

@@ -13,7 +13,7 @@ output, named by tfrun's id: Slurm's ids restart when its state is wiped).
 
 What a job did is learnt from its folder (shim.json: it runs; exit.json: how it ended, exactly) and from Slurm (one
 `squeue` for all jobs, at most every snapshot.POLL_INTERVAL_S, less often for a long answer, backing off when it is
-slow or fails; `sacct` for those squeue no longer lists), asked in a thread of its own (runner/slurm/snapshot.py):
+slow or fails; `sacct` for those squeue no longer lists), asked in a thread of its own (runner/slurm/watcher.py):
 `poll` answers from the latest answer at once, and `cancel` runs scancel in a worker thread, so a slurmctld that
 hangs never stalls the daemon. A failed or missing answer is no change; a job absent from both is lost only after
 MISSING_GRACE_S of answers without it.
@@ -48,7 +48,7 @@ from tfrun.runner.slurm.checks import slurm_checks
 from tfrun.runner.slurm.commands import AccountedJob, QueuedJob, Slurm, SlurmError
 from tfrun.runner.slurm.record import Records, SlurmRecord
 from tfrun.runner.slurm.settings import SlurmSettings
-from tfrun.runner.slurm.snapshot import Watcher, in_thread
+from tfrun.runner.slurm.watcher import Watcher, in_thread
 
 if TYPE_CHECKING:
     from tfrun.protocol.admin import Check
