@@ -28,7 +28,7 @@ from tfrun.protocol.admin import DaemonInfo, DaemonStatus, Shutdown
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import Error, Message, Ok, ProtocolError, encode
-from tfrun.runner.config import Config, ConfigError
+from tfrun.runner.box.config import Config, ConfigError
 from tfrun.runner.daemon import (
     AlreadyRunning,
     Daemon,
@@ -40,7 +40,7 @@ from tfrun.runner.daemon import (
     prepare_dirs,
     tighten_home,
 )
-from tfrun.runner.store import Store, StoreError
+from tfrun.runner.records.store import Store, StoreError
 from tfrun.usage import OneLineUsageGroup
 
 
@@ -239,7 +239,7 @@ def doctor(python: Optional[str], as_json: bool) -> None:
     """Check this box for training: the job interpreter and its TensorFlow (CUDA build, GPUs, memory
     growth), the NVIDIA driver, and the checkpoint root. Works with or without a running daemon;
     exits 1 if any check fails (a warning is not a failure: a CPU-only box is allowed)."""
-    from tfrun.runner.doctor import FAIL, job_python, run_checks
+    from tfrun.runner.box.doctor import FAIL, job_python, run_checks
 
     try:
         config = Config.load(Layout.from_env())

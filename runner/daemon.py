@@ -45,12 +45,15 @@ from tfrun.protocol.wire import (
     read_rest,
     write_message,
 )
-from tfrun.runner import liveconfig
-from tfrun.runner.alerts import Alerts
-from tfrun.runner.blobs import BlobStore, Spares
-from tfrun.runner.config import Config, ConfigError
-from tfrun.runner.executor import Executor, LocalExecutor
-from tfrun.runner.gpus import device_ids
+from tfrun.runner.alerts.outbox import Outbox
+from tfrun.runner.alerts.watch import Alerts
+from tfrun.runner.box import liveconfig
+from tfrun.runner.box.blobs import BlobStore, Spares
+from tfrun.runner.box.config import Config, ConfigError
+from tfrun.runner.box.gpus import device_ids
+from tfrun.runner.executors.executor import Executor, LocalExecutor
+from tfrun.runner.executors.runs import Runs
+from tfrun.runner.executors.slurm.executor import SlurmExecutor
 from tfrun.runner.handlers import (
     HANDLERS,
     WATCHING,
@@ -64,14 +67,11 @@ from tfrun.runner.handlers import (
     watching,
 )
 from tfrun.runner.handlers.base import Shown
-from tfrun.runner.job import JobRow
-from tfrun.runner.lifecycle import Lifecycle
-from tfrun.runner.loggrowth import LogGrowth
-from tfrun.runner.outbox import Outbox
-from tfrun.runner.scheduler import Scheduler
-from tfrun.runner.slurm.executor import SlurmExecutor
-from tfrun.runner.store import Store
-from tfrun.runner.supervisor import Supervisor
+from tfrun.runner.logs.loggrowth import LogGrowth
+from tfrun.runner.queue.scheduler import Scheduler
+from tfrun.runner.records.job import JobRow
+from tfrun.runner.records.lifecycle import Lifecycle
+from tfrun.runner.records.store import Store
 
 log = logging.getLogger("tfrund")
 
@@ -231,15 +231,15 @@ class Daemon:
             if config.executor == "slurm"
             else LocalExecutor(layout, device_ids(config.gpus))
         )
-        self.supervisor = Supervisor(store, self.lifecycle, self.executor)
+        self.runs = Runs(store, self.lifecycle, self.executor)
         self.blobs = BlobStore(layout.blobs_dir)
         self.spares = Spares(layout.spares_dir, self.blobs)
         self._background: set[asyncio.Future[Any]] = set()
         self.outbox = Outbox(store, config.cooldown, config.expire)
         self.alerts = Alerts(config, store, self.outbox)
         self.alerts.poll_logs = not self.executor.capabilities.files_here
-        self.scheduler = Scheduler(store, self.supervisor, self.spares, layout, lambda: self.config)
-        self.supervisor.after_final = self._after_end
+        self.scheduler = Scheduler(store, self.runs, self.spares, layout, lambda: self.config)
+        self.runs.after_final = self._after_end
         self._connections = 0
         self.submissions: dict[str, asyncio.Future[list[JobRow]]] = {}  # submits being made (a job, an array's tasks)
         self.started_at = time.time()
@@ -280,8 +280,8 @@ class Daemon:
         Scheduler.build_restart redoes only what is missing, so this is safe to repeat."""
         for row in self.store.list(include_final=False):
             restart = row.spec.restart_of is not None and row.state == JobState.QUEUED and not row.prepared
-            if restart and not self.supervisor.is_starting(row.id):
-                self.supervisor.mark_starting(row.id)
+            if restart and not self.runs.is_starting(row.id):
+                self.runs.mark_starting(row.id)
                 self.in_background(self.scheduler.build_restart(row))
 
     def stop(self) -> None:
@@ -310,9 +310,9 @@ class Daemon:
         """Reconcile, listen, and serve until asked to stop (Shutdown, SIGTERM or SIGINT)."""
         self._stopping = asyncio.Event()
         self.log_growth = LogGrowth(asyncio.get_running_loop())
-        self.supervisor.reconcile()
+        self.runs.reconcile()
         self.build_restarts()
-        await self.supervisor.resume_queued()
+        await self.runs.resume_queued()
         await self.scheduler.run_pass()
         socket_path = self.layout.socket
         socket_path.unlink(missing_ok=True)  # left by a daemon that died; we hold the lock, so it is stale
@@ -323,7 +323,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         loop.add_signal_handler(signal.SIGHUP, self._reload_on_hangup)
-        monitor = asyncio.create_task(self.supervisor.monitor())
+        monitor = asyncio.create_task(self.runs.monitor())
         watch = asyncio.create_task(self.alerts.run(self.log_growth))
         outbox = asyncio.create_task(self.outbox.run())
         home = asyncio.create_task(self._watch_home())

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from conftest import Mailbox, Receiver, Tfrun, alive, no_internet, wait_for, write_script
 
-from tfrun.runner.alerts import KEEP_EVERY_S
+from tfrun.runner.alerts.watch import KEEP_EVERY_S
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parent.parent
@@ -805,7 +805,7 @@ def test_the_one_tls_context_mail_reuses_has_its_checks_on_at_every_mail() -> No
     them on again."""
     from apprise.plugins.email import smtp
 
-    from tfrun.runner import outbox
+    from tfrun.runner.alerts import outbox
 
     outbox._apprise()
     assert isinstance(smtp.ssl, outbox.ReusedContext)

@@ -82,7 +82,7 @@ def test_the_job_side_imports_only_the_standard_library_and_tensorflow() -> None
 
 
 def test_no_code_outside_the_executors_asks_which_executor_runs_the_jobs() -> None:
-    """What an executor can do is said by its `capabilities` and methods (runner/executor.py); an
+    """What an executor can do is said by its `capabilities` and methods (runner/executors/executor.py); an
     `isinstance(..., SomethingExecutor)` elsewhere would put the executor's behaviour in its callers."""
     allowed = {ROOT / "runner" / "executor.py", *(ROOT / "runner" / "slurm").glob("*.py")}
     asked = []
@@ -160,3 +160,33 @@ def test_no_modules_import_each_other_round_a_loop() -> None:
     graph = {name: {m for m in _imports(path, modules) if m != name and not name.startswith(f"{m}.")}
              for name, path in modules.items()}  # fmt: skip
     assert _cycles(graph) == []
+
+
+WINGS = ("records", "queue", "executors", "logs", "alerts", "metrics", "box", "services")
+
+
+def _may_touch(wing: str) -> set[str]:
+    """The wings a wing's docstring says it may touch: the names in its `May touch:` paragraph."""
+    doc = ast.get_docstring(ast.parse((ROOT / "runner" / wing / "__init__.py").read_text())) or ""
+    rules = [part for part in doc.split("\n\n") if part.startswith("May touch:")]
+    assert len(rules) == 1, f"runner/{wing}/__init__.py says once what it may touch"
+    words = set(rules[0].replace(",", " ").replace("(", " ").replace(")", " ").replace(".", " ").split())
+    return {w for w in words if w in WINGS or w == "faults"}
+
+
+def test_each_wing_of_the_daemon_touches_only_what_its_docstring_says() -> None:
+    """runner/ is in wings (records, queue, executors, ...); each says in its docstring which others it may
+    import, so a newcomer who reads one package's first lines knows what a change in it can reach."""
+    modules = _modules()
+    assert sorted(p.name for p in (ROOT / "runner").iterdir() if (p / "__init__.py").exists()) == sorted(
+        (*WINGS, "handlers")
+    )
+    crossings = []
+    for wing in WINGS:
+        allowed = _may_touch(wing) | {wing}
+        for path in (ROOT / "runner" / wing).rglob("*.py"):
+            for name in _imports(path, modules):
+                parts = name.split(".")
+                if parts[:2] == ["tfrun", "runner"] and len(parts) > 2 and parts[2] not in allowed:
+                    crossings.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert crossings == []

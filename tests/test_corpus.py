@@ -3,7 +3,7 @@ how each log was made and what its `*.truth.json` holds).
 
 Each log is read as the daemon reads a job's output.log: in chunks cut anywhere (runner/metrics/), each sample's
 training loss followed as the alert watch follows it (tfrun/losses.py TrainingLoss), into the spike rule
-(runner/spikes.py). The goal:
+(runner/alerts/spikes.py). The goal:
 - at least 95 % of the printed training losses recovered, at the step the line says;
 - every injected NaN alerted within one print;
 - every learning rate multiplied by 1000 alerted once, after it was;
@@ -30,8 +30,8 @@ from typing import Any, Optional
 import pytest
 
 from tfrun.losses import EVALUATION_PREFIXES, TrainingLoss
+from tfrun.runner.alerts.spikes import Spike, SpikeDetector
 from tfrun.runner.metrics import LogMetrics, Sample
-from tfrun.runner.spikes import Spike, SpikeDetector
 
 REAL = Path(__file__).parent / "data" / "real"
 RECOVERED_SHARE = 0.95

@@ -31,7 +31,7 @@ from tfrun.protocol.channel import Channel
 from tfrun.protocol.jobs import JobList, JobReply, ListJobs
 from tfrun.protocol.submit import FileEntry, PutBlobs, Submit
 from tfrun.protocol.wire import PROTOCOL_VERSION, Hello, encode, read_message, write_message
-from tfrun.runner.store import SCHEMA_VERSION
+from tfrun.runner.records.store import SCHEMA_VERSION
 
 
 def daemons_of(home: Path) -> list[int]:

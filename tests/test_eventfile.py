@@ -1,4 +1,4 @@
-"""The daemon's TensorBoard scalars (runner/eventfile.py), read back with TensorBoard's own reader: what a job
+"""The daemon's TensorBoard scalars (runner/metrics/eventfile.py), read back with TensorBoard's own reader: what a job
 printed becomes curves in its TensorBoard folder's `printed` run (issue 20)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import Tfrun, wait_for, write_script
 from tensorboard.backend.event_processing import event_accumulator
 
-from tfrun.runner.eventfile import PRINTED, ScalarFile, crc32c
+from tfrun.runner.metrics.eventfile import PRINTED, ScalarFile, crc32c
 
 
 def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:

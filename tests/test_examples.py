@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import Tfrun
 
-from tfrun.runner.lines import plain
+from tfrun.runner.logs.lines import plain
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "jobs" / "examples"
 

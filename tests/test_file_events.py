@@ -1,4 +1,4 @@
-"""The daemon's file events (runner/inotify.py through runner/loggrowth.py): a follower learns which of its
+"""The daemon's file events (runner/logs/inotify.py through runner/logs/loggrowth.py): a follower learns which of its
 files grew, a file nobody follows wakes nobody, and a folder that cannot be watched is said to be polled."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tfrun.runner.loggrowth import LogGrowth, Subscription
+from tfrun.runner.logs.loggrowth import LogGrowth, Subscription
 
 
 def test_a_subscription_says_which_followed_file_grew_and_no_other_wakes_it(tmp_path: Path) -> None:

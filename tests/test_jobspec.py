@@ -1,4 +1,4 @@
-"""A job's spec as the store keeps it (runner/job.py): the JSON of older tfrunds reads back, and this one writes
+"""A job's spec as the store keeps it (runner/records/job.py): the JSON of older tfrunds reads back, and this one writes
 what they wrote, key for key, so a daemon can be upgraded or downgraded over a home with jobs in it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from tfrun.protocol.fields import CAUSES
-from tfrun.runner.job import JobSpec, from_json
+from tfrun.runner.records.job import JobSpec, from_json
 
 # As tfrund 0.1 (schema 5) stored the spec of `tfrun submit --gpus 1 --after 3 train.py --lr 0.1`.
 STORED = (

@@ -1,4 +1,4 @@
-"""A job's states and moves (runner/lifecycle.py), on a real store: every allowed move is made and persisted,
+"""A job's states and moves (runner/records/lifecycle.py), on a real store: every allowed move is made and persisted,
 every other one is refused with nothing written, and no code but the lifecycle writes a job's state."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tfrun.protocol.fields import CAUSES, Cause, JobState, State
-from tfrun.runner.job import JobRow, JobSpec
-from tfrun.runner.lifecycle import MOVES, ForbiddenMove, Lifecycle, allowed
-from tfrun.runner.store import Store
+from tfrun.runner.records.job import JobRow, JobSpec
+from tfrun.runner.records.lifecycle import MOVES, ForbiddenMove, Lifecycle, allowed
+from tfrun.runner.records.store import Store
 
 ENDS: tuple[State, ...] = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST)
 STATES: tuple[State, ...] = (JobState.QUEUED, JobState.RUNNING, *ENDS)

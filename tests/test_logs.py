@@ -17,9 +17,9 @@ from conftest import TFRUN, Tfrun, wait_for, write_script
 
 from tfrun.client.timespec import Since, parse_since
 from tfrun.duration import parse_duration
-from tfrun.runner import logindex
-from tfrun.runner.lines import MAX_LINE_BYTES, BlockMatcher, LineFilter, Selector, TerminalLines, display, plain
-from tfrun.runner.logindex import LogIndex
+from tfrun.runner.logs import logindex
+from tfrun.runner.logs.lines import MAX_LINE_BYTES, BlockMatcher, LineFilter, Selector, TerminalLines, display, plain
+from tfrun.runner.logs.logindex import LogIndex
 
 both = pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
 
@@ -472,7 +472,7 @@ def test_small_reads_matched_on_the_loop_send_what_the_filter_threads_send() -> 
     import asyncio
 
     from tfrun.protocol.logs import ReadLog
-    from tfrun.runner import logstream
+    from tfrun.runner.logs import logstream
 
     reads = [b"step 1 loss=0.5\nno", b"ise 1\nstep 2 lo", b"ss=0.4\r", b"\x1b[2Kstep 3 loss=0.3\n", b"x" * 70 + b"\n"]
 
@@ -505,7 +505,7 @@ def test_costly_filters_are_not_matched_on_the_loop() -> None:
     import asyncio
 
     from tfrun.protocol.logs import ReadLog
-    from tfrun.runner import logstream
+    from tfrun.runner.logs import logstream
 
     async def inline_bytes(patterns: list[str]) -> int:
         req = ReadLog(job="1", patterns=patterns, follow=True)

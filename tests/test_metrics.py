@@ -1,4 +1,4 @@
-"""Metrics read from raw job output (runner/metrics/) and loss spikes (runner/spikes.py), on real output.
+"""Metrics read from raw job output (runner/metrics/) and loss spikes (runner/alerts/spikes.py), on real output.
 
 tests/data/keras{2,3}_fit.log come from tests/data/keras_fit.py; tests/data/curves/*.jsonl and
 tests/data/keras3_spike.log from tests/data/make_curves.py; the short Keras snippets below are cut from real
@@ -18,9 +18,9 @@ from typing import Any, Optional
 
 import pytest
 
-from tfrun.runner.explain import explain
+from tfrun.runner.alerts.spikes import DEFAULT_WINDOW, Spike, SpikeDetector
 from tfrun.runner.metrics import MAX_SEGMENT, LogMetrics, PatternError, Sample, training_loss
-from tfrun.runner.spikes import DEFAULT_WINDOW, Spike, SpikeDetector
+from tfrun.runner.metrics.explain import explain
 
 DATA = Path(__file__).parent / "data"
 REAL = DATA / "real"
@@ -898,7 +898,7 @@ def test_log_metrics_and_detector_on_a_real_keras_spike() -> None:
 def test_tfrun_metrics_shows_a_step_read_from_the_log_once_its_last_value_winning(tmp_path: Path) -> None:
     """Lines the watch appended at one step (a training loss, then the evaluation placed at the step training got
     to, then that evaluation's value as the log printed it again) are one sample, as a terminal shows the last."""
-    from tfrun.runner.jobmetrics import read_metrics
+    from tfrun.runner.metrics.jobmetrics import read_metrics
 
     lines = [
         {"step": 100, "time": 1.0, "loss": 2.3},

@@ -19,10 +19,10 @@ from test_alerts import _memory_cgroup
 from tfrun import restarts
 from tfrun.protocol.fields import BadValue, JobState, checked_kwargs
 from tfrun.protocol.submit import Submit
-from tfrun.runner.job import JobSpec
-from tfrun.runner.lifecycle import Lifecycle
-from tfrun.runner.slurm import states
-from tfrun.runner.store import Store
+from tfrun.runner.executors.slurm import states
+from tfrun.runner.records.job import JobSpec
+from tfrun.runner.records.lifecycle import Lifecycle
+from tfrun.runner.records.store import Store
 
 
 def _status_line(tf: Tfrun, job: int, key: str) -> str:
@@ -211,7 +211,7 @@ RECORD = {"exit_code": 143, "signal": 15, "stopped": True, "started_at": 1.0, "f
 def test_slurms_final_states_end_a_job_with_their_cause(
     lifecycle: Lifecycle, slurm_state: str, record: dict[str, object] | None, cause: str, restarted: bool
 ) -> None:
-    """The Slurm executor's end of a job (runner/slurm/states.py) through the lifecycle, under the default
+    """The Slurm executor's end of a job (runner/executors/slurm/states.py) through the lifecycle, under the default
     --restart-on: Slurm's NODE_FAIL, PREEMPTED and BOOT_FAIL are lost, and run again."""
     spec = JobSpec(script="x.py", args=(), command=("python3", "x.py"), env={}, max_restarts=1)
     row = lifecycle.start(lifecycle.create("j", spec), pid=None, shim_pid=None, shim_start=None, boot_id=None,

@@ -21,7 +21,7 @@ import pytest
 from conftest import Receiver, Sshd, Tfrun, no_internet, remote_client, write_script
 from otheruser import OtherUser, mallory  # noqa: F401
 
-from tfrun.runner.outbox import masked
+from tfrun.runner.alerts.outbox import masked
 
 _PRINT_ENV = "import os\nfor key, value in sorted(os.environ.items()):\n    print(f'{key}={value}')\n"
 

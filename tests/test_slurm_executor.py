@@ -17,13 +17,20 @@ from slurmcluster import SlurmCluster, on_slurm_fixture, slurm_fixture, slurm_id
 from tfrun.constants import EXIT_LOST
 from tfrun.paths import Layout
 from tfrun.protocol.fields import JobState
-from tfrun.runner.config import Config, ConfigError
-from tfrun.runner.job import JobRow, JobSpec
-from tfrun.runner.oom import SLURM_OUT_OF_MEMORY
-from tfrun.runner.slurm import states
-from tfrun.runner.slurm.batch import batch_script, launch_env, sbatch_args
-from tfrun.runner.slurm.commands import Features
-from tfrun.runner.slurm.settings import SettingsError, SlurmSettings, job_options, nice, refused, slurm_time_limit
+from tfrun.runner.alerts.oom import SLURM_OUT_OF_MEMORY
+from tfrun.runner.box.config import Config, ConfigError
+from tfrun.runner.executors.slurm import states
+from tfrun.runner.executors.slurm.batch import batch_script, launch_env, sbatch_args
+from tfrun.runner.executors.slurm.commands import Features
+from tfrun.runner.executors.slurm.settings import (
+    SettingsError,
+    SlurmSettings,
+    job_options,
+    nice,
+    refused,
+    slurm_time_limit,
+)
+from tfrun.runner.records.job import JobRow, JobSpec
 
 # -- the state mapping ------------------------------------------------------------------------------------
 

@@ -20,17 +20,17 @@ from slurmcluster import SlurmCluster, Unavailable, slurm_fixture, slurm_id_of, 
 
 from tfrun.protocol.logs import LogChunk, LogEnd, ReadLog
 from tfrun.protocol.wire import Message
-from tfrun.runner import logstream
-from tfrun.runner.executor import Ended, Requeued
-from tfrun.runner.job import JobRow, JobSpec
-from tfrun.runner.loggrowth import LogGrowth
-from tfrun.runner.oom import SLURM_OUT_OF_MEMORY
-from tfrun.runner.slurm import states
-from tfrun.runner.slurm.checks import slurm_checks
-from tfrun.runner.slurm.commands import QueuedJob, Slurm, gpu_count
-from tfrun.runner.slurm.executor import MISSING_GRACE_S, SlurmExecutor
-from tfrun.runner.slurm.settings import SlurmSettings
-from tfrun.runner.slurm.watcher import LISTED_PER_S, POLL_INTERVAL_S, Watcher
+from tfrun.runner.alerts.oom import SLURM_OUT_OF_MEMORY
+from tfrun.runner.executors.executor import Ended, Requeued
+from tfrun.runner.executors.slurm import states
+from tfrun.runner.executors.slurm.checks import slurm_checks
+from tfrun.runner.executors.slurm.commands import QueuedJob, Slurm, gpu_count
+from tfrun.runner.executors.slurm.executor import MISSING_GRACE_S, SlurmExecutor
+from tfrun.runner.executors.slurm.settings import SlurmSettings
+from tfrun.runner.executors.slurm.watcher import LISTED_PER_S, POLL_INTERVAL_S, Watcher
+from tfrun.runner.logs import logstream
+from tfrun.runner.logs.loggrowth import LogGrowth
+from tfrun.runner.records.job import JobRow, JobSpec
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Multi-node jobs on Slurm (issue 19): `submit --nodes N` runs one task a node, each with a TF_CONFIG built from
-the step's SLURM_* variables and its reserved ports (runner/slurm/task.py), so MultiWorkerMirroredStrategy trains
-across them; tfrun.jobs writes metrics and checkpoints on the chief alone.
+the step's SLURM_* variables and its reserved ports (runner/executors/slurm/task.py), so MultiWorkerMirroredStrategy
+trains across them; tfrun.jobs writes metrics and checkpoints on the chief alone.
 
 First the pure parts (Slurm's notations, TF_CONFIG, sbatch's options, the chief), then a real tfrund with
 `executor = "slurm"` on a real two-node cluster (tests/slurmcluster.py, `nodes=2`: two slurmds on this machine):
@@ -27,13 +27,13 @@ from slurmcluster import SlurmCluster, Unavailable, use_cluster
 from tfrun.constants import MAX_NODES
 from tfrun.jobs import cluster
 from tfrun.protocol.fields import JobState
-from tfrun.runner.job import JobRow, JobSpec
-from tfrun.runner.slurm import task
-from tfrun.runner.slurm.batch import sbatch_args
-from tfrun.runner.slurm.settings import SettingsError, SlurmSettings, job_options
+from tfrun.runner.executors.slurm import task
+from tfrun.runner.executors.slurm.batch import sbatch_args
+from tfrun.runner.executors.slurm.settings import SettingsError, SlurmSettings, job_options
+from tfrun.runner.records.job import JobRow, JobSpec
 
 if TYPE_CHECKING:
-    from tfrun.runner.jobdir import LaunchRecord
+    from tfrun.runner.records.jobdir import LaunchRecord
 
 # -- Slurm's notations and TF_CONFIG --------------------------------------------------------------------------
 

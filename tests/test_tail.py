@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import Tfrun, write_script
 
-from tfrun.runner import lines, logstream
+from tfrun.runner.logs import lines, logstream
 
 
 def naive_tail_start(data: bytes, n: int, floor: int) -> int:

@@ -1,12 +1,12 @@
 """Which failures `submit --max-restarts N` restarts (`--restart-on CAUSES`): shared by the client, which reads
 the option, and the daemon, which stores it with the job and applies it when the job ends.
 
-The causes (`tfrun.protocol.fields.Cause`), as the daemon tells them at a job's end (runner/lifecycle.py):
+The causes (`tfrun.protocol.fields.Cause`), as the daemon tells them at a job's end (runner/records/lifecycle.py):
 
     lost    its shim, the daemon or the machine went away without a record of its end; on Slurm, a node
             failure or a preemption too
     oom     it ran out of memory: the kernel's OOM killer killed it (its cgroup's memory.events), Slurm killed
-            it over its memory limit, or its log ends with a fatal out-of-memory message (runner/oom.py)
+            it over its memory limit, or its log ends with a fatal out-of-memory message (runner/alerts/oom.py)
     signal  a signal killed it that was not tfrun's cancel (a kill -9, a segfault, a time limit's SIGTERM)
     error   it failed any other way: it exited non-zero, or could not start
 
@@ -14,7 +14,7 @@ The default is lost, oom and signal: what goes wrong around a script, which runn
 checkpoint) may get past. An error is the script's own (a KeyError at step 1), and running it again fails
 the same way, N more times and N more alerts; `--restart-on all` (or a list with `error`) restarts it too,
 as every failure did before --restart-on. A job stored by a tfrund from before keeps that: its spec has no
-restart_on, which reads as all (runner/job.py).
+restart_on, which reads as all (runner/records/job.py).
 """
 
 from __future__ import annotations

@@ -22,14 +22,14 @@ from tfrun.protocol.admin import (
 )
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.wire import PROTOCOL_VERSION, Ok
-from tfrun.runner import liveconfig
-from tfrun.runner.config import ConfigError
-from tfrun.runner.doctor import job_python, run_checks
+from tfrun.runner.box import liveconfig
+from tfrun.runner.box.config import ConfigError
+from tfrun.runner.box.doctor import job_python, run_checks
 from tfrun.runner.handlers.base import Connection, handles, invalid
 
 if TYPE_CHECKING:
-    from tfrun.runner.executor import Executor
-    from tfrun.runner.store import Store
+    from tfrun.runner.executors.executor import Executor
+    from tfrun.runner.records.store import Store
 
 
 class Context(liveconfig.Context, Protocol):
@@ -92,7 +92,7 @@ def _reconfigured(change: Callable[[], list[str]]) -> list[str]:
 
 @handles(Doctor)
 async def doctor(daemon: Context, req: Doctor, conn: Connection) -> None:
-    """The box's checks; on a Slurm login node, Slurm's too (runner/slurm/checks.py)."""
+    """The box's checks; on a Slurm login node, Slurm's too (runner/executors/slurm/checks.py)."""
     python = req.python or job_python(daemon.config.job_python)
     executor = daemon.executor
 

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import Message, write_message
-from tfrun.runner import rules
-from tfrun.runner.job import JobRow
-from tfrun.runner.outbox import masked
+from tfrun.runner.alerts import rules
+from tfrun.runner.alerts.outbox import masked
+from tfrun.runner.records.job import JobRow
 
 if TYPE_CHECKING:
     from tfrun.protocol.jobs import Job
-    from tfrun.runner.config import Config
-    from tfrun.runner.store import Store
+    from tfrun.runner.box.config import Config
+    from tfrun.runner.records.store import Store
 
 R = TypeVar("R", bound=Message)
 C = TypeVar("C")  # what the handler needs of the daemon: its module's Context (runner/daemon.py's Daemon is each)

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from tfrun.protocol.files import FileList, ListFiles, ReadFile
-from tfrun.runner import jobfiles
 from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid
+from tfrun.runner.records import jobfiles
 
 
 @handles(ListFiles)

@@ -33,15 +33,15 @@ from tfrun.protocol.jobs import (
     record_text,
 )
 from tfrun.protocol.submit import FileEntry
+from tfrun.runner.alerts.outbox import masked
 from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public, rule_texts
-from tfrun.runner.job import SERVICE_LIKE, JobRow, from_json
-from tfrun.runner.outbox import masked
-from tfrun.runner.scheduler import SnapshotError, snapshot_files
+from tfrun.runner.queue.scheduler import SnapshotError, snapshot_files
+from tfrun.runner.records.job import SERVICE_LIKE, JobRow, from_json
 
 if TYPE_CHECKING:
-    from tfrun.runner.lifecycle import Lifecycle
-    from tfrun.runner.scheduler import Scheduler
-    from tfrun.runner.supervisor import Supervisor
+    from tfrun.runner.executors.runs import Runs
+    from tfrun.runner.queue.scheduler import Scheduler
+    from tfrun.runner.records.lifecycle import Lifecycle
 
 
 class Context(Shown, Protocol):
@@ -50,7 +50,7 @@ class Context(Shown, Protocol):
 
     lifecycle: Lifecycle
     scheduler: Scheduler
-    supervisor: Supervisor
+    runs: Runs
 
 
 @handles(Restart)
@@ -63,13 +63,13 @@ async def restart(daemon: Context, req: Restart, conn: Connection) -> None:
         raise invalid(f"job {row.id} is still {row.state}: cancel it first, or wait for it")
     files = _snapshot_files(row)
     new = daemon.lifecycle.rerun(row)
-    daemon.supervisor.mark_starting(new.id)  # not to be picked up by Daemon.build_restarts as well
+    daemon.runs.mark_starting(new.id)  # not to be picked up by Daemon.build_restarts as well
     try:
         started = await daemon.scheduler.build(new, files)
     except ManifestError as exc:
         raise invalid(f"cannot build job {row.id}'s work dir again: {exc}") from None
     finally:
-        daemon.supervisor.done_starting(new.id)
+        daemon.runs.done_starting(new.id)
     await conn.send(JobReply(public(daemon, started)))
 
 
@@ -101,7 +101,7 @@ async def list_jobs(daemon: Context, req: ListJobs, conn: Connection) -> None:
     await conn.send(JobList(older=older, data=b"\n]" if opened else b"[]"))
 
 
-# The reads of a listing, in the store's way (runner/store.py's `_row`): they belong there as Store methods.
+# The reads of a listing, in the store's way (runner/records/store.py's `_row`): they belong there as Store methods.
 _ROW_COLUMNS = tuple(f.name for f in dataclasses.fields(JobRow))
 _SPEC, _GPUS = _ROW_COLUMNS.index("spec"), _ROW_COLUMNS.index("gpus")  # the columns stored as JSON
 _PAGE = 500  # jobs read and encoded between two turns of the event loop: some 15 ms
@@ -245,7 +245,7 @@ async def get_job(daemon: Context, req: GetJob, conn: Connection) -> None:
 
 @handles(Wait)
 async def wait(daemon: Context, req: Wait, conn: Connection) -> None:
-    row = await daemon.supervisor.wait_final(find(daemon, req.job).id)
+    row = await daemon.runs.wait_final(find(daemon, req.job).id)
     await conn.send(JobReply(public(daemon, row)))
 
 
@@ -258,7 +258,7 @@ async def cancel(daemon: Context, req: Cancel, conn: Connection) -> None:
             return CancelResult(job=ref, ok=False, message=f"no job {ref!r}")
         if row.final:
             return CancelResult(ref, False, f"job {row.id} already ended ({row.state})", row.id, row.state)
-        row = await daemon.supervisor.cancel(row, grace)
+        row = await daemon.runs.cancel(row, grace)
         return CancelResult(ref, True, f"job {row.id} {row.state}", row.id, row.state)
 
     rows = await _find_all(daemon, req.jobs)

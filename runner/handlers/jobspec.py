@@ -1,4 +1,4 @@
-"""A submit request made into the job's spec (runner/job.py's JobSpec), every part checked before anything is
+"""A submit request made into the job's spec (runner/records/job.py's JobSpec), every part checked before anything is
 made: the script among the files sent, the command that runs it (the job interpreter), its GPUs and the jobs it
 runs after, Slurm's options where the executor takes them, its alert rules and notify URLs, an array task's
 values. Each failure is a one-line refusal (RequestError) in the user's words."""
@@ -15,19 +15,19 @@ from tfrun import arrays, restarts
 from tfrun.content import ManifestError, check_manifest
 from tfrun.protocol.fields import Cause, ErrorCode, is_job_id, validate_name
 from tfrun.protocol.submit import Submit
-from tfrun.runner import rules
-from tfrun.runner.doctor import job_python
+from tfrun.runner.alerts import rules
+from tfrun.runner.alerts.outbox import diagnose, usable
+from tfrun.runner.box.doctor import job_python
+from tfrun.runner.executors.slurm import settings as slurm_settings
 from tfrun.runner.handlers.base import RequestError, Shown, invalid
-from tfrun.runner.job import JobSpec
 from tfrun.runner.metrics import LogMetrics
 from tfrun.runner.metrics import PatternError as MetricPatternError
-from tfrun.runner.outbox import diagnose, usable
-from tfrun.runner.slurm import settings as slurm_settings
+from tfrun.runner.records.job import JobSpec
 
 if TYPE_CHECKING:
-    from tfrun.runner.blobs import BlobStore
-    from tfrun.runner.executor import Executor
-    from tfrun.runner.scheduler import Scheduler
+    from tfrun.runner.box.blobs import BlobStore
+    from tfrun.runner.executors.executor import Executor
+    from tfrun.runner.queue.scheduler import Scheduler
 
 
 class Context(Shown, Protocol):

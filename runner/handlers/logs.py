@@ -1,4 +1,4 @@
-"""Handlers of a job's output: its log read or followed, filtered on the box (runner/logstream.py), and its
+"""Handlers of a job's output: its log read or followed, filtered on the box (runner/logs/logstream.py), and its
 terminal (`--tty`: the tmux session `tfrun attach` opens)."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING, Protocol
 
 from tfrun.protocol.fields import ErrorCode, JobState
 from tfrun.protocol.logs import Attach, AttachReply, ReadLog
-from tfrun.runner import logstream
-from tfrun.runner.executor import tty_socket
+from tfrun.runner.executors.executor import tty_socket
 from tfrun.runner.handlers.base import Connection, RequestError, Shown, find, handles, invalid
-from tfrun.runner.lines import PatternError
+from tfrun.runner.logs import logstream
+from tfrun.runner.logs.lines import PatternError
 
 if TYPE_CHECKING:
     from tfrun.paths import Layout
-    from tfrun.runner.executor import Executor
-    from tfrun.runner.loggrowth import LogGrowth
+    from tfrun.runner.executors.executor import Executor
+    from tfrun.runner.logs.loggrowth import LogGrowth
 
 
 class Context(Shown, Protocol):
@@ -29,7 +29,7 @@ class Context(Shown, Protocol):
 @handles(ReadLog)
 async def read_log(daemon: Context, req: ReadLog, conn: Connection) -> None:
     """Send the log (the job's, or one task's) from `offset`; when following, until the job is final and all is
-    sent (runner/logstream.py)."""
+    sent (runner/logs/logstream.py)."""
     row = find(daemon, req.job)
     try:
         chosen = await logstream.selection(req)

@@ -1,5 +1,5 @@
 """Starting a service (TensorBoard, Jupyter): made a job of its kind, or found running, and answered once it
-listens (runner/services.py says what it runs)."""
+listens (runner/services/commands.py says what it runs)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from typing import TYPE_CHECKING, Optional, Protocol
 from tfrun.duration import format_duration
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.services import ServiceReply, StartService
-from tfrun.runner import jobdir, process, services
-from tfrun.runner.doctor import job_python
+from tfrun.runner.box.doctor import job_python
+from tfrun.runner.executors import process
 from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
-from tfrun.runner.job import JobRow, JobSpec
+from tfrun.runner.records import jobdir
+from tfrun.runner.records.job import JobRow, JobSpec
+from tfrun.runner.services import commands as services
 
 if TYPE_CHECKING:
-    from tfrun.runner.executor import Executor
-    from tfrun.runner.lifecycle import Lifecycle
-    from tfrun.runner.scheduler import Scheduler
+    from tfrun.runner.executors.executor import Executor
+    from tfrun.runner.queue.scheduler import Scheduler
+    from tfrun.runner.records.lifecycle import Lifecycle
 
 _LOOK_S = 0.2
 _LOG_TAIL_BYTES = 2000

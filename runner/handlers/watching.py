@@ -27,20 +27,20 @@ from tfrun.protocol.watching import (
     Top,
     TopReply,
 )
-from tfrun.runner import jobdir
-from tfrun.runner.explain import explain
-from tfrun.runner.gpus import held_outside, read_gpu_memory
+from tfrun.runner.alerts.outbox import diagnose, usable
+from tfrun.runner.box.gpus import held_outside, read_gpu_memory
 from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
-from tfrun.runner.jobmetrics import read_metrics, recent_losses
 from tfrun.runner.metrics import PatternError as MetricPatternError
-from tfrun.runner.outbox import diagnose, usable
+from tfrun.runner.metrics.explain import explain
+from tfrun.runner.metrics.jobmetrics import read_metrics, recent_losses
+from tfrun.runner.records import jobdir
 
 if TYPE_CHECKING:
     from tfrun.paths import Layout
-    from tfrun.runner.alerts import Alerts
-    from tfrun.runner.outbox import Outbox
-    from tfrun.runner.scheduler import Scheduler
-    from tfrun.runner.supervisor import Supervisor
+    from tfrun.runner.alerts.outbox import Outbox
+    from tfrun.runner.alerts.watch import Alerts
+    from tfrun.runner.executors.runs import Runs
+    from tfrun.runner.queue.scheduler import Scheduler
 
 
 class Context(Shown, Protocol):
@@ -50,7 +50,7 @@ class Context(Shown, Protocol):
     layout: Layout
     outbox: Outbox
     scheduler: Scheduler
-    supervisor: Supervisor
+    runs: Runs
 
 
 @handles(ListAlerts)
@@ -140,7 +140,7 @@ async def _gpus(daemon: Context) -> list[Gpu]:
     holds it outside this daemon (read, never tried: that could fail another daemon's job starting)."""
     readings = await asyncio.get_running_loop().run_in_executor(None, read_gpu_memory)
     held = daemon.scheduler.held()
-    places = daemon.supervisor.executor.places_jobs()  # Slurm decides: no leases
+    places = daemon.runs.executor.places_jobs()  # Slurm decides: no leases
     outside = {} if places else held_outside([d for d in daemon.scheduler.devices if d not in held], readings, False)
     gpus = []
     for device in daemon.scheduler.devices:

@@ -39,6 +39,8 @@ where nothing in the log gave a step yet is a print's step its count of such pri
 set: Average loss: 0.2475`, `Validation loss: 0.31`, `Test loss: 0.31` after training) is named `test_loss`,
 `val_loss` or `eval_loss`, which training_loss() never takes.
 
+May touch: records, logs (terminal lines).
+
 One sample a step a metric: a value its step has given already (a bar redrawn where it was after tqdm.write, a
 line printed again) is left out of a sample, and a sample left with no value is none; a value that differs is
 kept, the last the log shows (an evaluation's lines at one step, timm's `Test: [0/1]` then `[1/1]`). Steps never

@@ -50,7 +50,7 @@ class ReadLog(Request[Union[LogChunk, LogLines, LogEnd]]):
     """The job's output from byte `offset`; with `follow`, keep sending until the job ends.
 
     With no filter the bytes come as they are, in `LogChunk`s. With `patterns`, `tail`, a `since` or
-    `timestamps` the daemon reads the log as terminal lines (see runner/lines.py) and sends only the lines
+    `timestamps` the daemon reads the log as terminal lines (see runner/logs/lines.py) and sends only the lines
     that pass, in `LogLines`; `offset` must then be a line boundary, as every `LogLines.next_offset` is.
     Times are the box's: seconds since the epoch, from the log's (offset, time) index.
     """

@@ -1,0 +1,499 @@
+"""The alert watch over each job: its output and metrics go through the alert rules, and what fires is
+written (runner/alerts/alertmessage.py) to the outbox (runner/alerts/outbox.py), which delivers it.
+
+A job's *watch* (Watch) is where the reading of its output stands: the log's offset, the metrics reader's and
+the spike detectors' state, the last losses. Its state is saved in the database (the `watches` table, a row per
+job being watched); nothing else is called a watch (followers of a log's growth: runner/logs/loggrowth.py).
+
+Per job, every WATCH_INTERVAL_S: the log's new bytes are searched for fatal OOM messages (runner/alerts/oom.py) and
+read for metrics (runner/metrics.py; kept in the job's logmetrics.jsonl, runner/metrics/jobmetrics.py); the job's own
+metrics.jsonl, when tfrun.jobs writes one, is read too and is the exact source the spike rule prefers
+(runner/alerts/spikes.py); no growth of either for the stall time is a stall. When a job ends, the rest of its log
+is read first, then `failed`, `done`, `lost` fire, and a SIGKILL with a risen OOM-kill count of its cgroup
+(runner/executors/cgroup.py) is an `oom`, as is a Slurm job that Slurm killed over its memory limit (its reason says
+so). A job's watch row is deleted only after its end alerts are stored, so a
+daemon that dies at any point resumes the watch and loses no alert; the outbox's cooldown keeps the
+rescanned end of a log from alerting twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import re
+import socket
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from tfrun.losses import TrainingLoss
+from tfrun.protocol.fields import JobState
+from tfrun.runner.alerts import alertmessage, oom
+from tfrun.runner.alerts.outbox import Outbox
+from tfrun.runner.alerts.spikes import DEFAULT_FACTOR, SpikeDetector
+from tfrun.runner.box.config import Config
+from tfrun.runner.box.gpus import GpuReading, read_gpu_memory
+from tfrun.runner.logs.lines import display, plain
+from tfrun.runner.logs.loggrowth import LogGrowth, Subscription
+from tfrun.runner.metrics import LogMetrics, PatternError, Sample
+from tfrun.runner.metrics.eventfile import ScalarFile
+from tfrun.runner.metrics.jobmetrics import (
+    READ_LIMIT_BYTES,
+    LossPoint,
+    callback_losses,
+    keep_log_metrics,
+    log_losses,
+    printed_run,
+)
+from tfrun.runner.records import jobdir
+from tfrun.runner.records.job import JobRow
+from tfrun.runner.records.store import Store
+
+log = logging.getLogger("tfrund")
+
+WATCH_INTERVAL_S = 0.5
+# Two turns of the watch that a log's growth woke, less than this apart, are followed by a pause this long: a busy
+# box's lines are read in batches, about four times a second (an alert of a busy box waits up to this long; a
+# `logs -f` follower never does). The second turn is free: a line often comes in two writes, its text and then
+# its newline, and the turn woken by the first would otherwise leave an OOM line unread for the whole pause.
+MIN_LOOK_INTERVAL_S = 0.25
+SAVE_EVERY_S = 10.0  # a running job's watch saved this often (and after every alert): what a restart reads again
+KEEP_EVERY_S = 10.0  # the metrics read from a log are appended to its files this often (and at every save,
+# and when a client asks for them: `keep_now`), as one write: TensorBoard sees them that late
+MAX_LINE_BYTES = 64 << 10  # an unfinished line kept for the OOM search; longer ones are searched by their start
+GPU_INTERVAL_S = 2.0
+_SEGMENTS = re.compile(rb"[\r\n]")
+
+
+@dataclass
+class Watch:
+    """Where the watch over one job stands; `state()` is what the database keeps of it."""
+
+    job_id: int
+    offset: int = 0  # bytes of the log read
+    pending: bytes = b""  # the log's unfinished last line, for the OOM search
+    metrics_offset: int = 0  # bytes of metrics.jsonl read
+    from_callback: bool = False  # the job writes metrics.jsonl: its losses are the exact ones
+    stalled: bool = False
+    metrics: LogMetrics = field(default_factory=LogMetrics)
+    spikes: SpikeDetector = field(default_factory=SpikeDetector)
+    callback_spikes: SpikeDetector = field(default_factory=SpikeDetector)
+    log_loss: TrainingLoss = field(default_factory=TrainingLoss)  # the loss the log's samples are followed by
+    losses: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=10))
+    saved_at: float = 0.0
+    active_at: float = 0.0  # when output was last seen (wall clock; 0: not yet known, the files say)
+    unkept: list[Sample] = field(default_factory=list)  # samples read, not yet appended to logmetrics.jsonl
+    kept_at: float = 0.0
+    job_dir: Optional[Path] = None  # the job's folder, and in it (set at load, as strings: no Path per look)
+    output_path: str = ""
+    metrics_path: str = ""
+    printed: Optional[ScalarFile] = None  # the `printed` TensorBoard run, which finds its file once
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "offset": self.offset,
+            "pending": base64.b64encode(self.pending).decode(),
+            "metrics_offset": self.metrics_offset,
+            "from_callback": self.from_callback,
+            "stalled": self.stalled,
+            "metrics": self.metrics.state(),
+            "spikes": self.spikes.state(),
+            "callback_spikes": self.callback_spikes.state(),
+            "log_loss": self.log_loss.name,
+            "losses": list(self.losses),
+        }
+
+    @classmethod
+    def restore(cls, job_id: int, state: dict[str, Any], patterns: list[str]) -> Watch:
+        watch = cls(
+            job_id=job_id,
+            offset=state["offset"],
+            pending=base64.b64decode(state["pending"]),
+            metrics_offset=state["metrics_offset"],
+            from_callback=state["from_callback"],
+            stalled=state["stalled"],
+            metrics=LogMetrics.restore(state["metrics"], patterns),
+            spikes=SpikeDetector.restore(state["spikes"]),
+            callback_spikes=SpikeDetector.restore(state["callback_spikes"]),
+            log_loss=TrainingLoss(state.get("log_loss")),  # absent from a watch saved by an older daemon
+        )
+        watch.losses.extend((int(step), float(loss)) for step, loss in state["losses"])
+        return watch
+
+
+@dataclass
+class Settings:
+    """What a job's alerts need to know: its rules, where its alerts go, its metric patterns."""
+
+    rules: dict[str, Optional[float]]
+    urls: list[str]  # secret
+    patterns: list[str]
+
+
+class Alerts:
+    def __init__(self, config: Config, store: Store, outbox: Outbox) -> None:
+        self.config = config
+        self.store = store
+        self.outbox = outbox
+        self._hostname = socket.gethostname()
+        self._watches: dict[int, Watch] = {}
+        self._settings: dict[int, Settings] = {}
+        self._gpu_high_since: dict[int, float] = {}
+        # Read every job's files each WATCH_INTERVAL_S, events or not: a Slurm job writes its log on another
+        # machine, into a shared folder whose changes no inotify of this one sees.
+        self.poll_logs = False
+        self._behind: set[int] = set()  # jobs whose last look did not read all their log
+
+    @property
+    def host(self) -> str:
+        """The box's name in every alert, test message and `tfrun top`: the config's `name` (read again on a
+        reload), else the machine's hostname, which in a fleet of containers is often a meaningless id."""
+        return self.config.name or self._hostname
+
+    def reconfigure(self, config: Config) -> None:
+        """Use a config read again: each job's settings are worked out afresh at its next look, so the
+        daemon's notify URLs reach the alerts of jobs that were already running."""
+        self.config = config
+        self._settings.clear()
+
+    # -- the loop -----------------------------------------------------------------------------------------
+
+    async def run(self, log_growth: LogGrowth) -> None:
+        """Forever: look at each job whose log or metrics grew (file events) or whose row was written, in turns
+        paced by MIN_LOOK_INTERVAL_S when logs grow nonstop; every WATCH_INTERVAL_S check the stall deadlines
+        (in memory) and read the jobs whose growth no event tells (no inotify, or `poll_logs`); now and then
+        look at the GPUs.
+        A job that prints nothing costs nothing here, and a printed line costs its own job's look alone (of
+        its log alone, when only the log grew)."""
+        grew = Subscription()
+        followed: dict[int, contextlib.ExitStack] = {}  # a watched job -> the following of its files
+        files: dict[str, tuple[int, bool]] = {}  # a followed file -> its job, and whether it is its metrics.jsonl
+        rows: dict[int, JobRow] = {}
+        read_as_of = -1  # the store's job_writes when the watched jobs were read
+        polled_at = gpu_next = woken_at = 0.0
+        self.store.on_job_write.append(grew.poke)  # a job that starts is followed at once, one that ends read
+        try:
+            while True:
+                woken = [files[path] for path in grew.take() if path in files]
+                due = {job_id for job_id, _ in woken} | self._behind
+                whole = {job_id for job_id, metrics in woken if metrics} | self._behind  # metrics.jsonl read too
+                self._behind = set()
+                if self.store.job_writes != read_as_of:
+                    read_as_of = self.store.job_writes
+                    fresh = self._watched()
+                    moved = {job_id for job_id, row in fresh.items() if _moved(rows.get(job_id), row)}
+                    due, whole = due | moved, whole | moved
+                    for job_id in set(followed) - set(fresh):
+                        followed.pop(job_id).close()
+                    for job_id in set(fresh) - set(followed):
+                        followed[job_id] = contextlib.ExitStack()
+                        followed[job_id].enter_context(self._follow(log_growth, fresh[job_id], grew, files))
+                    rows = fresh
+                if time.monotonic() - polled_at >= WATCH_INTERVAL_S:
+                    polled_at = time.monotonic()
+                    polled = {
+                        job_id for job_id, row in rows.items() if self.poll_logs or not log_growth.watches(row.job_dir)
+                    }
+                    due, whole = due | polled, whole | polled
+                    self._check_stalls(rows)
+                    self._keep_metrics()
+                for job_id in sorted(due & set(rows)):
+                    try:
+                        if self._look(rows[job_id], job_id in whole):  # its end alerts are stored: not watched
+                            followed.pop(job_id).close()
+                            del rows[job_id]
+                    except Exception:  # one odd job must not stop the watch over the others
+                        log.exception("job %d: alert watch failed", job_id)
+                if time.monotonic() >= gpu_next and "gpu-memory" in self.config.rules:
+                    gpu_next = time.monotonic() + GPU_INTERVAL_S
+                    await self._look_at_gpus()
+                if woken:  # a log written nonstop wakes us about this often; after a quiet while, twice at once
+                    busy, woken_at = time.monotonic() - woken_at < MIN_LOOK_INTERVAL_S, time.monotonic()
+                    if busy:
+                        await asyncio.sleep(MIN_LOOK_INTERVAL_S)
+                await grew.wait(WATCH_INTERVAL_S)
+        finally:
+            self.store.on_job_write.remove(grew.poke)
+            for following in followed.values():
+                following.close()
+
+    def _watched(self) -> dict[int, JobRow]:
+        """Running jobs, and ended jobs whose end alerts are not stored yet (a queued job has no output)."""
+        rows = {row.id: row for row in self.store.list(include_final=False) if row.state != JobState.QUEUED}
+        for job_id in self.store.watched_jobs() - set(rows):
+            row = self.store.get(job_id)
+            if row is not None and row.state != JobState.QUEUED:
+                rows[job_id] = row
+        return rows
+
+    @contextlib.contextmanager
+    def _follow(
+        self, log_growth: LogGrowth, row: JobRow, grew: Subscription, files: dict[str, tuple[int, bool]]
+    ) -> Iterator[None]:
+        """Follow the growth of the job's log and metrics.jsonl into `grew` for as long as the block runs."""
+        paths = [Path(row.job_dir) / jobdir.OUTPUT, Path(row.job_dir) / jobdir.METRICS]
+        with contextlib.ExitStack() as stack:
+            for path in paths:
+                stack.enter_context(log_growth.follow(path, grew))
+                files[os.fspath(path)] = (row.id, path.name == jobdir.METRICS)
+            try:
+                yield
+            finally:
+                for path in paths:
+                    files.pop(os.fspath(path), None)
+
+    def _look(self, row: JobRow, whole: bool) -> bool:
+        """Read what the job's log and metrics gained (its log alone unless `whole`: a file event said only the
+        log grew); for an ended job once all is read, its end alerts. True once those are stored and the job
+        is watched no more."""
+        job_id = row.id
+        settings = self._settings.get(job_id) or self._settings.setdefault(job_id, self.settings(job_id))
+        watch = self._watches.get(job_id) or self._load(row, settings)
+        caught_up = self._read_log(row, watch, settings)
+        if whole or row.final:  # a final job's end alerts come once all of both files is read
+            self._read_callback_metrics(row, watch, settings)
+        if not caught_up:  # more than a look reads: the next look goes on
+            self._behind.add(job_id)
+        if not row.final:
+            if time.monotonic() - watch.saved_at >= SAVE_EVERY_S:
+                self._save(watch)
+            return False
+        if not caught_up:
+            return False
+        _keep(watch)
+        self._ended(row, watch, settings)
+        self._watches.pop(job_id, None)
+        self._settings.pop(job_id, None)
+        self.store.finish_watch(job_id)
+        return True
+
+    def keep_now(self, job_id: int) -> None:
+        """Append the samples read from the job's log that wait for their KEEP_EVERY_S: `tfrun metrics` and `top`
+        see every line read so far, while a job's files take a write only every KEEP_EVERY_S otherwise."""
+        watch = self._watches.get(job_id)
+        if watch is not None and watch.unkept:
+            _keep(watch)
+
+    def _keep_metrics(self) -> None:
+        """Append the samples read more than KEEP_EVERY_S ago, of jobs that printed nothing since."""
+        now = time.monotonic()
+        for watch in self._watches.values():
+            if watch.unkept and now - watch.kept_at >= KEEP_EVERY_S:
+                try:
+                    _keep(watch)
+                except OSError as exc:
+                    log.warning("job %d: metrics not kept: %s", watch.job_id, exc)
+
+    def _check_stalls(self, rows: dict[int, JobRow]) -> None:
+        """The stall rule of every running job looked at so far: a comparison each, files read only once a
+        job's deadline has passed by what was seen of it."""
+        for job_id, row in rows.items():
+            watch = self._watches.get(job_id)
+            if watch is not None and not row.final:
+                try:
+                    settings = self._settings.get(job_id) or self._settings.setdefault(job_id, self.settings(job_id))
+                    self._check_stall(row, watch, settings)
+                except Exception:
+                    log.exception("job %d: stall check failed", job_id)
+
+    def _load(self, row: JobRow, settings: Settings) -> Watch:
+        state = self.store.watch_state(row.id)
+        watch = None
+        if state and "offset" in state:  # a watch begun by an earlier daemon ({} for one never begun)
+            try:
+                watch = Watch.restore(row.id, state, settings.patterns)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("job %d: alert watch state unusable (%s); reading its log again", row.id, exc)
+        if watch is None:
+            factor = settings.rules.get("spike") or DEFAULT_FACTOR
+            try:
+                metrics = LogMetrics(settings.patterns)
+            except PatternError as exc:  # checked at submit; a daemon config changed since may still be bad
+                log.warning("job %d: metric patterns unusable (%s); reading Keras and plain prints only", row.id, exc)
+                metrics = LogMetrics()
+            watch = Watch(row.id, metrics=metrics, spikes=SpikeDetector(factor), callback_spikes=SpikeDetector(factor))
+        watch.job_dir = Path(row.job_dir)
+        watch.output_path = os.path.join(row.job_dir, jobdir.OUTPUT)
+        watch.metrics_path = os.path.join(row.job_dir, jobdir.METRICS)
+        watch.printed = printed_run(watch.job_dir)
+        self._watches[row.id] = watch
+        return watch
+
+    def _save(self, watch: Watch) -> None:
+        """Save where the watch stands, its samples kept first: a restart reads on from the offset saved, so
+        no sample before it may be still unwritten."""
+        _keep(watch)
+        self.store.save_watch_state(watch.job_id, watch.state())
+        watch.saved_at = time.monotonic()
+
+    def settings(self, job_id: int) -> Settings:
+        stored = self.store.job_alerts(job_id)
+        if stored is None:  # submitted before this daemon had alerts: the daemon's rules
+            return Settings(self.config.rules, list(self.config.notify), [])
+        rules, urls, patterns = stored
+        return Settings(rules, [*self.config.notify, *urls], [*self.config.metric_patterns, *patterns])
+
+    # -- the log ------------------------------------------------------------------------------------------
+
+    def _read_log(self, row: JobRow, watch: Watch, settings: Settings) -> bool:
+        """Read what the log gained; True once all of it is read."""
+        try:
+            fd = os.open(watch.output_path, os.O_RDONLY | os.O_CLOEXEC)  # no file object: a look is a few syscalls
+        except FileNotFoundError:
+            return True
+        try:
+            size = os.fstat(fd).st_size
+            if size <= watch.offset:
+                return True
+            data = os.pread(fd, min(size - watch.offset, READ_LIMIT_BYTES), watch.offset)
+        finally:
+            os.close(fd)
+        watch.offset += len(data)
+        watch.stalled, watch.active_at = False, time.time()
+        samples = watch.metrics.feed(data)  # before the OOM search: an OOM alert quotes the losses before it
+        if samples:
+            watch.unkept.extend(samples)
+            if time.monotonic() - watch.kept_at >= KEEP_EVERY_S:
+                _keep(watch)
+            if not watch.from_callback:
+                for point in log_losses(samples, watch.log_loss):
+                    self._loss(row, watch, settings, watch.spikes, point)
+        if "oom" in settings.rules:
+            self._search_oom(row, watch, settings, data)
+        else:
+            watch.pending = b""
+        return watch.offset >= size
+
+    def _search_oom(self, row: JobRow, watch: Watch, settings: Settings, data: bytes) -> None:
+        text = watch.pending + data
+        last_newline = text.rfind(b"\n")
+        complete, watch.pending = text[: last_newline + 1], text[last_newline + 1 :][:MAX_LINE_BYTES]
+        if not complete or not oom.may_hold_oom(complete):
+            return
+        for line in _SEGMENTS.split(complete):
+            if not oom.may_hold_oom(line):
+                continue
+            shown = plain(display(line)).strip()
+            kind = oom.oom_kind(shown)
+            if kind is not None:
+                self._fire(
+                    row, watch, settings, "oom", f"out of memory ({kind}): {alertmessage.cut(oom.message(shown), 160)}"
+                )
+                return  # one incident: the rest of the traceback says the same
+
+    def _read_callback_metrics(self, row: JobRow, watch: Watch, settings: Settings) -> None:
+        """Follow the losses tfrun.jobs appended to metrics.jsonl."""
+        found = callback_losses(watch.metrics_path, watch.metrics_offset)
+        if found is None:
+            return
+        read, points = found
+        watch.metrics_offset += read
+        watch.from_callback = True
+        watch.stalled, watch.active_at = False, time.time()
+        for point in points:
+            self._loss(row, watch, settings, watch.callback_spikes, point)
+
+    # -- the rules ----------------------------------------------------------------------------------------
+
+    def _loss(self, row: JobRow, watch: Watch, settings: Settings, detector: SpikeDetector, point: LossPoint) -> None:
+        """Follow one training loss; a spike fires an alert that says where the log printed it."""
+        if point.loss is None:
+            return
+        watch.losses.append((point.step, point.loss))
+        if "spike" not in settings.rules:
+            return
+        spike = detector.add(point.step, point.loss)
+        if spike is not None:
+            self._fire(row, watch, settings, "spike", alertmessage.spike_summary(spike, point.position, point.name))
+
+    def _check_stall(self, row: JobRow, watch: Watch, settings: Settings) -> None:
+        limit = settings.rules.get("stall")
+        if "stall" not in settings.rules or limit is None or watch.stalled or row.state != JobState.RUNNING:
+            return
+        if time.time() - watch.active_at < limit:
+            return
+        last = max(
+            [row.started_at or 0.0, *(_mtime(Path(row.job_dir) / name) for name in (jobdir.OUTPUT, jobdir.METRICS))]
+        )
+        watch.active_at = last
+        quiet = time.time() - last
+        if quiet >= limit:
+            watch.stalled = True
+            self._fire(row, watch, settings, "stall", f"no output for {alertmessage.minutes(quiet)} while it runs")
+
+    def _ended(self, row: JobRow, watch: Watch, settings: Settings) -> None:
+        """The end alerts of a final job, once its whole log is read."""
+        rules = settings.rules
+        if row.state == JobState.FAILED and "oom" in rules:
+            if row.reason == oom.SLURM_OUT_OF_MEMORY:
+                self._fire(row, watch, settings, "oom", "killed by Slurm over its memory limit (sbatch --mem)")
+            elif row.signal == 9 and oom.killed_by_oom_killer(Path(row.job_dir)):
+                self._fire(row, watch, settings, "oom", "killed by the kernel's OOM killer (SIGKILL)")
+        if row.state == JobState.FAILED and "failed" in rules:
+            self._fire(row, watch, settings, "failed", alertmessage.failure(row))
+        elif row.state == JobState.SUCCEEDED and "done" in rules:
+            self._fire(
+                row, watch, settings, "done", f"succeeded after {alertmessage.minutes(alertmessage.runtime(row))}"
+            )
+        elif row.state == JobState.LOST and "lost" in rules:
+            self._fire(row, watch, settings, "lost", f"lost: {row.reason}")
+
+    def _fire(self, row: JobRow, watch: Watch, settings: Settings, rule: str, what: str) -> None:
+        """Store the alert (the outbox sends it), then save the watch, so a restart never loses it."""
+        summary = f"job {alertmessage.label(row)} on {self.host}: {what}"
+        self.outbox.record(
+            row.id, rule, summary, alertmessage.body(self.host, row, summary, watch.losses, watch.offset), settings.urls
+        )
+        self._save(watch)
+
+    # -- the box ------------------------------------------------------------------------------------------
+
+    async def _look_at_gpus(self) -> None:
+        """gpu-memory: a GPU above the threshold for the config's gpu_memory_for is one alert (the box's, not a
+        job's; the cooldown makes a GPU that stays full one message)."""
+        threshold = self.config.rules.get("gpu-memory") or 90.0
+        gpus: list[GpuReading] = await asyncio.get_running_loop().run_in_executor(None, read_gpu_memory)
+        now = time.time()
+        for gpu in gpus:
+            percent = 100.0 * gpu.used / gpu.total if gpu.total else 0.0
+            if percent < threshold:
+                self._gpu_high_since.pop(gpu.index, None)
+                continue
+            since = self._gpu_high_since.setdefault(gpu.index, now)
+            if now - since >= self.config.gpu_memory_for:
+                summary = (
+                    f"{self.host}: GPU {gpu.index} ({gpu.name}) memory at {percent:.0f}% "
+                    f"({gpu.used / 2**30:.1f} of {gpu.total / 2**30:.1f} GiB) for {alertmessage.minutes(now - since)}"
+                )
+                running = [alertmessage.label(row) for row in self.store.list(include_final=False)]
+                body = f"{summary}\n\nRunning jobs: {', '.join(running) or 'none'}\n"
+                self.outbox.record(None, "gpu-memory", summary, body, list(self.config.notify))
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _moved(before: Optional[JobRow], after: JobRow) -> bool:
+    """Whether a job is new to the watch or changed state since it was last read (its end: the rest of its
+    log, then its end alerts)."""
+    return before is None or before.state != after.state
+
+
+def _keep(watch: Watch) -> None:
+    """Append the samples the watch read from the log to the job's metrics files: every KEEP_EVERY_S at most, as
+    one write (a progress bar redrawn 20 times a second was two files opened for each redraw; at one line a
+    second, 100 jobs cost the daemon 100 opens of two files a second)."""
+    samples, watch.unkept = watch.unkept, []
+    watch.kept_at = time.monotonic()
+    if samples and watch.job_dir is not None and watch.printed is not None:
+        keep_log_metrics(watch.job_dir, samples, watch.printed)

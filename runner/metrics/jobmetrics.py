@@ -1,0 +1,185 @@
+"""A job's metrics: read as it runs from its log and from the metrics.jsonl tfrun.jobs writes, kept, and
+read back for `tfrun metrics` and `tfrun top`.
+
+A *sample* is one step's metrics (runner/metrics.py reads them from the log; a line of metrics.jsonl is one).
+The samples read from the log are appended to the job's logmetrics.jsonl, the view shown for a job that writes
+no metrics.jsonl of its own. A *loss point* is a sample's training loss at its step, which the alert rules
+follow (runner/alerts/watch.py). Both files are the job's: nothing read back from them is trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple, Optional
+
+from tfrun.losses import TrainingLoss
+from tfrun.protocol.watching import MetricSample
+from tfrun.runner.metrics import Sample, plausible, training_loss
+from tfrun.runner.metrics.eventfile import PRINTED, ScalarFile
+from tfrun.runner.records import jobdir
+
+READ_LIMIT_BYTES = 8 << 20  # per job and look: a job that writes faster is caught up over several looks
+TAIL_BYTES = 64 << 10  # the end of a metrics file that `tfrun top` reads
+
+
+class LossPoint(NamedTuple):
+    """A training loss at a step; `position` and `name` say, for an alert, where the log printed it and
+    what the value is where not the loss (see log_losses)."""
+
+    step: int
+    loss: Optional[float]
+    position: str = ""
+    name: Optional[str] = None
+
+
+def printed_run(job_dir: Path) -> ScalarFile:
+    """The job's TensorBoard folder's `printed` run (runner/metrics/eventfile.py): curves for a script that writes
+    none. One per job for the watch's life: it finds its file once."""
+    return ScalarFile(job_dir / jobdir.TENSORBOARD / PRINTED)
+
+
+def keep_log_metrics(job_dir: Path, samples: list[Sample], printed: ScalarFile) -> None:
+    """Append to the job's logmetrics.jsonl, the view `tfrun metrics` shows when the job writes none, and to
+    its `printed` run (`printed_run`)."""
+    now = round(time.time(), 3)
+    lines = []
+    for sample in samples:
+        record: dict[str, Any] = {"step": sample.step}
+        if sample.epoch is not None:
+            record["epoch"] = sample.epoch
+        record["time"] = now
+        record.update(sample.values)
+        lines.append(json.dumps(record, separators=(",", ":")) + "\n")
+    with open(job_dir / jobdir.LOG_METRICS, "a") as f:
+        f.write("".join(lines))
+    printed.append([(s.step, s.values) for s in samples])
+
+
+def log_losses(samples: list[Sample], follow: TrainingLoss) -> Iterator[LossPoint]:
+    """The loss of each sample read from the log, as `follow` follows one loss from sample to sample (a NaN
+    gradient norm beside a finite loss is answered instead, and named). Lazily: `follow` is where the last
+    point taken left it, as the watch saves it."""
+    for sample in samples:
+        loss = follow.of(sample.values)
+        yield LossPoint(sample.step, loss, _position(sample), follow.cause)
+
+
+def callback_losses(path: str, offset: int) -> Optional[tuple[int, list[LossPoint]]]:
+    """(the bytes read, the losses in them) from the lines tfrun.jobs appended to metrics.jsonl (at `path`)
+    past `offset`; a last line without its newline waits. None when the file has not grown."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+    if size <= offset:
+        return None
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(min(size - offset, READ_LIMIT_BYTES))
+    data = data[: data.rfind(b"\n") + 1]
+    points = []
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and plausible(record.get("step")):
+            points.append(LossPoint(record["step"], _loss_of(record)))
+    return len(data), points
+
+
+def read_metrics(job_dir: Path, last: Optional[int]) -> tuple[str, list[MetricSample]]:
+    """A job's metrics for `tfrun metrics`: its own metrics.jsonl when it wrote one, else what was read from
+    its log, one sample a step; the last `last` samples."""
+    for source, name in (("callback", jobdir.METRICS), ("log", jobdir.LOG_METRICS)):
+        path = job_dir / name
+        if path.exists() and path.stat().st_size:
+            samples: list[MetricSample] = []
+            with open(path, "rb") as f:
+                for line in f:
+                    sample = _sample(line)
+                    if sample is None:
+                        continue
+                    if source == "log" and samples and samples[-1].step == sample.step:
+                        samples[-1] = _updated(samples[-1], sample)
+                    else:
+                        samples.append(sample)
+            return source, samples[-last:] if last else samples
+    return "none", []
+
+
+def _updated(sample: MetricSample, later: MetricSample) -> MetricSample:
+    """A step's sample with what a later line at that step gave (an evaluation's value that changed where the
+    log printed it twice, a print placed at the step a bar reached): its values added, the last one winning, as a
+    terminal shows the last."""
+    return MetricSample(
+        step=sample.step,
+        values={**sample.values, **later.values},
+        epoch=later.epoch if later.epoch is not None else sample.epoch,
+        time=later.time if later.time is not None else sample.time,
+    )
+
+
+def recent_losses(job_dir: Path, n: int) -> list[float]:
+    """The job's last `n` training losses, from the end of its metrics file (the view `tfrun top` draws)."""
+    for name in (jobdir.METRICS, jobdir.LOG_METRICS):
+        try:
+            with open(job_dir / name, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - TAIL_BYTES))
+                lines = f.read().splitlines()[1 if size > TAIL_BYTES else 0 :]
+        except OSError:
+            continue
+        losses = []
+        follow = TrainingLoss()  # one loss from line to line: a GAN's two are not one curve (tfrun/losses.py)
+        for line in lines:
+            sample = _sample(line)
+            loss = follow.of(sample.values) if sample is not None else None
+            if loss is not None:
+                losses.append(loss)
+        if losses:
+            return losses[-n:]
+    return []
+
+
+def _sample(line: bytes) -> Optional[MetricSample]:
+    """One line of a metrics file as a sample, or None: the file is the job's, so nothing in it is trusted
+    (a step of 10^30 or a time of 1e400 would be refused by the client reading the reply)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    step, epoch, at = record.pop("step", None), record.pop("epoch", None), record.pop("time", None)
+    if not plausible(step):
+        return None
+    values = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return MetricSample(
+        step=step,
+        values=values,
+        epoch=epoch if plausible(epoch) else None,
+        time=float(at) if type(at) in (int, float) and math.isfinite(at) else None,
+    )
+
+
+def _loss_of(values: dict[str, Any]) -> Optional[float]:
+    """The training loss among a sample's or a metrics line's values (numbers only: the file is the job's)."""
+    return training_loss(
+        {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    )
+
+
+def _position(sample: Sample) -> str:
+    """Where a sample read from the log was printed, when its step is not what the line shows: the epoch and the
+    line's own counter (`epoch 2, step 100` of a loop whose steps restart, Keras's `batch 40`), so that a user
+    finds the line the alert is about."""
+    if sample.epoch is None or sample.printed_step is None or sample.printed_step == sample.step:
+        return ""
+    counter = {"keras": "batch", "lightning": "batch", "bar": "batch"}.get(sample.source, "step")
+    return f" (epoch {sample.epoch}, {counter} {sample.printed_step})"
