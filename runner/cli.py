@@ -29,9 +29,9 @@ from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import Error, Message, Ok, ProtocolError, encode
 from tfrun.runner.box.config import Config, ConfigError
-from tfrun.runner.daemon import (
+from tfrun.runner.daemon import Daemon
+from tfrun.runner.home import (
     AlreadyRunning,
-    Daemon,
     DaemonError,
     acquire_lock,
     install_job_pythonpath,

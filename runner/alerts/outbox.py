@@ -22,7 +22,8 @@ from typing import Any, Optional
 
 from tfrun.protocol.watching import Delivery
 from tfrun.runner.alerts import alerttext
-from tfrun.runner.records.store import EXPIRED, PENDING, SENT, NewAlert, Store
+from tfrun.runner.records.alertrows import EXPIRED, PENDING, SENT, NewAlert
+from tfrun.runner.records.store import Store
 
 log = logging.getLogger("tfrund")
 

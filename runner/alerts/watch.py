@@ -1,9 +1,7 @@
 """The alert watch over each job: its output and metrics go through the alert rules, and what fires is
 written (runner/alerts/alertmessage.py) to the outbox (runner/alerts/outbox.py), which delivers it.
 
-A job's *watch* (Watch) is where the reading of its output stands: the log's offset, the metrics reader's and
-the spike detectors' state, the last losses. Its state is saved in the database (the `watches` table, a row per
-job being watched); nothing else is called a watch (followers of a log's growth: runner/logs/loggrowth.py).
+A job's *watch* (runner/alerts/jobwatch.py) is where the reading of its output stands.
 
 Per job, every WATCH_INTERVAL_S: the log's new bytes are searched for fatal OOM messages (runner/alerts/oom.py) and
 read for metrics (runner/metrics.py; kept in the job's logmetrics.jsonl, runner/metrics/jobmetrics.py); the job's own
@@ -19,35 +17,30 @@ rescanned end of a log from alerting twice.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import os
 import re
 import socket
 import time
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-from tfrun.losses import TrainingLoss
 from tfrun.protocol.fields import JobState
 from tfrun.runner.alerts import alertmessage, oom
+from tfrun.runner.alerts.gpumemory import GpuMemory
+from tfrun.runner.alerts.jobwatch import Settings, Watch, keep
 from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.alerts.spikes import DEFAULT_FACTOR, SpikeDetector
 from tfrun.runner.box.config import Config
-from tfrun.runner.box.gpus import GpuReading, read_gpu_memory
 from tfrun.runner.logs.lines import display, plain
 from tfrun.runner.logs.loggrowth import LogGrowth, Subscription
-from tfrun.runner.metrics import LogMetrics, PatternError, Sample
-from tfrun.runner.metrics.eventfile import ScalarFile
+from tfrun.runner.metrics import LogMetrics, PatternError
 from tfrun.runner.metrics.jobmetrics import (
     READ_LIMIT_BYTES,
     LossPoint,
     callback_losses,
-    keep_log_metrics,
     log_losses,
     printed_run,
 )
@@ -71,71 +64,6 @@ GPU_INTERVAL_S = 2.0
 _SEGMENTS = re.compile(rb"[\r\n]")
 
 
-@dataclass
-class Watch:
-    """Where the watch over one job stands; `state()` is what the database keeps of it."""
-
-    job_id: int
-    offset: int = 0  # bytes of the log read
-    pending: bytes = b""  # the log's unfinished last line, for the OOM search
-    metrics_offset: int = 0  # bytes of metrics.jsonl read
-    from_callback: bool = False  # the job writes metrics.jsonl: its losses are the exact ones
-    stalled: bool = False
-    metrics: LogMetrics = field(default_factory=LogMetrics)
-    spikes: SpikeDetector = field(default_factory=SpikeDetector)
-    callback_spikes: SpikeDetector = field(default_factory=SpikeDetector)
-    log_loss: TrainingLoss = field(default_factory=TrainingLoss)  # the loss the log's samples are followed by
-    losses: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=10))
-    saved_at: float = 0.0
-    active_at: float = 0.0  # when output was last seen (wall clock; 0: not yet known, the files say)
-    unkept: list[Sample] = field(default_factory=list)  # samples read, not yet appended to logmetrics.jsonl
-    kept_at: float = 0.0
-    job_dir: Optional[Path] = None  # the job's folder, and in it (set at load, as strings: no Path per look)
-    output_path: str = ""
-    metrics_path: str = ""
-    printed: Optional[ScalarFile] = None  # the `printed` TensorBoard run, which finds its file once
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "offset": self.offset,
-            "pending": base64.b64encode(self.pending).decode(),
-            "metrics_offset": self.metrics_offset,
-            "from_callback": self.from_callback,
-            "stalled": self.stalled,
-            "metrics": self.metrics.state(),
-            "spikes": self.spikes.state(),
-            "callback_spikes": self.callback_spikes.state(),
-            "log_loss": self.log_loss.name,
-            "losses": list(self.losses),
-        }
-
-    @classmethod
-    def restore(cls, job_id: int, state: dict[str, Any], patterns: list[str]) -> Watch:
-        watch = cls(
-            job_id=job_id,
-            offset=state["offset"],
-            pending=base64.b64decode(state["pending"]),
-            metrics_offset=state["metrics_offset"],
-            from_callback=state["from_callback"],
-            stalled=state["stalled"],
-            metrics=LogMetrics.restore(state["metrics"], patterns),
-            spikes=SpikeDetector.restore(state["spikes"]),
-            callback_spikes=SpikeDetector.restore(state["callback_spikes"]),
-            log_loss=TrainingLoss(state.get("log_loss")),  # absent from a watch saved by an older daemon
-        )
-        watch.losses.extend((int(step), float(loss)) for step, loss in state["losses"])
-        return watch
-
-
-@dataclass
-class Settings:
-    """What a job's alerts need to know: its rules, where its alerts go, its metric patterns."""
-
-    rules: dict[str, Optional[float]]
-    urls: list[str]  # secret
-    patterns: list[str]
-
-
 class Alerts:
     def __init__(self, config: Config, store: Store, outbox: Outbox) -> None:
         self.config = config
@@ -144,7 +72,7 @@ class Alerts:
         self._hostname = socket.gethostname()
         self._watches: dict[int, Watch] = {}
         self._settings: dict[int, Settings] = {}
-        self._gpu_high_since: dict[int, float] = {}
+        self._gpu_memory = GpuMemory()
         # Read every job's files each WATCH_INTERVAL_S, events or not: a Slurm job writes its log on another
         # machine, into a shared folder whose changes no inotify of this one sees.
         self.poll_logs = False
@@ -212,7 +140,7 @@ class Alerts:
                         log.exception("job %d: alert watch failed", job_id)
                 if time.monotonic() >= gpu_next and "gpu-memory" in self.config.rules:
                     gpu_next = time.monotonic() + GPU_INTERVAL_S
-                    await self._look_at_gpus()
+                    await self._gpu_memory.look(self.config, self.host, self.store, self.outbox)
                 if woken:  # a log written nonstop wakes us about this often; after a quiet while, twice at once
                     busy, woken_at = time.monotonic() - woken_at < MIN_LOOK_INTERVAL_S, time.monotonic()
                     if busy:
@@ -266,7 +194,7 @@ class Alerts:
             return False
         if not caught_up:
             return False
-        _keep(watch)
+        keep(watch)
         self._ended(row, watch, settings)
         self._watches.pop(job_id, None)
         self._settings.pop(job_id, None)
@@ -278,7 +206,7 @@ class Alerts:
         see every line read so far, while a job's files take a write only every KEEP_EVERY_S otherwise."""
         watch = self._watches.get(job_id)
         if watch is not None and watch.unkept:
-            _keep(watch)
+            keep(watch)
 
     def _keep_metrics(self) -> None:
         """Append the samples read more than KEEP_EVERY_S ago, of jobs that printed nothing since."""
@@ -286,7 +214,7 @@ class Alerts:
         for watch in self._watches.values():
             if watch.unkept and now - watch.kept_at >= KEEP_EVERY_S:
                 try:
-                    _keep(watch)
+                    keep(watch)
                 except OSError as exc:
                     log.warning("job %d: metrics not kept: %s", watch.job_id, exc)
 
@@ -328,7 +256,7 @@ class Alerts:
     def _save(self, watch: Watch) -> None:
         """Save where the watch stands, its samples kept first: a restart reads on from the offset saved, so
         no sample before it may be still unwritten."""
-        _keep(watch)
+        keep(watch)
         self.store.save_watch_state(watch.job_id, watch.state())
         watch.saved_at = time.monotonic()
 
@@ -360,7 +288,7 @@ class Alerts:
         if samples:
             watch.unkept.extend(samples)
             if time.monotonic() - watch.kept_at >= KEEP_EVERY_S:
-                _keep(watch)
+                keep(watch)
             if not watch.from_callback:
                 for point in log_losses(samples, watch.log_loss):
                     self._loss(row, watch, settings, watch.spikes, point)
@@ -452,29 +380,6 @@ class Alerts:
         )
         self._save(watch)
 
-    # -- the box ------------------------------------------------------------------------------------------
-
-    async def _look_at_gpus(self) -> None:
-        """gpu-memory: a GPU above the threshold for the config's gpu_memory_for is one alert (the box's, not a
-        job's; the cooldown makes a GPU that stays full one message)."""
-        threshold = self.config.rules.get("gpu-memory") or 90.0
-        gpus: list[GpuReading] = await asyncio.get_running_loop().run_in_executor(None, read_gpu_memory)
-        now = time.time()
-        for gpu in gpus:
-            percent = 100.0 * gpu.used / gpu.total if gpu.total else 0.0
-            if percent < threshold:
-                self._gpu_high_since.pop(gpu.index, None)
-                continue
-            since = self._gpu_high_since.setdefault(gpu.index, now)
-            if now - since >= self.config.gpu_memory_for:
-                summary = (
-                    f"{self.host}: GPU {gpu.index} ({gpu.name}) memory at {percent:.0f}% "
-                    f"({gpu.used / 2**30:.1f} of {gpu.total / 2**30:.1f} GiB) for {alertmessage.minutes(now - since)}"
-                )
-                running = [alertmessage.label(row) for row in self.store.list(include_final=False)]
-                body = f"{summary}\n\nRunning jobs: {', '.join(running) or 'none'}\n"
-                self.outbox.record(None, "gpu-memory", summary, body, list(self.config.notify))
-
 
 def _mtime(path: Path) -> float:
     try:
@@ -487,13 +392,3 @@ def _moved(before: Optional[JobRow], after: JobRow) -> bool:
     """Whether a job is new to the watch or changed state since it was last read (its end: the rest of its
     log, then its end alerts)."""
     return before is None or before.state != after.state
-
-
-def _keep(watch: Watch) -> None:
-    """Append the samples the watch read from the log to the job's metrics files: every KEEP_EVERY_S at most, as
-    one write (a progress bar redrawn 20 times a second was two files opened for each redraw; at one line a
-    second, 100 jobs cost the daemon 100 opens of two files a second)."""
-    samples, watch.unkept = watch.unkept, []
-    watch.kept_at = time.monotonic()
-    if samples and watch.job_dir is not None and watch.printed is not None:
-        keep_log_metrics(watch.job_dir, samples, watch.printed)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from tfrun.protocol.fields import ErrorCode, JobState
 from tfrun.protocol.logs import Attach, AttachReply, ReadLog
-from tfrun.runner.executors.executor import tty_socket
+from tfrun.runner.executors.local import tty_socket
 from tfrun.runner.handlers.base import Connection, RequestError, Shown, find, handles, invalid
 from tfrun.runner.logs import logstream
 from tfrun.runner.logs.lines import PatternError

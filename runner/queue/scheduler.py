@@ -46,9 +46,9 @@ from tfrun.runner.box.blobs import read_manifest, write_manifest
 from tfrun.runner.box.config import inherited_env
 from tfrun.runner.box.gpus import held_outside, lease_folder, lease_paths, read_gpu_memory
 from tfrun.runner.faults import crash_point
-from tfrun.runner.queue import gpulease
+from tfrun.runner.queue import gpulease, queries
 from tfrun.runner.records import jobdir
-from tfrun.runner.records.job import SERVICE_LIKE, JobRow, JobSpec, from_json
+from tfrun.runner.records.job import JobRow, JobSpec, from_json
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -137,7 +137,7 @@ class Scheduler:
 
     def held(self) -> dict[str, int]:
         """Devices held by unfinished jobs, and by which."""
-        return {device: job_id for job_id, devices in _scheduled(self.store) for device in devices}
+        return {device: job_id for job_id, devices in queries.scheduled(self.store) for device in devices}
 
     async def run_pass(self) -> None:
         """Start every waiting job whose turn it is and whose GPUs are free; fail those whose `--after`
@@ -154,11 +154,11 @@ class Scheduler:
 
     async def _place(self, waiting: list[_Waiting], outside: dict[str, str]) -> None:
         """The pass itself, over the `waiting` jobs, with the devices held `outside` this daemon."""
-        scheduled = _scheduled(self.store)
+        scheduled = queries.scheduled(self.store)
         held = {device for _, devices in scheduled for device in devices}
         free = [d for d in self.devices if d not in held and d not in outside]
-        cpu_running = _cpu_jobs(self.store, scheduled)
-        after = _after_states(self.store, {ref for job in waiting for ref in job.spec.after})
+        cpu_running = queries.cpu_jobs(self.store, scheduled)
+        after = queries.after_states(self.store, {ref for job in waiting for ref in job.spec.after})
         gpu_blocked = False
         arrays: dict[int, list[JobRow]] = {}  # the tasks of each array ready in this pass
         for job in sorted(waiting, key=lambda job: (-job.spec.priority, job.id)):
@@ -251,7 +251,7 @@ class Scheduler:
     def _waiting_jobs(self) -> list[_Waiting]:
         """Queued jobs whose work dir is built and that nobody is starting yet, by id; each spec decoded in
         the first pass that sees it (it never changes), the others forgotten."""
-        found = _waiting_rows(self.store)
+        found = queries.waiting_rows(self.store)
         self._specs = {job_id: self._specs.get(job_id) or from_json(spec) for job_id, spec, _ in found}
         return [_Waiting(job_id, self._specs[job_id], why) for job_id, _, why in found]
 
@@ -354,61 +354,6 @@ class _Waiting(NamedTuple):
     id: int
     spec: JobSpec
     waiting: Optional[str]
-
-
-# -- what a pass reads of the store, without its rows: reads that belong with runner/records/store.py's --------------
-
-_UNFINISHED = f"state NOT IN ({', '.join('?' * len(JobState.FINAL))})"
-
-
-def _waiting_rows(store: Store) -> list[tuple[int, str, Optional[str]]]:
-    """(id, spec as stored, waiting reason) of each job `_waiting` says waits, by id."""
-    rows = store.db.execute(
-        "SELECT id, spec, waiting FROM jobs WHERE state=? AND gpus IS NULL AND prepared != 0 ORDER BY id",
-        (JobState.QUEUED,),
-    )
-    return [(job_id, spec, why) for job_id, spec, why in rows]
-
-
-def _scheduled(store: Store) -> list[tuple[int, list[str]]]:
-    """Each unfinished job that was given its devices (maybe none), by id, with them."""
-    rows = store.db.execute(
-        f"SELECT id, gpus FROM jobs WHERE {_UNFINISHED} AND gpus IS NOT NULL ORDER BY id", JobState.FINAL
-    )
-    return [(job_id, json.loads(gpus)) for job_id, gpus in rows]
-
-
-def _cpu_jobs(store: Store, scheduled: list[tuple[int, list[str]]]) -> int:
-    """How many of the `scheduled` jobs run without GPUs and take a CPU-only job slot: all but services (they
-    mostly wait), whose specs alone are decoded (they, and few others, match SERVICE_LIKE)."""
-    cpu = [job_id for job_id, devices in scheduled if not devices]
-    services = 0
-    for start in range(0, len(cpu), _IDS_PER_STATEMENT):
-        chunk = cpu[start : start + _IDS_PER_STATEMENT]
-        rows = store.db.execute(
-            f"SELECT spec FROM jobs WHERE id IN ({', '.join('?' * len(chunk))}) AND spec LIKE ?", (*chunk, SERVICE_LIKE)
-        )
-        services += sum(1 for (spec,) in rows if from_json(spec).service is not None)
-    return len(cpu) - services
-
-
-def _after_states(store: Store, refs: set[int]) -> dict[int, tuple[str, Optional[int]]]:
-    """The state and restart (`restarted_as`) of each job of `refs` there is, and of each restart of one, to
-    the last: all that the waiting jobs' `--after` checks need, in a query a few hundred jobs."""
-    found: dict[int, tuple[str, Optional[int]]] = {}
-    while refs:
-        ids = sorted(refs)
-        for start in range(0, len(ids), _IDS_PER_STATEMENT):
-            chunk = ids[start : start + _IDS_PER_STATEMENT]
-            rows = store.db.execute(
-                f"SELECT id, state, restarted_as FROM jobs WHERE id IN ({', '.join('?' * len(chunk))})", chunk
-            )
-            found.update((job_id, (state, again)) for job_id, state, again in rows)
-        refs = {again for ref in refs if ref in found and (again := found[ref][1]) is not None} - found.keys()
-    return found
-
-
-_IDS_PER_STATEMENT = 500  # SQLite before 3.32 takes at most 999 parameters in one statement
 
 
 def job_env(layout: Layout, row: JobRow, devices: list[str], box_devices: list[str]) -> dict[str, str]:

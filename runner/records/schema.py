@@ -4,6 +4,8 @@
 A migration, once released, never changes: a database is only ever moved forward by new ones.
 """
 
+IDS_PER_STATEMENT = 500  # SQLite before 3.32 takes at most 999 parameters in one statement
+
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE jobs (
