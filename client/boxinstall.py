@@ -210,7 +210,7 @@ async def pip_install(
 async def start_daemon(conn: asyncssh.SSHClientConnection, host: Host, restart: bool) -> Optional[int]:
     """Start the installed tfrund (stopping an older one first: its jobs keep running, the new one re-adopts
     them); the pid it says it runs as."""
-    from tfrun.client.ssh import remote_command
+    from tfrun.client.remotecommand import remote_command
 
     stop, start = remote_command(host, "stop"), remote_command(host, "start")  # the host's env on stdin
     if restart:

@@ -47,16 +47,16 @@ class Target:
     async def _connect(self) -> Channel:
         if self.host is None:
             return await connect_local(Layout.from_env())
-        from tfrun.client import keeper
+        from tfrun.client import keeperclient
 
-        if keeper.enabled():
+        if keeperclient.enabled():
             try:
-                return await keeper.connect(self.host, self.accept_new_host_key, self.timeout)
+                return await keeperclient.connect(self.host, self.accept_new_host_key, self.timeout)
             except RemoteError as exc:  # the box's dial-stdio, through a keeper already up, says why
                 if exc.code == ErrorCode.CANNOT_START:
                     raise cannot_start(self.host.label, exc.message) from None
                 raise
-            except keeper.HUNG_UP:
+            except keeperclient.HUNG_UP:
                 await self._why_hung_up()
                 raise
         return await self._direct()

@@ -38,7 +38,7 @@ Opener = Callable[[int], Awaitable[tuple[Any, Any]]]
 def keeper_opener(host: Host, accept_new: bool) -> Opener:
     """Tunnels through the box's keeper, starting one (again) whenever none answers: a keeper idles out or its
     connection drops, and a forward that stays for a day must outlive both."""
-    from tfrun.client import keeper
+    from tfrun.client import keeperclient
     from tfrun.client.keepertrust import socket_path
 
     path = forward_path(socket_path(host, accept_new))
@@ -47,7 +47,7 @@ def keeper_opener(host: Host, accept_new: bool) -> Opener:
         try:
             reader, writer = await asyncio.open_unix_connection(str(path))
         except (FileNotFoundError, ConnectionRefusedError):
-            channel = await keeper.connect(host, accept_new)  # starts the keeper, or says why it cannot
+            channel = await keeperclient.connect(host, accept_new)  # starts the keeper, or says why it cannot
             channel.close()
             try:
                 reader, writer = await asyncio.open_unix_connection(str(path))

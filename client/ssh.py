@@ -14,18 +14,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
-import shlex
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional
 
 import asyncssh
 
-from tfrun import __version__
 from tfrun.client.config import Host, parse_destination
 from tfrun.client.errors import TfrunError, cannot_start
+from tfrun.client.remotecommand import RemoteCommand, remote_command
 from tfrun.constants import (
     EXIT_DAEMON,
     EXIT_USAGE,
@@ -33,13 +30,11 @@ from tfrun.constants import (
     SSH_ALIVE_INTERVAL_S,
     SSH_CONNECT_TIMEOUT_S,
 )
-from tfrun.protocol.admin import DaemonInfo, DaemonStatus, Doctor
+from tfrun.protocol.admin import DaemonInfo, DaemonStatus
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import ProtocolError
 
-# How `check` reports a step: passed (True) or failed (False), or a doctor's check by its status.
-Report = Callable[[Union[bool, str], str], None]
 _RECHECK_S = 24 * 3600.0  # how long a box's refusal to forward is believed before trying again
 
 
@@ -225,39 +220,6 @@ def fix_hint(host: Host, upgrade: bool = False) -> str:
 
 # A host's environment reaches the box on the command's stdin, never on its command line, which every user
 # of the box sees in `ps` (its values may be secrets: a TFRUN_NOTIFY for the daemon it starts). This POSIX sh
-# reads K=V lines up to an empty one (from a pipe, `read` takes no byte past its line, so what follows is the
-# command's own input: the protocol), exports them, and becomes the command.
-_ENV_FROM_STDIN = 'while IFS= read -r kv && [ -n "$kv" ]; do export "$kv" || exit 2; done; exec "$@"'
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@dataclass(frozen=True)
-class RemoteCommand:
-    """A command for the box: `line` is what sshd runs (no secret in it); `stdin` goes first on its input."""
-
-    line: str
-    stdin: bytes = b""
-
-
-def remote_command(host: Host, *args: str) -> RemoteCommand:
-    """tfrund with `args` on the box, in the host's environment, which travels on stdin (`_ENV_FROM_STDIN`)."""
-    tfrund = [*shlex.split(host.tfrund), *args]
-    if not host.env:
-        return RemoteCommand(shlex.join(tfrund))
-    return RemoteCommand(shlex.join(["sh", "-c", _ENV_FROM_STDIN, "sh", *tfrund]), _env_lines(host))
-
-
-def _env_lines(host: Host) -> bytes:
-    """The host's environment as K=V lines and the empty line that ends them; a name or value these lines
-    cannot carry is refused, naming it."""
-    for key, value in host.env.items():
-        if not _ENV_NAME.fullmatch(key) or "\n" in value or "\0" in value:
-            raise TfrunError(
-                f"host {host.label}: env {key!r} cannot be sent to the box (a name must be letters, digits and _, "
-                "a value one line): fix it with `tfrun hosts add` or in the hosts config",
-                EXIT_USAGE,
-            )
-    return "".join(f"{key}={value}\n" for key, value in sorted(host.env.items())).encode() + b"\n"
 
 
 async def start_process(conn: asyncssh.SSHClientConnection, command: RemoteCommand) -> Any:
@@ -414,51 +376,3 @@ async def run_command(conn: asyncssh.SSHClientConnection, command: RemoteCommand
     result = await conn.run(command.line, check=False, input=command.stdin, encoding=None)
     out = result.stdout.decode(errors="replace") if isinstance(result.stdout, bytes) else ""
     return int(result.exit_status or 0), out
-
-
-async def check(host: Host, accept_new: bool, report: Report) -> bool:
-    """`tfrun hosts check`: each step reported as it passes or fails; True if all passed."""
-    try:
-        conn = await open_ssh(host, accept_new)
-    except TfrunError as exc:
-        report(False, f"ssh: {exc.message}")
-        return False
-    try:
-        key = conn.get_server_host_key()
-        fingerprint = key.get_fingerprint() if key else "?"
-        report(
-            True, f"ssh: connected to {host.destination} as {conn.get_extra_info('username')}, host key {fingerprint}"
-        )
-        status, out = await run_command(conn, remote_command(host, "--version"))
-        if status != 0:
-            report(False, f"tfrund: {host.tfrund!r} not found on the box (exit {status}): {fix_hint(host)}")
-            return False
-        box_version = out.split()[-1] if out.split() else "?"
-        same_version = box_version == __version__
-        report(same_version, f"tfrund: {out.strip()}" if same_version else f"tfrund: the box has {box_version}, this "
-               f"client {__version__}: {fix_hint(host, upgrade=True)}")  # fmt: skip
-        try:
-            channel, _ = await open_channel(conn, host)
-        except (TfrunError, RemoteError) as exc:
-            report(False, f"daemon: {exc}")
-            return False
-        report(True, f"daemon: running, tfrund {channel.daemon.version}, protocol {channel.daemon.protocol}")
-        info = await channel.ask(DaemonStatus())
-        if await can_forward(conn, info.socket):
-            report(True, f"transport: socket forwarding to {info.socket}")
-        else:
-            report(True, "transport: socket forwarding refused by the server; using tfrund dial-stdio (slower)")
-        ready = await _doctor(channel, host, report)
-        return same_version and ready
-    finally:
-        conn.close()
-
-
-async def _doctor(channel: Channel, host: Host, report: Report) -> bool:
-    """The doctor's checks (TensorFlow, CUDA build, GPUs, driver, checkpoint root), run by the daemon with the
-    interpreter jobs will get: the host's `python`, else tfrund's job_python. A box whose jobs cannot import
-    TensorFlow is not ready, however well ssh works; True if nothing failed."""
-    reply = await channel.ask(Doctor(python=host.python))
-    for line in reply.checks:
-        report(line.status, f"{line.name}: {line.detail}" + (f"; {line.advice}" if line.advice else ""))
-    return all(line.status != "fail" for line in reply.checks)

@@ -205,7 +205,7 @@ def hosts_check(name: Optional[str], accept_new_host_key: bool, as_json: bool) -
         cli.fail(exc.message, exc.exit_code)
     if host is None:
         cli.fail("no host given and no default host configured", EXIT_USAGE)
-    from tfrun.client import ssh
+    from tfrun.client import hostcheck
 
     steps: list[dict[str, str]] = []
 
@@ -215,7 +215,7 @@ def hosts_check(name: Optional[str], accept_new_host_key: bool, as_json: bool) -
         else:
             click.echo(f"{_STEP_LABEL[good]} {step}")
 
-    ok = cli.run(ssh.check(host, accept_new_host_key, report))
+    ok = cli.run(hostcheck.check(host, accept_new_host_key, report))
     if as_json:
         click.echo(render.to_json(steps))
     sys.exit(EXIT_OK if ok else EXIT_DAEMON)

@@ -66,11 +66,11 @@ async def _forward(host: Host, accept_new: bool, box_port: int, local_port: int,
 async def _serve(host: Host, accept_new: bool, box_port: int, local_port: int, announce: Callable[[int], None]) -> None:
     """Forward `local_port` to the box's `box_port` (the keeper's connection, or one of this process's own),
     `announce` the port listened on, and serve until cancelled."""
-    from tfrun.client import keeper
+    from tfrun.client import keeperclient
 
     close = None
     open_tunnel: Opener
-    if keeper.enabled():
+    if keeperclient.enabled():
         open_tunnel = keeper_opener(host, accept_new)
     else:
         open_tunnel, close = await direct_opener(host, accept_new)
