@@ -11,6 +11,8 @@ from conftest import Tfrun
 
 from tfrun.runner.logs.lines import plain
 
+pytestmark = [pytest.mark.tensorflow]
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "jobs" / "examples"
 
 pytest.importorskip("tensorflow", reason="the example jobs need TensorFlow (pip install -e '.[test]')")

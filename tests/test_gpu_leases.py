@@ -25,6 +25,8 @@ import pytest
 from conftest import TFRUN, TFRUND, Tfrun, wait_for, write_script
 from otheruser import OtherUser, other_user
 
+pytestmark = [pytest.mark.root]
+
 GIB = 1 << 30
 
 
