@@ -118,6 +118,7 @@ def waiting_reason(tf: Tfrun, job: int) -> str:
     return str(tf.job(job).get("waiting") or "")
 
 
+@pytest.mark.slow  # more than 10 s
 def test_two_users_daemons_never_put_two_jobs_on_one_gpu(tf: Tfrun, shared: Path, project: Path) -> None:
     gpus = standin(shared)
     tf.env["TFRUN_GPU_STANDIN"] = str(gpus)

@@ -14,6 +14,7 @@ from slurmcluster import FINAL_STATES, SlurmCluster, slurm_fixture  # noqa: F401
 pytestmark = [pytest.mark.slurm]
 
 
+@pytest.mark.slow  # more than 10 s
 def test_a_failing_gpu_job_is_seen_in_squeue_then_in_sacct(slurm: SlurmCluster, tmp_path: Path) -> None:
     output = tmp_path / "out.log"
     job = slurm.sbatch("--gres=gpu:1", f"--output={output}", "--job-name=tfrun-1",

@@ -212,6 +212,7 @@ def _line(text: str, word: str) -> str:
     return found[0]
 
 
+@pytest.mark.slow  # more than 10 s
 @pytest.mark.slurm
 @pytest.mark.tensorflow
 @pytest.mark.skipif(not _has_tf_keras(), reason="needs tf-keras (.ci/run: pip install --no-deps tf-keras)")
