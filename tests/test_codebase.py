@@ -226,20 +226,45 @@ def _needed_and_carried_markers(tree: ast.Module) -> tuple[dict[str, str], set[s
     return needed, carried
 
 
+def _bare_ssh_cases(tree: ast.Module) -> list[int]:
+    """The lines where `tf` is parametrized with a plain "ssh" (its case is then unmarked: `-m "not ssh"` would
+    keep it), not `pytest.param("ssh", ..., marks=pytest.mark.ssh)`."""
+    lines = []
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "parametrize"
+        ):
+            continue
+        if len(node.args) < 2 or not isinstance(node.args[0], ast.Constant) or "tf" not in str(node.args[0].value):
+            continue
+        if isinstance(node.args[1], (ast.List, ast.Tuple)):
+            for case in node.args[1].elts:
+                first = case.elts[0] if isinstance(case, ast.Tuple) and case.elts else case
+                if isinstance(first, ast.Constant) and first.value == "ssh":
+                    lines.append(case.lineno)
+    return lines
+
+
 def test_every_test_module_says_what_it_needs() -> None:
     """A test module that starts an sshd, the Slurm cluster or needs root carries the marker, so that a slice
     such as `-m "not root and not slurm"` (docs/testing.md) leaves out what this machine cannot do."""
     missing = []
     for path in sorted((ROOT / "tests").glob("test_*.py")):
-        needed, carried = _needed_and_carried_markers(ast.parse(path.read_text(), filename=str(path)))
+        tree = ast.parse(path.read_text(), filename=str(path))
+        needed, carried = _needed_and_carried_markers(tree)
         missing += [
             f"{path.name}: {why} but no pytest.mark.{mark}" for mark, why in needed.items() if mark not in carried
+        ]
+        missing += [
+            f'{path.name}:{line}: a plain "ssh" case of tf, not pytest.param("ssh", marks=pytest.mark.ssh)'
+            for line in _bare_ssh_cases(tree)
         ]
     assert not missing, "\n".join(missing)
 
 
 def test_the_marker_check_sees_a_missing_marker() -> None:
-    """The check above can fail: a module that takes the sshd fixture and imports slurmcluster, unmarked."""
+    """The check above can fail: a module that takes the sshd fixture and imports slurmcluster, unmarked, or
+    parametrizes tf with a plain "ssh"."""
     bare = ast.parse("from slurmcluster import slurm_fixture\n\ndef test_x(sshd, slurm):\n    pass\n")
     assert _needed_and_carried_markers(bare) == (
         {"slurm": "from slurmcluster import ...", "ssh": "the sshd fixture"},
@@ -247,3 +272,6 @@ def test_the_marker_check_sees_a_missing_marker() -> None:
     )
     marked = ast.parse("import pytest\nimport netns\npytestmark = [pytest.mark.root]\n")
     assert _needed_and_carried_markers(marked) == ({"root": "import netns"}, {"root"})
+    both = 'import pytest\n@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)\ndef test_y(tf): ...\n'
+    assert _bare_ssh_cases(ast.parse(both)) == [2]
+    assert _bare_ssh_cases(ast.parse(both.replace('"ssh"]', 'pytest.param("ssh", marks=pytest.mark.ssh)]'))) == []
