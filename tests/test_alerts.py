@@ -27,6 +27,8 @@ from conftest import Mailbox, Receiver, Tfrun, alive, no_internet, wait_for, wri
 
 from tfrun.runner.alerts.watch import KEEP_EVERY_S
 
+pytestmark = [pytest.mark.slow]
+
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,6 +101,7 @@ MKLCPU_FIRST = "Allocator (mklcpu) ran out of memory trying to allocate 1.00TiB"
 OP_FIRST = "RESOURCE_EXHAUSTED: OOM when allocating tensor with shape[274877906944]"
 
 
+@pytest.mark.tensorflow
 @pytest.mark.parametrize(
     ("which", "onednn", "first"),
     [
@@ -231,7 +234,7 @@ def test_a_sigkill_without_the_oom_killer_is_a_failure_only(tf: Tfrun, project: 
 # -- loss ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 def test_a_nan_loss_alerts_at_once(tf: Tfrun, project: Path, receiver: Receiver) -> None:
     configure(tf, receiver.url)
     write_script(project, "job.py", printing("step 1 loss=0.70", "step 2 loss=0.69", "step 3 loss=nan", code=1))
@@ -407,7 +410,7 @@ def test_a_slack_url_is_accepted_and_its_secrets_never_shown(tf: Tfrun, project:
     assert delivery["target"] == "slack://***/***" and delivery["state"] == "pending"
 
 
-@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 def test_notify_test_reports_success_and_the_reason_of_a_failure(
     tf: Tfrun, mailbox: Mailbox, receiver: Receiver
 ) -> None:
@@ -740,7 +743,7 @@ def test_metrics_explain_shows_each_line_shape_what_was_read_and_why(tf: Tfrun, 
     assert wrong.returncode == 2 and "--explain shows lines" in wrong.stderr
 
 
-@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 def test_metrics_written_by_tfrun_jobs_are_preferred(tf: Tfrun, project: Path) -> None:
     configure(tf)
     write_script(

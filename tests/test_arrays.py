@@ -18,6 +18,8 @@ from tfrun.protocol.channel import RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.runner.faults import CRASH_AT_ENV
 
+pytestmark = [pytest.mark.slow]
+
 SHOW = """import os, sys
 print("value", os.environ["LR"], "args", sys.argv[1:], "array", os.environ["TFRUN_ARRAY_ID"],
       os.environ["TFRUN_ARRAY_INDEX"], flush=True)
@@ -137,6 +139,7 @@ def test_the_shared_checks() -> None:
 # -- on the real cluster ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slurm
 def test_an_array_of_four_tasks_is_one_sbatch_on_slurm(
     on_slurm: Tfrun, slurm: SlurmCluster, project: Path, tmp_path: Path
 ) -> None:
@@ -180,6 +183,7 @@ sys.exit(index)
     assert not folder.exists()
 
 
+@pytest.mark.slurm
 @pytest.mark.parametrize("crash", ["array-recorded", "array-submitted"])
 def test_a_daemon_that_dies_around_sbatch_never_submits_an_array_twice(
     on_slurm: Tfrun, slurm: SlurmCluster, project: Path, crash: str

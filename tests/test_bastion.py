@@ -22,6 +22,8 @@ import pytest
 from conftest import Sshd, Tfrun, box_sshd, keeper_socket, keepers_of, wait_for, write_script
 from netns import Namespace, Network, Unavailable
 
+pytestmark = [pytest.mark.ssh, pytest.mark.root]
+
 
 @dataclass
 class Bastion:

@@ -18,6 +18,8 @@ from conftest import TFRUN, Tfrun, gated_job, wait_for, write_script
 
 from tfrun.protocol.jobs import Job, JobList, ListJobs
 
+pytestmark = [pytest.mark.slow]
+
 ARGV = "import sys\nprint(sys.argv[1:])\n"
 LONG_ARGS = ["--comment", "x" * 150, "--tag", "the-very-end"]
 
@@ -27,7 +29,7 @@ def where(tf: Tfrun) -> str:
     return "box" if tf.remote else "this machine"
 
 
-@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 def test_ps_and_every_no_such_job_error_name_the_host(tf: Tfrun, project: Path) -> None:
     place = f"box ({getpass.getuser()}@127.0.0.1:" if tf.remote else "this machine"
     assert tf.ok("ps").startswith(f"no jobs on {place}")
@@ -247,7 +249,7 @@ def completions(tf: Tfrun, words: str, timeout: float = 30) -> list[tuple[str, s
     return [tuple(line.split(",", 1)) for line in result.stdout.splitlines() if line]  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 def test_completion_offers_job_ids_hosts_and_files(tf: Tfrun, project: Path, tmp_path: Path) -> None:
     jobs = [tf.submit(str(write_script(project, "argv.py", ARGV))) for _ in range(2)]
     for job in jobs:

@@ -190,3 +190,88 @@ def test_each_wing_of_the_daemon_touches_only_what_its_docstring_says() -> None:
                 if parts[:2] == ["tfrun", "runner"] and len(parts) > 2 and parts[2] not in allowed:
                     crossings.append(f"{path.relative_to(ROOT)} imports {name}")
     assert crossings == []
+
+
+# What a test module uses that says which marker (pyproject.toml's markers) it must carry, so that `-m "not
+# ssh"` and the like leave it out: an import of one of these helper modules of tests/, or a use of one of
+# these names of conftest.py (the session's sshd fixture, an Sshd of its own, a box's sshd, a remote client).
+NEEDS_BY_IMPORT = {"slurmcluster": "slurm", "otheruser": "root", "netns": "root", "fleetbox": "ssh"}
+NEEDS_BY_NAME = {"sshd": "ssh", "Sshd": "ssh", "box_sshd": "ssh", "remote_client": "ssh"}
+
+
+def _needed_and_carried_markers(tree: ast.Module) -> tuple[dict[str, str], set[str]]:
+    """The markers `tree` needs, each with what it uses that needs it, and the markers it names anywhere
+    (`pytestmark`, a test's decorator or a `pytest.param(..., marks=...)`) as `pytest.mark.NAME`."""
+    needed: dict[str, str] = {}
+    carried: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in NEEDS_BY_IMPORT:
+            needed.setdefault(NEEDS_BY_IMPORT[node.module], f"from {node.module} import ...")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in NEEDS_BY_IMPORT:
+                    needed.setdefault(NEEDS_BY_IMPORT[alias.name], f"import {alias.name}")
+        elif isinstance(node, ast.arg) and node.arg == "sshd":
+            needed.setdefault("ssh", "the sshd fixture")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in NEEDS_BY_NAME:
+            needed.setdefault(NEEDS_BY_NAME[node.func.id], f"{node.func.id}(...)")
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "mark"
+            and isinstance(node.value.value, ast.Name)
+            and node.value.value.id == "pytest"
+        ):
+            carried.add(node.attr)
+    return needed, carried
+
+
+def _bare_ssh_cases(tree: ast.Module) -> list[int]:
+    """The lines where `tf` is parametrized with a plain "ssh" (its case is then unmarked: `-m "not ssh"` would
+    keep it), not `pytest.param("ssh", ..., marks=pytest.mark.ssh)`."""
+    lines = []
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "parametrize"
+        ):
+            continue
+        if len(node.args) < 2 or not isinstance(node.args[0], ast.Constant) or "tf" not in str(node.args[0].value):
+            continue
+        if isinstance(node.args[1], (ast.List, ast.Tuple)):
+            for case in node.args[1].elts:
+                first = case.elts[0] if isinstance(case, ast.Tuple) and case.elts else case
+                if isinstance(first, ast.Constant) and first.value == "ssh":
+                    lines.append(case.lineno)
+    return lines
+
+
+def test_every_test_module_says_what_it_needs() -> None:
+    """A test module that starts an sshd, the Slurm cluster or needs root carries the marker, so that a slice
+    such as `-m "not root and not slurm"` (docs/testing.md) leaves out what this machine cannot do."""
+    missing = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        needed, carried = _needed_and_carried_markers(tree)
+        missing += [
+            f"{path.name}: {why} but no pytest.mark.{mark}" for mark, why in needed.items() if mark not in carried
+        ]
+        missing += [
+            f'{path.name}:{line}: a plain "ssh" case of tf, not pytest.param("ssh", marks=pytest.mark.ssh)'
+            for line in _bare_ssh_cases(tree)
+        ]
+    assert not missing, "\n".join(missing)
+
+
+def test_the_marker_check_sees_a_missing_marker() -> None:
+    """The check above can fail: a module that takes the sshd fixture and imports slurmcluster, unmarked, or
+    parametrizes tf with a plain "ssh"."""
+    bare = ast.parse("from slurmcluster import slurm_fixture\n\ndef test_x(sshd, slurm):\n    pass\n")
+    assert _needed_and_carried_markers(bare) == (
+        {"slurm": "from slurmcluster import ...", "ssh": "the sshd fixture"},
+        set(),
+    )
+    marked = ast.parse("import pytest\nimport netns\npytestmark = [pytest.mark.root]\n")
+    assert _needed_and_carried_markers(marked) == ({"root": "import netns"}, {"root"})
+    both = 'import pytest\n@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)\ndef test_y(tf): ...\n'
+    assert _bare_ssh_cases(ast.parse(both)) == [2]
+    assert _bare_ssh_cases(ast.parse(both.replace('"ssh"]', 'pytest.param("ssh", marks=pytest.mark.ssh)]'))) == []

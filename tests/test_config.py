@@ -19,7 +19,7 @@ from tfrun.paths import Layout
 from tfrun.runner.box import config as daemon_config
 
 SECRET = "hunter2-secret"
-both = pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+both = pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 
 
 def secret_url(receiver: Receiver) -> str:
@@ -179,7 +179,13 @@ BROKEN = 'max_cpu_jobs = 2\nnotify = ["json://127.0.0.1:1/alerts"\n'  # the arra
 
 
 @pytest.mark.parametrize(
-    ("tf", "transport"), [("local", "local"), ("ssh", "keeper"), ("ssh", "direct")], indirect=["tf"]
+    ("tf", "transport"),
+    [
+        ("local", "local"),
+        pytest.param("ssh", "keeper", marks=pytest.mark.ssh),
+        pytest.param("ssh", "direct", marks=pytest.mark.ssh),
+    ],
+    indirect=["tf"],
 )
 def test_a_config_that_stops_tfrund_reaches_the_client_in_one_line(tf: Tfrun, transport: str) -> None:
     if transport == "direct":

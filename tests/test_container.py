@@ -56,7 +56,7 @@ BASE_IMAGE_ENV = {
 }
 EXTRA_ENV = {"TF_CPP_MIN_LOG_LEVEL": "1", "TFRUN_TEST_MARK": "it's got 'quotes' & $dollars"}  # `docker run -e`
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 # -- the recipe ------------------------------------------------------------------------------------------
@@ -545,6 +545,9 @@ def connected(box: tuple[Box, Client]) -> tuple[Box, Client]:
 # -- as a user --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.ssh
+@pytest.mark.root
+@pytest.mark.container
 def test_key_login_works_and_passwords_and_root_are_refused(connected: tuple[Box, Client]) -> None:
     the_box, client = connected
     user = the_box.user
@@ -590,6 +593,9 @@ def _env_of(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
+@pytest.mark.ssh
+@pytest.mark.root
+@pytest.mark.container
 def test_the_image_environment_reaches_ssh_sessions_login_shells_and_jobs(
     connected: tuple[Box, Client], tmp_path: Path
 ) -> None:
@@ -608,6 +614,9 @@ def test_the_image_environment_reaches_ssh_sessions_login_shells_and_jobs(
     assert "TFRUN_AUTHORIZED_KEYS" not in plain and "TFRUN_AUTHORIZED_KEYS" not in from_job
 
 
+@pytest.mark.ssh
+@pytest.mark.root
+@pytest.mark.container
 def test_readme_submit_and_follow_over_the_box_sshd(connected: tuple[Box, Client], tmp_path: Path) -> None:
     _, client = connected
     script = tmp_path / "train.py"
@@ -634,6 +643,9 @@ def _daemon_pid(the_box: Box) -> Optional[int]:
     return int(json.loads(result.stdout)["pid"]) if result.returncode == 0 else None
 
 
+@pytest.mark.ssh
+@pytest.mark.root
+@pytest.mark.container
 def test_killed_tfrund_comes_back_and_its_job_keeps_running(connected: tuple[Box, Client], tmp_path: Path) -> None:
     the_box, client = connected
     script = tmp_path / "gated.py"
@@ -657,6 +669,9 @@ def test_killed_tfrund_comes_back_and_its_job_keeps_running(connected: tuple[Box
     assert "starting it again" in the_box.output()
 
 
+@pytest.mark.ssh
+@pytest.mark.root
+@pytest.mark.container
 def test_a_daemon_started_meanwhile_is_waited_for_not_fought(connected: tuple[Box, Client]) -> None:
     """If tfrund dies and another takes its lock (a client's `tfrund dial-stdio` starts one), the entrypoint
     waits for that one to exit instead of failing to start every second: here a process that grabs the
@@ -684,6 +699,9 @@ def test_a_daemon_started_meanwhile_is_waited_for_not_fought(connected: tuple[Bo
         holder.wait(timeout=30)
 
 
+@pytest.mark.ssh
+@pytest.mark.root
+@pytest.mark.container
 def test_tfrund_runs_in_its_own_venv_not_the_job_interpreter(connected: tuple[Box, Client]) -> None:
     the_box, _ = connected
     config = dict(
@@ -700,12 +718,18 @@ def test_tfrund_runs_in_its_own_venv_not_the_job_interpreter(connected: tuple[Bo
     assert probe.returncode != 0 and "No module named 'asyncssh'" in probe.stderr
 
 
+@pytest.mark.ssh
+@pytest.mark.root
+@pytest.mark.container
 def test_healthcheck_passes_on_a_running_box(connected: tuple[Box, Client]) -> None:
     the_box, _ = connected
     result = the_box.exec(*DOCKERFILE.healthcheck, check=False)
     assert result.returncode == 0 and result.stdout.strip() == "healthy", result.stdout + result.stderr
 
 
+@pytest.mark.ssh
+@pytest.mark.root
+@pytest.mark.container
 def test_stop_and_start_keep_the_host_key_and_the_job_history(connected: tuple[Box, Client], tmp_path: Path) -> None:
     the_box, client = connected
     quick = tmp_path / "quick.py"

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import (
     TFRUN,
     TFRUND,
@@ -32,6 +33,8 @@ from tfrun.protocol.jobs import JobList, JobReply, ListJobs
 from tfrun.protocol.submit import FileEntry, PutBlobs, Submit
 from tfrun.protocol.wire import PROTOCOL_VERSION, Hello, encode, read_message, write_message
 from tfrun.runner.records.store import SCHEMA_VERSION
+
+pytestmark = [pytest.mark.slow]
 
 
 def daemons_of(home: Path) -> list[int]:

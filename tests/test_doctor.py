@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import Tfrun
 
+pytestmark = [pytest.mark.tensorflow]
+
 pytest.importorskip("tensorflow", reason="the doctor checks the job interpreter's TensorFlow")
 
 FAKE_SMI = """#!/bin/sh
@@ -43,7 +45,7 @@ def tf_version() -> str:
     return str(tensorflow.__version__)
 
 
-@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 def test_doctor_fails_a_job_python_without_tensorflow_and_an_unwritable_checkpoint_root(
     tf: Tfrun, tmp_path: Path
 ) -> None:
@@ -80,7 +82,7 @@ def test_doctor_fails_when_the_driver_sees_gpus_that_tensorflow_does_not(tf: Tfr
     assert checks["built with CUDA"]["status"] == "fail", "a CPU-only TensorFlow on a GPU box is a failure"
 
 
-@pytest.mark.parametrize("tf", ["ssh"], indirect=True)
+@pytest.mark.parametrize("tf", [pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 def test_hosts_check_and_doctor_use_the_hosts_python_and_name_one_with_tensorflow(tf: Tfrun, tmp_path: Path) -> None:
     """The host's `python` has no TensorFlow: `hosts check` fails on it (not only the first job), names an
     interpreter on the box that has it (a conda env under the daemon's ~) and says how to choose it."""

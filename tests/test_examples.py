@@ -11,6 +11,8 @@ from conftest import Tfrun
 
 from tfrun.runner.logs.lines import plain
 
+pytestmark = [pytest.mark.tensorflow]
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "jobs" / "examples"
 
 pytest.importorskip("tensorflow", reason="the example jobs need TensorFlow (pip install -e '.[test]')")
@@ -32,6 +34,7 @@ def test_the_demo_job_trains_and_checkpoints_through_tfrun(tf: Tfrun) -> None:
     assert steps == [63, 126], "a checkpoint at the end of each epoch of 63 steps (4000 examples, 64 a batch)"
 
 
+@pytest.mark.slow  # more than 10 s
 def test_the_model_fit_example_trains_a_small_cnn_and_checkpoints_each_epoch(tf: Tfrun) -> None:
     result = tf.run(
         "submit", "--follow", "--python", sys.executable, str(EXAMPLES / "mnist_fit.py"),
@@ -44,6 +47,7 @@ def test_the_model_fit_example_trains_a_small_cnn_and_checkpoints_each_epoch(tf:
     assert [point["step"] for point in points] == [29, 58], "one checkpoint per epoch of 29 steps"
 
 
+@pytest.mark.slow  # more than 10 s
 def test_a_real_keras_fit_followed_with_a_filter_shows_each_epoch_once(tf: Tfrun, tmp_path: Path) -> None:
     """model.fit of the installed TensorFlow, live under tfrun: its redrawn progress bar, filtered on the box."""
     project = tmp_path / "fit"

@@ -23,11 +23,14 @@ import pytest
 from conftest import Sshd, Tfrun, keepers_of, serving_daemon, wait_for
 from fleetbox import BOXES, Fleet, fleet_fixture, jobs_ended_fixture  # noqa: F401 - the fixtures fleet, jobs_ended
 
-BOTH_LAYOUTS = pytest.mark.parametrize("fleet", ["direct", "jump"], indirect=True)
+pytestmark = [pytest.mark.slow]
+
+BOTH_LAYOUTS = pytest.mark.parametrize("fleet", ["direct", pytest.param("jump", marks=pytest.mark.root)], indirect=True)
 DIRECT = pytest.mark.parametrize("fleet", ["direct"], indirect=True)  # one fleet, shared with BOTH_LAYOUTS'
-JUMP = pytest.mark.parametrize("fleet", ["jump"], indirect=True)
+JUMP = pytest.mark.parametrize("fleet", [pytest.param("jump", marks=pytest.mark.root)], indirect=True)
 
 
+@pytest.mark.ssh
 @BOTH_LAYOUTS
 def test_placement_picks_the_box_with_a_free_gpu_then_the_one_freed(fleet: Fleet, jobs_ended: None) -> None:
     free = fleet.jumped or "box2"  # the jump layout: only the box behind the bastion has a free GPU
@@ -58,6 +61,7 @@ def test_placement_picks_the_box_with_a_free_gpu_then_the_one_freed(fleet: Fleet
     assert never == []  # the dry run submitted nothing
 
 
+@pytest.mark.ssh
 @DIRECT
 def test_placement_counts_what_each_box_gives_a_job_without_gpus(fleet: Fleet, jobs_ended: None) -> None:
     """Every box's GPU busy; box2's daemon gives a job without --gpus no GPU (`config set default_gpus 0`): such a
@@ -81,6 +85,7 @@ def test_placement_counts_what_each_box_gives_a_job_without_gpus(fleet: Fleet, j
         fleet.client.ok("config", "unset", "default_gpus", "--host", "box2")
 
 
+@pytest.mark.ssh
 @BOTH_LAYOUTS
 def test_ps_over_all_hosts_lists_each_job_once_with_its_host(fleet: Fleet, jobs_ended: None) -> None:
     ids = {name: fleet.submit("--host", name, fleet.script, f"ps-{name}").stdout.strip() for name in BOXES}
@@ -104,6 +109,7 @@ def test_ps_over_all_hosts_lists_each_job_once_with_its_host(fleet: Fleet, jobs_
         fleet.client.ok("hosts", "remove", "box1-alias")
 
 
+@pytest.mark.ssh
 @BOTH_LAYOUTS
 def test_job_addresses_need_no_host(fleet: Fleet, jobs_ended: None) -> None:
     far = fleet.jumped or "box2"  # the jump layout: the box behind the bastion
@@ -146,6 +152,7 @@ def test_job_addresses_need_no_host(fleet: Fleet, jobs_ended: None) -> None:
     assert "gpu is a pool (members: box1, box2, box3): a job address names one host" in pooled.stderr
 
 
+@pytest.mark.ssh
 @DIRECT
 def test_a_dead_box_is_skipped_within_the_timeout(fleet: Fleet, tmp_path: Path) -> None:
     """box4's sshd is stopped (a refused port); box5 takes the connection but never says a word (a box that
@@ -184,6 +191,7 @@ def test_a_dead_box_is_skipped_within_the_timeout(fleet: Fleet, tmp_path: Path) 
             fleet.client.ok("hosts", "remove", name)
 
 
+@pytest.mark.ssh
 @JUMP
 def test_the_box_behind_the_bastion_is_reached_only_through_it(fleet: Fleet) -> None:
     """Each daemon runs in its box's namespace (started through SSH): box1's and box2's in the client's, box3's
@@ -206,6 +214,7 @@ def test_the_box_behind_the_bastion_is_reached_only_through_it(fleet: Fleet) -> 
         fleet.client.ok("hosts", "remove", "box3-direct")
 
 
+@pytest.mark.ssh
 @JUMP
 def test_a_stopped_bastion_costs_box3_one_note_within_the_timeout(fleet: Fleet, jobs_ended: None) -> None:
     """The bastion's sshd stopped, with the connections through it (as when the jump host goes down): a pool

@@ -20,6 +20,8 @@ from conftest import TFRUN, Receiver, Sshd, Tfrun, wait_for, write_script
 from fleetbox import BOXES, Fleet, fleet_fixture, jobs_ended_fixture  # noqa: F401 - the fixtures fleet, jobs_ended
 from test_views import _frame_with, _in_tmux, screen
 
+pytestmark = [pytest.mark.ssh]
+
 
 @pytest.fixture
 def dead_member(fleet: Fleet, tmp_path: Path) -> Iterator[None]:

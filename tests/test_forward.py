@@ -23,6 +23,8 @@ import pytest
 from conftest import Sshd, Tfrun, box_sshd, free_port, keeper_socket, keepers_of
 from netns import Namespace, Network, Unavailable
 
+pytestmark = [pytest.mark.ssh, pytest.mark.root]
+
 _FETCH = """
 import sys, urllib.request
 try:

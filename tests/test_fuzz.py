@@ -30,6 +30,8 @@ from tfrun.protocol.fields import UTF8, Limit, Range
 from tfrun.protocol.wire import _REGISTRY, Hello, encode
 from tfrun.runner.handlers import HANDLERS
 
+pytestmark = [pytest.mark.slow]
+
 FUZZ_EXAMPLES = 10_000
 
 

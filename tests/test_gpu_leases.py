@@ -25,6 +25,8 @@ import pytest
 from conftest import TFRUN, TFRUND, Tfrun, wait_for, write_script
 from otheruser import OtherUser, other_user
 
+pytestmark = [pytest.mark.root]
+
 GIB = 1 << 30
 
 
@@ -116,6 +118,7 @@ def waiting_reason(tf: Tfrun, job: int) -> str:
     return str(tf.job(job).get("waiting") or "")
 
 
+@pytest.mark.slow  # more than 10 s
 def test_two_users_daemons_never_put_two_jobs_on_one_gpu(tf: Tfrun, shared: Path, project: Path) -> None:
     gpus = standin(shared)
     tf.env["TFRUN_GPU_STANDIN"] = str(gpus)

@@ -24,7 +24,9 @@ from tfrun.protocol.jobs import JobReply
 from tfrun.protocol.submit import FileEntry, HaveBlobs, MissingBlobs, Submit
 from tfrun.sizes import parse_size
 
-both = pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+pytestmark = [pytest.mark.slow]
+
+both = pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 
 
 def daemon_config(tf: Tfrun, text: str) -> None:

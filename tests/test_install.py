@@ -32,7 +32,7 @@ else:  # pragma: no cover - Python 3.9 and 3.10
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("TFRUN_TEST_CACHE") or Path.home() / ".cache" / "tfrun-tests")
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.ssh, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def trust(tf: Tfrun, server: Sshd) -> str:
@@ -91,6 +91,7 @@ def bare_box(tmp_path: Path) -> Iterator[tuple[Sshd, Path]]:
     server.stop()
 
 
+@pytest.mark.tensorflow
 def test_hosts_add_install_gives_a_bare_box_tfrund_and_upgrades_it(
     tf: Tfrun, bare_box: tuple[Sshd, Path], project: Path
 ) -> None:

@@ -13,7 +13,10 @@ import pytest
 from conftest import TFRUN, Tfrun, gated_job, wait_for, write_script
 
 # Every verb, on the local daemon and on a daemon reached through a real sshd: the same results.
-pytestmark = pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True),
+]
 
 
 def test_submit_follow_exits_with_the_jobs_code_and_passes_arguments_untouched(tf: Tfrun, project: Path) -> None:

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import TFRUN, Sshd, Tfrun, alive, keepers_of, wait_for
 
+pytestmark = [pytest.mark.ssh]
+
 BOXES = ("box1", "box2", "box3")
 
 

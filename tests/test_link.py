@@ -27,6 +27,8 @@ import pytest
 from conftest import TFRUN, Sshd, Tfrun, free_port, remote_client, wait_for, write_script
 from relay import Relay
 
+pytestmark = [pytest.mark.slow]
+
 TICKS = """import os, sys, time
 i = 0
 while not os.path.exists(sys.argv[1]):
@@ -92,6 +94,7 @@ def _timed(tf: Tfrun, *args: str) -> tuple[subprocess.CompletedProcess[str], flo
     return result, time.monotonic() - start
 
 
+@pytest.mark.ssh
 @pytest.mark.parametrize("way", ["keeper", "direct", "jump"])
 def test_a_frozen_link_heals_by_itself_and_no_verb_hangs(
     tf: Tfrun, sshd: Sshd, relay: Relay, project: Path, tmp_path: Path, way: str
@@ -139,6 +142,7 @@ def test_a_frozen_link_heals_by_itself_and_no_verb_hangs(
     assert 1 <= len(down) == len(back) <= 2 and len(follower.errors) == len(down) + len(back), follower.errors
 
 
+@pytest.mark.ssh
 def test_the_users_ssh_config_sets_the_connect_deadline(tf: Tfrun, sshd: Sshd, relay: Relay) -> None:
     """ConnectTimeout in ~/.ssh/config wins over tfrun's 15 s, as it does for ssh."""
     _point_at(tf, sshd, relay, jump=False)
@@ -186,6 +190,7 @@ def _fetch(url: str) -> Optional[bytes]:
         return None
 
 
+@pytest.mark.ssh
 @pytest.mark.parametrize("way", ["keeper", "direct"])
 def test_a_forward_outlives_a_frozen_link(tf: Tfrun, sshd: Sshd, relay: Relay, tmp_path: Path, way: str) -> None:
     """`tfrun forward` keeps serving: once the frozen connection is declared dead, the next browser connection

@@ -21,7 +21,9 @@ from tfrun.runner.logs import logindex
 from tfrun.runner.logs.lines import MAX_LINE_BYTES, BlockMatcher, LineFilter, Selector, TerminalLines, display, plain
 from tfrun.runner.logs.logindex import LogIndex
 
-both = pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+pytestmark = [pytest.mark.slow]
+
+both = pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 
 # What Keras 2 (tf.keras 2.x) writes without a TTY for two epochs of 3 steps: the bar redrawn in place
 # with \b, the epoch line finished by \n (reproduced from keras/utils/generic_utils.py Progbar).

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Remote boxes"
 DESTINATION = re.compile(r"[\w.-]+@[\w.-]+(:\d+)?")
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.tensorflow, pytest.mark.slow, pytest.mark.timeout(600)]
 
 TRAIN = """\
 import json, os

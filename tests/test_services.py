@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from conftest import TFRUN, Sshd, Tfrun, remote_client, wait_for, write_script
 
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+
 _KERAS_JOB = """
 import numpy as np, tensorflow as tf
 from tfrun.jobs.callback import TfrunCallback
@@ -64,6 +66,7 @@ def _ended(proc: subprocess.Popen[str]) -> tuple[int, str]:
     return proc.returncode, err
 
 
+@pytest.mark.tensorflow
 def test_tensorboard_shows_a_keras_job_and_a_plain_script_side_by_side(
     box: Tfrun, project: Path, tmp_path: Path
 ) -> None:
@@ -139,6 +142,7 @@ def test_tensorboard_attached_stops_its_service_at_ctrl_c(box: Tfrun, project: P
     assert json.loads(box.ok("services", "--json")) == []
 
 
+@pytest.mark.tensorflow
 def test_jupyter_runs_code_and_outlives_its_daemon(box: Tfrun, tmp_path: Path) -> None:
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()

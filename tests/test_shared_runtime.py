@@ -33,6 +33,8 @@ from tfrun.private import NotPrivate
 from tfrun.protocol.channel import Channel, client_hello
 from tfrun.protocol.wire import encode
 
+pytestmark = [pytest.mark.root]
+
 # Binds a Unix socket at argv[1] (making the folders above it, open to all, as a squatter would), says
 # "listening", then takes every connection and what is sent first on it until its stdin closes, and prints that.
 LISTENER = """
@@ -139,6 +141,7 @@ def box(sshd: Sshd, tmp_path: Path) -> Iterator[Path]:
     Tfrun(home).cleanup()
 
 
+@pytest.mark.ssh
 def test_a_keeper_socket_another_user_planted_is_never_told_anything(
     alice: OtherUser, mallory: OtherUser, box: Path, sshd: Sshd
 ) -> None:
@@ -162,6 +165,7 @@ def test_a_keeper_socket_another_user_planted_is_never_told_anything(
     assert keeper_socket(keeper) == alice.home / ".cache" / "tfrun" / "run" / "keepers" / planted.name
 
 
+@pytest.mark.ssh
 @pytest.mark.parametrize("taken", ["open folder", "symlink"])
 def test_a_taken_runtime_folder_does_not_stop_tfrun(
     alice: OtherUser, mallory: OtherUser, box: Path, sshd: Sshd, taken: str
@@ -192,6 +196,7 @@ def test_a_taken_runtime_folder_does_not_stop_tfrun(
             shared.unlink()
 
 
+@pytest.mark.ssh
 def test_an_xdg_runtime_dir_of_another_user_is_not_used(
     alice: OtherUser, mallory: OtherUser, box: Path, sshd: Sshd
 ) -> None:
@@ -256,6 +261,7 @@ def test_a_socket_served_by_another_user_is_refused_before_a_byte(mallory: Other
         shutil.rmtree(hers, ignore_errors=True)
 
 
+@pytest.mark.ssh
 def test_the_keeper_command_line_names_no_secret_and_no_socket(alice: OtherUser, box: Path, sshd: Sshd) -> None:
     """Every user reads every command line (`ps`): the keeper's holds neither the host's env nor its socket."""
     secret = f"hunter2-{uuid.uuid4().hex}"

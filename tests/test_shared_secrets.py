@@ -23,6 +23,8 @@ from otheruser import OtherUser, mallory  # noqa: F401
 
 from tfrun.runner.alerts.outbox import masked
 
+pytestmark = [pytest.mark.slow]
+
 _PRINT_ENV = "import os\nfor key, value in sorted(os.environ.items()):\n    print(f'{key}={value}')\n"
 
 
@@ -114,6 +116,8 @@ def slow_login(tmp_path: Path) -> Iterator[Sshd]:
     server.stop(sessions=True)
 
 
+@pytest.mark.ssh
+@pytest.mark.root
 def test_a_hosts_env_is_on_no_command_line_of_the_box(tf: Tfrun, slow_login: Sshd, mallory: OtherUser) -> None:  # noqa: F811
     secret = f"s3cret-{uuid.uuid4().hex}"
     remote_client(tf, slow_login)
@@ -191,6 +195,7 @@ while time.monotonic() < end:
 """
 
 
+@pytest.mark.root
 def test_a_port_another_user_took_first_is_refused_with_the_reason(tf: Tfrun, mallory: OtherUser) -> None:  # noqa: F811
     tf.ok("config", "set", "job_python", sys.executable)
     squatter = mallory.popen([sys.executable, "-c", _SQUAT], stdout=subprocess.PIPE)

@@ -77,6 +77,7 @@ def daemon_made(home: Path) -> list[Path]:
     return found
 
 
+@pytest.mark.root
 def test_state_in_a_home_others_could_enter_is_closed_to_them(loose: Tfrun, mallory: OtherUser, project: Path) -> None:
     tf = loose
     script = write_script(project, "train.py", "open('out.txt', 'w').write('mine')\nprint('secret-step')\n")
@@ -100,6 +101,7 @@ def test_state_in_a_home_others_could_enter_is_closed_to_them(loose: Tfrun, mall
     assert stat.S_IMODE((job_dir / "spec.json").stat().st_mode) == 0o600
 
 
+@pytest.mark.root
 def test_no_other_user_can_change_a_work_file_or_the_spare_copy_the_next_job_is_built_from(
     loose: Tfrun, mallory: OtherUser, project: Path
 ) -> None:
@@ -153,6 +155,7 @@ def test_two_homes_on_one_checkpoint_root_never_share_or_delete_each_others_fold
             tf.cleanup()
 
 
+@pytest.mark.root
 def test_a_checkpoint_folder_another_user_made_first_on_a_shared_root_is_never_taken(
     tf: Tfrun, mallory: OtherUser, shared_root: Path, project: Path
 ) -> None:

@@ -7,10 +7,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from conftest import wait_for
 from slurmcluster import FINAL_STATES, SlurmCluster, slurm_fixture  # noqa: F401 - the fixture slurm
 
+pytestmark = [pytest.mark.slurm]
 
+
+@pytest.mark.slow  # more than 10 s
 def test_a_failing_gpu_job_is_seen_in_squeue_then_in_sacct(slurm: SlurmCluster, tmp_path: Path) -> None:
     output = tmp_path / "out.log"
     job = slurm.sbatch("--gres=gpu:1", f"--output={output}", "--job-name=tfrun-1",

@@ -32,6 +32,8 @@ from tfrun.runner.executors.slurm.settings import (
 )
 from tfrun.runner.records.job import JobRow, JobSpec
 
+pytestmark = [pytest.mark.slow]
+
 # -- the state mapping ------------------------------------------------------------------------------------
 
 
@@ -170,6 +172,7 @@ def test_features_by_version() -> None:
 # -- on the real cluster ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slurm
 def test_submit_wait_logs_and_exit_codes_on_slurm(on_slurm: Tfrun, slurm: SlurmCluster, project: Path) -> None:
     tf = on_slurm
     write_script(project, "hello.py", "import os\nprint('hello from', os.environ['SLURM_JOB_ID'], flush=True)\n")
@@ -187,6 +190,7 @@ def test_submit_wait_logs_and_exit_codes_on_slurm(on_slurm: Tfrun, slurm: SlurmC
     assert slurm.wait_final(int(slurm_id_of(tf, three)))[0] == "FAILED"  # the shim exits with the job's code
 
 
+@pytest.mark.slurm
 def test_gpu_jobs_get_distinct_devices_and_a_signal_is_an_exit_code(
     on_slurm: Tfrun, slurm: SlurmCluster, project: Path, tmp_path: Path
 ) -> None:
@@ -210,6 +214,7 @@ def test_gpu_jobs_get_distinct_devices_and_a_signal_is_an_exit_code(
         assert tf.run("wait", str(job), timeout=90).returncode == 0
 
 
+@pytest.mark.slurm
 def test_ps_shows_pending_then_running_and_cancel_ends_it_cancelled(
     on_slurm: Tfrun,
     slurm: SlurmCluster,
@@ -242,6 +247,7 @@ def test_ps_shows_pending_then_running_and_cancel_ends_it_cancelled(
     assert job["state"] == "cancelled", job
 
 
+@pytest.mark.slurm
 def test_a_job_slurm_cannot_run_fails_saying_why(on_slurm: Tfrun, slurm: SlurmCluster, project: Path) -> None:
     tf = on_slurm
     write_script(project, "never.py", "print('never')\n")
@@ -251,6 +257,7 @@ def test_a_job_slurm_cannot_run_fails_saying_why(on_slurm: Tfrun, slurm: SlurmCl
     assert ended["state"] == "failed" and "Slurm could not run it: FAILED" in ended["reason"], ended
 
 
+@pytest.mark.slurm
 def test_cancel_of_a_pending_job_ends_it_at_once(
     on_slurm: Tfrun, slurm: SlurmCluster, project: Path, tmp_path: Path
 ) -> None:
@@ -273,6 +280,7 @@ def test_cancel_of_a_pending_job_ends_it_at_once(
     assert tf.log(job) == b""
 
 
+@pytest.mark.slurm
 def test_ps_answers_while_squeue_hangs(on_slurm: Tfrun, slurm: SlurmCluster, project: Path, tmp_path: Path) -> None:
     """squeue runs off the event loop: a hung one (a fake squeue that sleeps first) never stalls the daemon."""
     tf = on_slurm
@@ -296,6 +304,7 @@ def test_ps_answers_while_squeue_hangs(on_slurm: Tfrun, slurm: SlurmCluster, pro
     assert tf.run("cancel", "--grace", "1", str(job), timeout=60).returncode == 0
 
 
+@pytest.mark.slurm
 def test_partition_and_time_reach_sbatch(on_slurm: Tfrun, slurm: SlurmCluster, project: Path) -> None:
     tf = on_slurm
     write_script(project, "hello.py", "print('hello')\n")

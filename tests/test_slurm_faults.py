@@ -32,6 +32,8 @@ from tfrun.runner.logs import logstream
 from tfrun.runner.logs.loggrowth import LogGrowth
 from tfrun.runner.records.job import JobRow, JobSpec
 
+pytestmark = [pytest.mark.slow]
+
 
 @pytest.fixture
 def on_slurm(tf: Tfrun, slurm: SlurmCluster, tmp_path: Path) -> Tfrun:
@@ -61,6 +63,7 @@ def memory_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClus
     cluster.stop()
 
 
+@pytest.mark.slurm
 def test_slurm_killing_a_job_over_its_memory_gives_an_oom_alert(
     tf: Tfrun, memory_slurm: SlurmCluster, project: Path, tmp_path: Path
 ) -> None:
@@ -112,6 +115,7 @@ print("done at", step, flush=True)
 """
 
 
+@pytest.mark.slurm
 def test_a_requeued_job_stays_the_same_job_and_resumes_from_its_checkpoint(
     on_slurm: Tfrun, slurm: SlurmCluster, project: Path, tmp_path: Path
 ) -> None:
@@ -165,6 +169,7 @@ def test_a_job_held_in_slurms_queue_costs_no_file_read_at_a_poll(tmp_path: Path)
     assert executor.records.of(row.id, job_dir) == {}  # read again: the folder holds none now
 
 
+@pytest.mark.slurm
 def test_a_long_answer_from_squeue_is_asked_for_less_often(
     slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -231,6 +236,7 @@ def test_a_record_of_slurms_own_sigterm_waits_for_slurms_word(tmp_path: Path) ->
 # -- a daemon killed mid-job --------------------------------------------------------------------------------
 
 
+@pytest.mark.slurm
 def test_a_daemon_killed_mid_job_learns_the_true_ends(
     on_slurm: Tfrun, slurm: SlurmCluster, project: Path, tmp_path: Path
 ) -> None:
@@ -293,6 +299,7 @@ def test_a_follower_waits_for_the_log_to_stop_growing_after_the_end(tmp_path: Pa
 # -- what is refused, what is shown --------------------------------------------------------------------------
 
 
+@pytest.mark.slurm
 def test_tty_is_refused_at_submit_in_one_line(on_slurm: Tfrun, project: Path) -> None:
     write_script(project, "hello.py", "print('hello')\n")
     result = on_slurm.run("submit", "--tty", str(project / "hello.py"))
@@ -304,6 +311,7 @@ def _slurm_lines(checks: list[dict[str, str]]) -> dict[str, tuple[str, str]]:
     return {c["name"]: (c["status"], c["detail"]) for c in checks if c["name"].startswith("slurm")}
 
 
+@pytest.mark.slurm
 def test_doctor_shows_slurm(on_slurm: Tfrun, slurm: SlurmCluster) -> None:
     shown = _slurm_lines(json.loads(on_slurm.run("doctor", "--json", timeout=200).stdout))
     version = "{}.{:02d}.{}".format(*slurm.versions()["sbatch"])  # as sbatch --version writes it: 22.05.8
@@ -313,6 +321,7 @@ def test_doctor_shows_slurm(on_slurm: Tfrun, slurm: SlurmCluster) -> None:
     assert shown["slurm accounting"][0] == "ok", shown
 
 
+@pytest.mark.slurm
 def test_doctor_names_what_is_wrong(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
     monkeypatch.setenv("PATH", slurm.env["PATH"])
@@ -328,6 +337,8 @@ def test_doctor_names_what_is_wrong(slurm: SlurmCluster, tmp_path: Path, monkeyp
 # -- over SSH -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.ssh
+@pytest.mark.slurm
 def test_slurm_through_the_real_sshd(tf: Tfrun, slurm: SlurmCluster, sshd: Sshd, project: Path, tmp_path: Path) -> None:
     """The client on another machine, tfrund on the login node behind sshd: hosts check shows Slurm; submit,
     follow the log, wait for exit code 3, cancel with a grace."""

@@ -212,6 +212,9 @@ def _line(text: str, word: str) -> str:
     return found[0]
 
 
+@pytest.mark.slow  # more than 10 s
+@pytest.mark.slurm
+@pytest.mark.tensorflow
 @pytest.mark.skipif(not _has_tf_keras(), reason="needs tf-keras (.ci/run: pip install --no-deps tf-keras)")
 def test_two_workers_on_two_nodes_end_with_the_same_weights(on_two_nodes: Tfrun, project: Path) -> None:
     tf = on_two_nodes
@@ -237,6 +240,7 @@ def test_two_workers_on_two_nodes_end_with_the_same_weights(on_two_nodes: Tfrun,
     assert saved == ["ckpt-3.index", "ckpt-6.index"]
 
 
+@pytest.mark.slurm
 def test_a_failing_task_fails_the_job_with_its_code(on_two_nodes: Tfrun, project: Path) -> None:
     tf = on_two_nodes
     write_script(
@@ -254,6 +258,7 @@ def test_a_failing_task_fails_the_job_with_its_code(on_two_nodes: Tfrun, project
     assert "failing" in (tf.job_dir(job) / "task-1.log").read_text()
 
 
+@pytest.mark.slurm
 def test_cancel_gives_every_task_its_grace(on_two_nodes: Tfrun, project: Path) -> None:
     """Each task's command gets the SIGTERM and has the grace to stop (srun itself would SIGKILL them all)."""
     tf = on_two_nodes
@@ -296,6 +301,7 @@ print(f"task {me} done", flush=True)
 """
 
 
+@pytest.mark.slurm
 def test_logs_task_1_is_the_output_of_task_1(on_two_nodes: Tfrun, project: Path, tmp_path: Path) -> None:
     """`logs --task 1` (followed while it runs, filtered, its tail) shows task 1's task-I.log, `pull` copies it,
     the API reads it; a task the job does not have, or times on a task's log, are one line each."""
@@ -325,6 +331,7 @@ def test_logs_task_1_is_the_output_of_task_1(on_two_nodes: Tfrun, project: Path,
     assert read.stdout.strip() == "|".join(task_1), read.stderr
 
 
+@pytest.mark.slurm
 def test_the_failed_alert_quotes_the_task_that_failed(on_two_nodes: Tfrun, project: Path, receiver: Receiver) -> None:
     """Task 1 fails first: the failed alert says so and quotes task-1.log, not the chief's log (which shows
     only that it was stopped)."""

@@ -29,6 +29,8 @@ from conftest import (
     write_script,
 )
 
+pytestmark = [pytest.mark.slow]
+
 KILLS = 20
 FILTER = r"^[0-9]*7 "  # a filtered follower resumes at line boundaries: lines whose number ends in 7
 
@@ -132,7 +134,8 @@ def _client_sockets(pid: int, own: set[str]) -> set[str]:
     return {target for target in open_fds(pid) if target.startswith("socket:")} - own
 
 
-@pytest.mark.parametrize("tf", ["ssh"], indirect=True)
+@pytest.mark.ssh
+@pytest.mark.parametrize("tf", [pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 def test_twenty_ssh_sessions_cut_lose_no_byte_and_no_exit_code(
     tf: Tfrun, sshd: Sshd, project: Path, gate: Path
 ) -> None:

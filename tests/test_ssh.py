@@ -23,6 +23,8 @@ from conftest import (
     write_script,
 )
 
+pytestmark = [pytest.mark.slow]
+
 
 @pytest.fixture
 def box(tf: Tfrun, sshd: Sshd) -> Tfrun:
@@ -35,6 +37,7 @@ def one_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.ssh
 def test_an_unknown_host_key_is_refused_until_accepted(tf: Tfrun, sshd: Sshd, project: Path) -> None:
     remote_client(tf, sshd, trust=False)
     write_script(project, "ok.py", "print('ok')\n")
@@ -53,6 +56,7 @@ def test_an_unknown_host_key_is_refused_until_accepted(tf: Tfrun, sshd: Sshd, pr
     assert tf.run("ps", "-a").returncode == 0, "accepted once, trusted from then on"
 
 
+@pytest.mark.ssh
 def test_a_changed_host_key_is_always_refused_and_nothing_is_sent(tf: Tfrun, sshd: Sshd, project: Path) -> None:
     remote_client(tf, sshd)
     other = tf.client_home / "other_key"
@@ -68,6 +72,8 @@ def test_a_changed_host_key_is_always_refused_and_nothing_is_sent(tf: Tfrun, ssh
     assert not tf.home.exists(), "no daemon was started, no file was sent"
 
 
+@pytest.mark.ssh
+@pytest.mark.tensorflow
 def test_without_socket_forwarding_the_exec_fallback_serves_every_verb(
     tf: Tfrun, tmp_path: Path, project: Path, gate: Path
 ) -> None:
@@ -91,6 +97,8 @@ def test_without_socket_forwarding_the_exec_fallback_serves_every_verb(
         server.stop()
 
 
+@pytest.mark.ssh
+@pytest.mark.tensorflow
 def test_forwarding_is_used_once_the_socket_is_known(box: Tfrun, project: Path) -> None:
     write_script(project, "ok.py", "print('ok')\n")
     box.ok("wait", str(box.submit(str(project / "ok.py"))))
@@ -102,6 +110,7 @@ def test_forwarding_is_used_once_the_socket_is_known(box: Tfrun, project: Path) 
     assert "socket forwarding to" in check.stdout and "tfrund, version" in check.stdout
 
 
+@pytest.mark.ssh
 def test_losing_the_ssh_connection_mid_follow_leaves_the_job_running(box: Tfrun, project: Path, gate: Path) -> None:
     write_script(project, "job.py", gated_job(50, 20, 4, gate))
     job_id = box.submit(str(project / "job.py"))
@@ -116,6 +125,7 @@ def test_losing_the_ssh_connection_mid_follow_leaves_the_job_running(box: Tfrun,
     assert result.stdout.count("before") == 50 and result.stdout.count("after") == 20
 
 
+@pytest.mark.ssh
 def test_a_follower_whose_connection_is_cut_by_the_server_resumes_without_gap(
     box: Tfrun, sshd: Sshd, project: Path, gate: Path
 ) -> None:
@@ -143,6 +153,7 @@ def _set_host(tf: Tfrun, **changes: str) -> None:
     config.write_text(text)
 
 
+@pytest.mark.ssh
 def test_a_box_without_tfrund_gets_the_install_hint(box: Tfrun) -> None:
     _set_host(box, tfrund="/nonexistent/bin/tfrund")
     result = box.run("ps")
@@ -151,6 +162,7 @@ def test_a_box_without_tfrund_gets_the_install_hint(box: Tfrun) -> None:
     assert "tfrund was not found on box" in line and "tfrun hosts install box" in line and "--tfrund" in line
 
 
+@pytest.mark.ssh
 def test_a_box_whose_tfrund_went_away_under_a_kept_connection_says_so(box: Tfrun, tmp_path: Path) -> None:
     """tfrun uninstalled on the box while a keeper holds its connection, the daemon stopped: the keeper's channel
     ends before the hello, and the verb, rather than "closed the connection before answering the hello",
@@ -169,6 +181,7 @@ def test_a_box_whose_tfrund_went_away_under_a_kept_connection_says_so(box: Tfrun
     assert "tfrund was not found on box" in line and "tfrun hosts install box" in line, line
 
 
+@pytest.mark.ssh
 def test_connection_refused_and_auth_failures_are_one_line(box: Tfrun, sshd: Sshd, tmp_path: Path) -> None:
     _set_host(box, destination=f"root@127.0.0.1:{_closed_port()}")
     result = box.run("ps")
@@ -212,6 +225,7 @@ def test_hosts_add_list_remove(tf: Tfrun) -> None:
     assert tf.run("ps", "--host", "local").returncode == 0
 
 
+@pytest.mark.ssh
 def test_one_kept_connection_serves_every_command_and_can_be_turned_off(box: Tfrun, project: Path) -> None:
     write_script(project, "ok.py", "print('ok')\n")
     for _ in range(3):
@@ -230,6 +244,7 @@ def test_one_kept_connection_serves_every_command_and_can_be_turned_off(box: Tfr
     assert len(keepers_of(box)) == 1, "a dead keeper is replaced by the next command"
 
 
+@pytest.mark.ssh
 def test_a_kept_connection_serves_only_callers_who_trust_the_box_alike(tmp_path: Path, sshd: Sshd) -> None:
     """The keeper is shared by a user's commands, never by callers whose ~/.ssh would not let them in."""
     trusting = remote_client(Tfrun(tmp_path / "home", client_home=tmp_path / "alice"), sshd)
@@ -247,6 +262,7 @@ def test_a_kept_connection_serves_only_callers_who_trust_the_box_alike(tmp_path:
         trusting.cleanup()
 
 
+@pytest.mark.ssh
 def test_a_jump_host_leads_to_the_box_with_the_named_key(box: Tfrun) -> None:
     """`hosts add --jump`: through the box's own sshd to itself (ProxyJump 127.0.0.1 -> 127.0.0.1), logging in
     on both with a key that only --identity-file names."""

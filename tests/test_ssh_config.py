@@ -183,6 +183,7 @@ def test_a_symlinked_config_is_written_where_it_points(tf: Tfrun) -> None:
     assert sorted(p.name for p in dotfiles.iterdir()) == ["config"]
 
 
+@pytest.mark.ssh
 def test_plain_ssh_and_tfrun_reach_the_box_through_the_written_config(tf: Tfrun, sshd: Sshd) -> None:
     remote_client(tf, sshd)  # tfrun's host box is user@127.0.0.1:PORT, its key in ~/.ssh/id_ed25519
     key = tf.client_home / "keys" / "box_ed25519"
@@ -257,6 +258,8 @@ def _keyless_client(tf: Tfrun, sshd: Sshd) -> tuple[Path, list[str]]:
     return key, ["--tfrund", tfrund, "--env", f"TFRUN_HOME={tf.home}", "--python", sys.executable]
 
 
+@pytest.mark.ssh
+@pytest.mark.tensorflow
 @pytest.mark.parametrize("order", ["hosts-add-first", "ssh-config-first"])
 def test_either_order_of_hosts_add_and_ssh_config_reaches_the_box_with_the_named_key(
     tf: Tfrun, sshd: Sshd, order: str
@@ -285,6 +288,7 @@ def test_either_order_of_hosts_add_and_ssh_config_reaches_the_box_with_the_named
     assert not (tf.client_home / ".ssh" / "id_ed25519").exists()
 
 
+@pytest.mark.ssh
 def test_a_host_of_your_own_in_ssh_config_is_a_destination(tf: Tfrun, sshd: Sshd) -> None:
     """HostName, Port, User and IdentityFile of a `Host gpu` the user wrote apply to tfrun's host box at gpu."""
     key, options = _keyless_client(tf, sshd)

@@ -26,6 +26,8 @@ from conftest import (
     write_script,
 )
 
+pytestmark = [pytest.mark.slow]
+
 
 def test_kill_9_of_the_daemon_with_five_jobs_running_loses_nothing(tf: Tfrun, project: Path, gate: Path) -> None:
     codes = [0, 1, 2, 7, 42]
@@ -105,7 +107,7 @@ wait
 """
 
 
-@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 def test_cancel_leaves_no_process_of_the_job_alive(tf: Tfrun, project: Path, tmp_path: Path) -> None:
     pids_file = tmp_path / "pids"
     write_script(project, "tree.sh", CANCEL_JOB.format(pids=pids_file), executable=True)
@@ -146,7 +148,7 @@ def test_cancel_survives_a_daemon_restart_in_the_middle(tf: Tfrun, project: Path
     assert (record["state"], record["exit_code"]) == ("cancelled", 128 + signal.SIGKILL)
 
 
-@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 def test_cancel_of_an_ended_or_unknown_job_says_so(tf: Tfrun, project: Path) -> None:
     write_script(project, "ok.py", "pass\n")
     job_id = tf.submit(str(project / "ok.py"))

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import Tfrun, wait_for
 
+pytestmark = [pytest.mark.slow]
+
 ROOT = Path(__file__).resolve().parent.parent
 RESUMABLE = Path(__file__).resolve().parent / "data" / "resumable.py"
 
@@ -89,6 +91,7 @@ def test_a_job_killed_mid_training_resumes_from_its_checkpoint(
     assert done == {"step": "100", "iterations": "100"}, "as many steps as a run never interrupted: 5 x 20"
 
 
+@pytest.mark.tensorflow
 @pytest.mark.parametrize("which", PYTHONS)
 def test_the_callback_writes_exact_metrics_and_stops_on_nan(tf: Tfrun, project: Path, which: object) -> None:
     python = _python(which)
@@ -112,6 +115,7 @@ def test_the_callback_writes_exact_metrics_and_stops_on_nan(tf: Tfrun, project: 
     assert not last < float("inf"), "the last loss recorded is the NaN (or inf) that stopped training"
 
 
+@pytest.mark.tensorflow
 @pytest.mark.parametrize("which", PYTHONS)
 def test_steps_are_counted_right_when_keras_runs_several_per_call(tf: Tfrun, project: Path, which: object) -> None:
     """With steps_per_execution=4 Keras calls the callback every 4 steps: the step count still ends at

@@ -19,7 +19,9 @@ from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.submit import FileEntry, HaveBlobs, PutBlob, PutBlobs, Submit
 
-both = pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)
+pytestmark = [pytest.mark.slow]
+
+both = pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 
 
 def uploaded(stderr: str) -> tuple[int, int]:
