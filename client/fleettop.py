@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from tfrun.client import fleet, render
+from tfrun.client import fleet, reports
 from tfrun.client.config import Host
 from tfrun.client.top import gpus_table, job_cells, jobs_table, live_screen, state_counts
 from tfrun.protocol.watching import Top, TopReply
@@ -84,7 +84,7 @@ def frame(name: str, views: Sequence[View], width: int, keys: bool = False) -> R
 
 
 def _gpus(reply: TopReply) -> list[list[str]]:
-    return [list(render.gpu_cells(gpu)) for gpu in reply.gpus]
+    return [list(reports.gpu_cells(gpu)) for gpu in reply.gpus]
 
 
 def _gpu_row(host: str, cells: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ import tty
 from collections.abc import Awaitable, Iterator, Sequence
 from typing import TYPE_CHECKING, Callable, Optional
 
-from tfrun.client import render
+from tfrun.client import render, reports
 from tfrun.client.follow import DISCONNECTS, Connect, Reconnect
 from tfrun.client.plot import sparkline
 from tfrun.protocol.channel import Channel
@@ -56,7 +56,7 @@ def frame(reply: TopReply, width: int) -> RenderableType:
         jobs_table(("ID",), rows, width) if rows else Text("no jobs", style="dim"),
     ]
     if reply.gpus:
-        parts += [Text(""), gpus_table((), [list(render.gpu_cells(gpu)) for gpu in reply.gpus])]
+        parts += [Text(""), gpus_table((), [list(reports.gpu_cells(gpu)) for gpu in reply.gpus])]
     parts += [Text(""), Text("q: quit", style="dim")]
     return Group(*parts)
 

@@ -275,3 +275,14 @@ def test_the_marker_check_sees_a_missing_marker() -> None:
     both = 'import pytest\n@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)\ndef test_y(tf): ...\n'
     assert _bare_ssh_cases(ast.parse(both)) == [2]
     assert _bare_ssh_cases(ast.parse(both.replace('"ssh"]', 'pytest.param("ssh", marks=pytest.mark.ssh)]'))) == []
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """A module a newcomer reads whole: past 400 lines it holds more than one thing, and is split where they
+    part (the published training scripts of tests/data/real are kept as their authors wrote them)."""
+    long = []
+    for path in sorted(_modules().values()):
+        lines = len(path.read_text().splitlines())
+        if lines > 400:
+            long.append(f"{path.relative_to(ROOT)}: {lines}")
+    assert long == []

@@ -8,14 +8,14 @@ from typing import Optional
 
 import click
 
-from tfrun.client import cli, daemonconfig, render
+from tfrun.client import cli, daemonconfig, hostoptions, render, reports
 from tfrun.constants import EXIT_FAILURE, EXIT_OK
 from tfrun.protocol.admin import ConfigReply, Doctor, GetConfig, ReloadConfig, SetConfig
 from tfrun.protocol.wire import Request
 
 
 @click.group("config", invoke_without_command=True)
-@cli.host_options
+@hostoptions.host_options
 @click.option("--json", "as_json", is_flag=True, help="Print path, values and sources as JSON.")
 @click.option("--show-secrets", is_flag=True, help="Show notify URLs whole, not masked past their host.")
 @click.pass_context
@@ -53,7 +53,7 @@ def config_verb(ctx: click.Context, as_json: bool, show_secrets: bool) -> None:
 
 
 @config_verb.command("set", context_settings={"ignore_unknown_options": True})
-@cli.host_options
+@hostoptions.host_options
 @click.argument("key")
 @click.argument("values", nargs=-1, required=True, metavar="VALUE...", type=click.UNPROCESSED)
 @click.option("--json", "as_json", is_flag=True, help="Print path, changes, values and sources as JSON.")
@@ -69,7 +69,7 @@ def config_set(key: str, values: tuple[str, ...], as_json: bool) -> None:
 
 
 @config_verb.command("unset")
-@cli.host_options
+@hostoptions.host_options
 @click.argument("key")
 @click.option("--json", "as_json", is_flag=True, help="Print path, changes, values and sources as JSON.")
 def config_unset(key: str, as_json: bool) -> None:
@@ -78,7 +78,7 @@ def config_unset(key: str, as_json: bool) -> None:
 
 
 @config_verb.command("reload")
-@cli.host_options
+@hostoptions.host_options
 @click.option("--json", "as_json", is_flag=True, help="Print path, changes, values and sources as JSON.")
 def config_reload(as_json: bool) -> None:
     """Read the box's config.toml again and use it now (as SIGHUP to tfrund does); say what changed and from
@@ -95,7 +95,7 @@ def _config_change(request: Request[ConfigReply], as_json: bool, what: str) -> N
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.option("--python", metavar="PATH", help="Check this job interpreter on the box (default: the one jobs get).")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON list.")
 def doctor(python: Optional[str], as_json: bool) -> None:
@@ -110,5 +110,5 @@ def doctor(python: Optional[str], as_json: bool) -> None:
     if as_json:
         click.echo(render.to_json(checks))
     else:
-        render.check_lines(checks, cli.output())
+        reports.check_lines(checks, cli.output())
     sys.exit(EXIT_FAILURE if any(check.status == "fail" for check in checks) else EXIT_OK)

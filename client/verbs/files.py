@@ -6,12 +6,12 @@ from pathlib import Path
 
 import click
 
-from tfrun.client import cli, render
+from tfrun.client import cli, hostoptions, render, reports
 from tfrun.protocol.files import ListFiles
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("job", shell_complete=cli.complete_jobs)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 def checkpoints(job: str, as_json: bool) -> None:
@@ -19,15 +19,15 @@ def checkpoints(job: str, as_json: bool) -> None:
     its size. A restarted job shares its checkpoint folder with the job it runs again.
     `tfrun pull JOB` copies the folder here."""
 
-    points = render.checkpoints(cli.ask(ListFiles(job=job, path="checkpoints")).files)
+    points = reports.checkpoints(cli.ask(ListFiles(job=job, path="checkpoints")).files)
     if as_json:
         click.echo(render.to_json(points))
     else:
-        render.checkpoint_table(points, cli.output())
+        reports.checkpoint_table(points, cli.output())
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("job", shell_complete=cli.complete_jobs)
 @click.argument("paths", nargs=-1, metavar="[PATH]...")
 @click.option(

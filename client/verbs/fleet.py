@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import click
 
-from tfrun.client import cli, config, fleet, render
+from tfrun.client import cli, config, fleet, render, reports
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.client.placement import Figures, choose
@@ -154,7 +154,7 @@ def alerts_pool(members: list[Host], last: int, verbose: bool, as_json: bool) ->
                    for (host, alert), address in zip(merged, where)]  # fmt: skip
         click.echo(render.to_json(records))
     else:
-        render.alert_lines([alert for _, alert in merged], verbose, cli.output(), where)
+        reports.alert_lines([alert for _, alert in merged], verbose, cli.output(), where)
 
 
 def notify_test_pool(members: list[Host], url: Optional[str], as_json: bool) -> int:

@@ -8,12 +8,12 @@ from typing import Optional
 
 import click
 
-from tfrun.client import cli
+from tfrun.client import cli, hostoptions
 from tfrun.constants import MAX_INT64
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("jobs", nargs=-1, required=True, metavar="JOB...", shell_complete=cli.complete_jobs)
 @click.option("--checkpoints", is_flag=True, help="Remove their checkpoint folders too (never one a kept job shares).")
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed and what it would free.")
@@ -53,7 +53,7 @@ def _older_than(ctx: click.Context, param: click.Parameter, value: Optional[str]
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.option("--older-than", metavar="DURATION", callback=_older_than,
               help="Remove jobs that ended longer ago than this: 30d, 12h, 90m.")  # fmt: skip
 @click.option("--keep-last", type=click.IntRange(0, MAX_INT64), metavar="N", help="Keep the N jobs that ended last.")
@@ -83,7 +83,7 @@ def prune(
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON (bytes).")
 def df(as_json: bool) -> None:
     """What tfrun's folders take on the box: job folders, their logs, uploaded contents (blobs), spare

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import click
 
-from tfrun.client import cli, render
+from tfrun.client import cli, hostoptions, render
 from tfrun.client.joblist import left_out, newest
 from tfrun.constants import (
     DEFAULT_GRACE_S,
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@cli.pool_options
+@hostoptions.pool_options
 @click.option("-a", "--all", "show_all", is_flag=True, help="Include jobs that have ended (in the table, the "
               f"newest {PS_ALL_LAST} unless -n says).")  # fmt: skip
 @click.option("-n", "--last", type=click.IntRange(0), metavar="N", help="Only the newest N jobs (0: every job). "
@@ -64,7 +64,7 @@ def ps(show_all: bool, last: Optional[int], quiet: bool, as_json: bool, with_ser
     if last is None:  # every job, but the table of -a shows the newest PS_ALL_LAST
         last = PS_ALL_LAST if show_all and not (quiet or as_json) else 0
     newest_only = last or None  # -n 0: every job
-    pool = cli.pool()
+    pool = hostoptions.pool()
     if pool is not None:
         from tfrun.client.verbs.fleet import ps_pool
 
@@ -106,7 +106,7 @@ def _write(data: bytes) -> None:
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("job", required=False, shell_complete=cli.complete_jobs)
 @click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON.")
 def status(job: Optional[str], as_json: bool) -> None:
@@ -118,11 +118,11 @@ def status(job: Optional[str], as_json: bool) -> None:
     if as_json:
         click.echo(render.to_json(record))
     else:
-        render.job_detail(record, cli.output(), cli.address(record.id))
+        render.job_detail(record, cli.output(), hostoptions.address(record.id))
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("job", shell_complete=cli.complete_jobs)
 @click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON.")
 def wait(job: str, as_json: bool) -> None:
@@ -138,12 +138,12 @@ def wait(job: str, as_json: bool) -> None:
         click.echo(render.to_json(record))
     else:
         code = "-" if record.exit_code is None else record.exit_code
-        click.echo(f"job {cli.address(record.id)} {record.state} (exit code {code})", err=True)
+        click.echo(f"job {hostoptions.address(record.id)} {record.state} (exit code {code})", err=True)
     sys.exit(cli.job_exit_code(record.state, record.exit_code))
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("jobs", nargs=-1, metavar="[JOB]...", shell_complete=cli.complete_jobs)
 @click.option("--all", "every", is_flag=True, help="Cancel every job that has not ended (queued or running).")
 @click.option(
@@ -182,7 +182,7 @@ def cancel(jobs: tuple[str, ...], every: bool, grace: float, as_json: bool) -> N
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("job", shell_complete=cli.complete_jobs)
 @click.option("-f", "--follow", is_flag=True, help="Follow the new job's output and exit with its exit code.")
 @click.option("--json", "as_json", is_flag=True, help="Print the new job's record as JSON instead of its id.")
@@ -198,5 +198,5 @@ def restart(job: str, follow: bool, as_json: bool) -> None:
     elif follow:
         click.echo(f"job {record.id} runs job {record.restart_of} again", err=True)
     else:
-        click.echo(cli.address(record.id))
+        click.echo(hostoptions.address(record.id))
     sys.exit(cli.run(follow_job(client, str(record.id))) if follow else EXIT_OK)

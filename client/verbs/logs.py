@@ -9,7 +9,7 @@ from typing import Optional
 
 import click
 
-from tfrun.client import cli
+from tfrun.client import cli, hostoptions
 from tfrun.client.api import AsyncClient
 from tfrun.client.errors import TfrunError
 from tfrun.client.follow import LogCursor, LogQuery
@@ -20,7 +20,7 @@ from tfrun.protocol.wire import ProtocolError
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("job", required=False, shell_complete=cli.complete_jobs)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends; exit with its exit code. "
               "Through daemon restarts and dropped SSH links it resumes at the next byte; it gives up only "
@@ -134,7 +134,7 @@ def _restarted(job: str, end: LogEnd) -> None:
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("job", shell_complete=cli.complete_jobs)
 def attach(job: str) -> None:
     """Open JOB's terminal: a job submitted with --tty runs in a tmux session on the box; this attaches to

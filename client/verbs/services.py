@@ -14,7 +14,7 @@ from typing import Callable, Optional, TypeVar
 
 import click
 
-from tfrun.client import cli, render
+from tfrun.client import cli, hostoptions, render
 from tfrun.client.config import Host
 from tfrun.client.forward import Forward, Opener, direct_opener, keeper_opener, local_port_for
 from tfrun.constants import EXIT_USAGE
@@ -26,7 +26,7 @@ F = TypeVar("F", bound=Callable[..., None])
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("box_port", type=click.IntRange(1, 65535))
 @click.argument("local_port", type=click.IntRange(0, 65535), required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the forward as one JSON line (local and box port).")
@@ -109,7 +109,7 @@ def _service_options(command: F) -> F:
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("jobs", nargs=-1, shell_complete=cli.complete_jobs)
 @click.option("--since", default="1d", metavar="DURATION", show_default=True,
               help="Without JOB: the jobs made in this last while.")  # fmt: skip
@@ -137,7 +137,7 @@ def tensorboard(
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.option("--dir", "root_dir", metavar="DIR", help="The folder on the box it opens (default: the home folder).")
 @click.option("--gpus", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="GPUs of its own, which jobs do not get meanwhile (the kernels see only these).")  # fmt: skip
@@ -241,7 +241,7 @@ async def _attached(
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the services as JSON, as ps --json prints jobs.")
 def services(as_json: bool) -> None:
     """List the services on the box (TensorBoard, Jupyter) that have not ended: name, job id, state, the box
@@ -272,7 +272,7 @@ def _over(job: Job) -> str:
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("name", shell_complete=cli.complete_jobs)
 def stop(name: str) -> None:
     """Stop a service: NAME as `tfrun services` shows it (tensorboard, jupyter-2) or its job id. It gets

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 import click
 
-from tfrun.client import cli, config, render
+from tfrun.client import cli, config, hostoptions, render
 from tfrun.constants import (
     EXIT_OK,
     MAX_PRIORITY,
@@ -103,7 +103,7 @@ def _snapshot_notes(snap: Snapshot) -> None:
               "before sending more than confirm_upload_bytes (client config, default 1GB) the box lacks.")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="With --host POOL: print each member's figures, the member it would "
               "go to and why; submit nothing.")  # fmt: skip
-@cli.pool_options
+@hostoptions.pool_options
 @click.argument("script", shell_complete=cli.complete_files)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def submit(
@@ -187,8 +187,8 @@ def submit(
     if axes and follow:
         raise click.UsageError("--follow takes one job: follow a task of the array with tfrun logs -f ID")
     args = _script_args(script, args)
-    after_jobs = cli.addressed_jobs(tuple(_split(after)))  # --after box2:3: the job goes to box2
-    pool = cli.pool()
+    after_jobs = hostoptions.addressed_jobs(tuple(_split(after)))  # --after box2:3: the job goes to box2
+    pool = hostoptions.pool()
     if dry_run and pool is None:
         raise click.UsageError("--dry-run goes with --host POOL")
     if pool is not None:
@@ -231,7 +231,7 @@ def submit(
             f"tfrun: uploaded {done.files_sent} of {done.files} files ({render.size(done.bytes_sent)})", err=True
         )
         # Named by address where the host was chosen for the user: placed on a pool's member, or by --after HOST:ID.
-        host = f"{target.host.label}:" if target.host and (pool is not None or cli.addressed()) else ""
+        host = f"{target.host.label}:" if target.host and (pool is not None or hostoptions.addressed()) else ""
         address = f"{host}{job.id}"
         if done.tasks:
             _print_array(done.tasks, as_json, host)

@@ -8,13 +8,13 @@ from typing import Optional
 
 import click
 
-from tfrun.client import cli, render
+from tfrun.client import cli, hostoptions, render, reports
 from tfrun.constants import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, MAX_ALERTS
 from tfrun.protocol.watching import ExplainMetrics, GetMetrics, ListAlerts, ListGpus, NotifyTest
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of GPUs.")
 def gpus(as_json: bool) -> None:
     """The box's GPUs: memory in use, utilisation, and the job each is given to (`submit --gpus N` gives a
@@ -26,11 +26,11 @@ def gpus(as_json: bool) -> None:
     if as_json:
         click.echo(render.to_json(found))
     else:
-        render.gpu_table(found, cli.output())
+        reports.gpu_table(found, cli.output())
 
 
 @click.command()
-@cli.pool_options
+@hostoptions.pool_options
 @click.option("-d", "--interval", type=click.FloatRange(0.2, 3600), default=1.0, show_default=True, metavar="SECONDS",
               help="Time between two frames.")  # fmt: skip
 @click.option("--once", is_flag=True, help="Print one frame and exit (for scripts, or a terminal that is not one).")
@@ -49,7 +49,7 @@ def top(interval: float, once: bool) -> None:
       tfrun top --host gpu             every member of pool gpu, live
       tfrun top --host all --once      every host, one frame, for a script
     """
-    pooled = cli.pool()
+    pooled = hostoptions.pool()
     if pooled is not None:
         from tfrun.client.verbs import fleet
 
@@ -65,7 +65,7 @@ def top(interval: float, once: bool) -> None:
 
 
 @click.command()
-@cli.pool_options
+@hostoptions.pool_options
 @click.argument("job", required=False, shell_complete=cli.complete_jobs)
 @click.option("-n", "--last", type=click.IntRange(1, MAX_ALERTS), default=20, show_default=True, metavar="N",
               help="Show the newest N alerts.")  # fmt: skip
@@ -89,7 +89,7 @@ def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
       tfrun alerts box2:14 --verbose   job 14 of host box2, each message whole
       tfrun alerts --host gpu -n 50    the newest 50 of every member of pool gpu
     """
-    pooled = cli.pool()
+    pooled = hostoptions.pool()
     if pooled is not None:
         from tfrun.client.verbs import fleet
 
@@ -102,11 +102,11 @@ def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
     if as_json:
         click.echo(render.to_json(found))
     else:
-        render.alert_lines(found, verbose, cli.output())
+        reports.alert_lines(found, verbose, cli.output())
 
 
 @click.command("notify-test")
-@cli.pool_options
+@hostoptions.pool_options
 @click.argument("url", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON result per URL.")
 def notify_test(url: Optional[str], as_json: bool) -> None:
@@ -127,7 +127,7 @@ def notify_test(url: Optional[str], as_json: bool) -> None:
       tfrun notify-test 'json://hooks.local/tfrun'  that URL, from the box
       tfrun notify-test --host gpu                 every member of pool gpu, a line each
     """
-    pooled = cli.pool()
+    pooled = hostoptions.pool()
     if pooled is not None:
         from tfrun.client.verbs import fleet
 
@@ -145,7 +145,7 @@ def notify_test(url: Optional[str], as_json: bool) -> None:
 
 
 @click.command()
-@cli.host_options
+@hostoptions.host_options
 @click.argument("job", shell_complete=cli.complete_jobs)
 @click.option("-n", "--last", type=click.IntRange(min=1), metavar="N", help="Only the newest N samples "
               "(default: 20 in the table, all with --json).")  # fmt: skip
@@ -180,14 +180,14 @@ def metrics(
         if as_json:
             click.echo(render.to_json(answer.readings))
         else:
-            render.explained(answer.readings, answer.truncated, cli.output())
+            reports.explained(answer.readings, answer.truncated, cli.output())
         return
     whole = as_json or plot or png is not None
     reply = cli.ask(GetMetrics(job=job, last=last if (last or whole) else 20))
     if as_json:
         click.echo(render.to_json(reply.samples))
     elif not (plot or png):
-        render.metric_table(reply.source, reply.samples, cli.output())
+        reports.metric_table(reply.source, reply.samples, cli.output())
     if not (plot or png):
         return
     from tfrun.client import plot as plotting
