@@ -34,8 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypedDict
 
 from tfrun.constants import DEFAULT_GRACE_S
 from tfrun.runner.executors.executor import TFRUN_PARENT
-from tfrun.runner.executors.slurm import task
-from tfrun.runner.executors.slurm.batch import SCRIPT, launch_env, sbatch_args
+from tfrun.runner.executors.slurm.batch import SCRIPT, launch_record, sbatch_args
 from tfrun.runner.executors.slurm.commands import Slurm, SlurmError
 from tfrun.runner.executors.slurm.record import Records
 from tfrun.runner.executors.slurm.settings import SlurmSettings
@@ -44,7 +43,7 @@ from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow
 
 if TYPE_CHECKING:
-    from tfrun.runner.records.jobdir import LaunchRecord
+    pass
 
 log = logging.getLogger("tfrund")
 
@@ -112,18 +111,9 @@ async def launch(executor: Submitter, rows: list[JobRow], envs: list[dict[str, s
     folder.mkdir(parents=True, exist_ok=True)
     for row, env in zip(rows, envs):
         job_dir = Path(row.job_dir)
-        launch_record: LaunchRecord = {
-            "command": list(row.spec.command),
-            "cwd": str(job_dir / jobdir.WORK),
-            "env": launch_env(env),
-            "grace": grace,
-        }
-        if (
-            row.spec.nodes and row.spec.nodes > 1
-        ):  # as SlurmExecutor.launch: one task a node (runner/executors/slurm/task.py)
-            task.across_nodes(launch_record, sys.executable, row.spec.nodes)
+        launch = launch_record(row, env, grace)
         _write_json(job_dir / TASK_RECORD, {"folder": str(folder)})  # first: a task with a launch record has it
-        jobdir.write_json(job_dir / jobdir.LAUNCH, launch_record)
+        jobdir.write_json(job_dir / jobdir.LAUNCH, launch)
         output = folder / f"output-{row.array_index}"
         output.unlink(missing_ok=True)  # one left by a launch that a dead daemon began
         output.symlink_to(job_dir / f"slurm-{row.id}.out")

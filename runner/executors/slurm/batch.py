@@ -1,5 +1,5 @@
 """A job's submission to Slurm as files and arguments: sbatch's options, the batch script (tfrun's shim in the
-foreground) and the launch record's environment. Both ways of submitting build on it: one job a `sbatch`
+foreground) and the launch record. Both ways of submitting build on it: one job a `sbatch`
 (runner/executors/slurm/executor.py) and an array's tasks in one `sbatch --array` (runner/executors/slurm/arrays.py).
 """
 
@@ -8,10 +8,16 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tfrun.runner.executors.executor import TFRUN_PARENT
+from tfrun.runner.executors.slurm import task
 from tfrun.runner.executors.slurm.settings import SlurmSettings, nice
+from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow
+
+if TYPE_CHECKING:
+    from tfrun.runner.records.jobdir import LaunchRecord
 
 SCRIPT = "slurm.sh"  # in the job's folder
 SIGNAL_MARGIN_S = 5  # the shim's SIGTERM comes this much before the grace's SIGKILL would pass the time limit
@@ -62,3 +68,19 @@ def launch_env(env: dict[str, str]) -> dict[str, str]:
     """The launch record's environment: the allocation's own variables (its SLURM_*, the GPUs Slurm chose)
     come from the allocation, never from the daemon's environment."""
     return {k: v for k, v in env.items() if not k.startswith(_ALLOCATION_PREFIXES)}
+
+
+def launch_record(row: JobRow, env: dict[str, str], grace: float) -> LaunchRecord:
+    """What the shim in the batch script runs: the job's command in its work dir, with `env` less the
+    allocation's variables; a job of several nodes runs one task a node, each with its TF_CONFIG
+    (runner/executors/slurm/task.py)."""
+    job_dir = Path(row.job_dir)
+    record: LaunchRecord = {
+        "command": list(row.spec.command),
+        "cwd": str(job_dir / jobdir.WORK),
+        "env": launch_env(env),
+        "grace": grace,
+    }
+    if row.spec.nodes and row.spec.nodes > 1:
+        task.across_nodes(record, sys.executable, row.spec.nodes)
+    return record

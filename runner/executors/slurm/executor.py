@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,8 +40,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 from tfrun.constants import DEFAULT_GRACE_S
 from tfrun.protocol.fields import JobState
 from tfrun.runner.executors.executor import Capabilities, Change, Ended, Requeued, Started
-from tfrun.runner.executors.slurm import arrays, states, task
-from tfrun.runner.executors.slurm.batch import SCRIPT, batch_script, launch_env, sbatch_args
+from tfrun.runner.executors.slurm import arrays, states
+from tfrun.runner.executors.slurm.batch import SCRIPT, batch_script, launch_record, sbatch_args
 from tfrun.runner.executors.slurm.checks import slurm_checks
 from tfrun.runner.executors.slurm.commands import AccountedJob, QueuedJob, Slurm, SlurmError
 from tfrun.runner.executors.slurm.record import Records, SlurmRecord
@@ -90,16 +89,7 @@ class SlurmExecutor:
         if row.spec.tty:
             self.records.write(job_dir, {"error": "--tty jobs do not run on Slurm (yet)"})
             return
-        launch: LaunchRecord = {
-            "command": list(row.spec.command),
-            "cwd": str(job_dir / jobdir.WORK),
-            "env": launch_env(env),
-            "grace": grace,
-        }
-        if (
-            row.spec.nodes and row.spec.nodes > 1
-        ):  # one task a node, each with its TF_CONFIG (runner/executors/slurm/task.py)
-            task.across_nodes(launch, sys.executable, row.spec.nodes)
+        launch = launch_record(row, env, grace)
         jobdir.write_json(job_dir / jobdir.LAUNCH, launch)
         (job_dir / SCRIPT).write_text(batch_script(job_dir))
         await self._submit(row, grace)
