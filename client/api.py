@@ -4,10 +4,11 @@
 on an event loop of its own, for plain scripts:
 
     c = tfrun.Client("box")                  # a configured host, or user@host[:port]; None: this machine
-    j = c.submit("train.py", args=["--lr", "0.1"], gpus=1)
+    j = c.submit("train.py", ["--lr", "0.1"], tfrun.JobOptions(gpus=1, name="lr"))
     j.wait(); j.metrics(); list(j.logs())
     list(j.logs(query=tfrun.LogQuery(task=1)))   # task 1's output, of a job on several Slurm nodes (--nodes)
     tasks = c.submit_array("train.py", [("lr", ["0.1", "0.01"])])   # an array: a job a value
+    c.call(admin.doctor())                   # any other request, typed: from tfrun.client.calls import admin
 
 Each call opens its own connection (the keeper holds an SSH link warm between calls), so a client object
 holds nothing open but its event loop. Failures are exceptions, one line each: `TfrunError` (with the exit
@@ -23,17 +24,22 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Optional, TypeVar, Union
+from typing import Callable, Optional, TypeVar, Union
 
-from tfrun.client.asyncclient import AsyncClient, NoSuchJob, Ref, Submitted
+from tfrun.client.asyncclient import AsyncClient, NoSuchJob, Ref
+from tfrun.client.calls import Call
 from tfrun.client.connection import Target
 from tfrun.client.follow import LogQuery
+from tfrun.client.submission import Submitted
 from tfrun.protocol.jobs import CancelResult, Job
+from tfrun.protocol.submit import JobOptions
 from tfrun.protocol.watching import Alert, Gpu, MetricSample
+from tfrun.protocol.wire import Message
 
-__all__ = ["AsyncClient", "Client", "JobHandle", "NoSuchJob", "Ref", "Submitted"]
+__all__ = ["AsyncClient", "Call", "Client", "JobHandle", "JobOptions", "NoSuchJob", "Ref", "Submitted"]
 
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 
 
 class Client:
@@ -68,16 +74,35 @@ class Client:
         finally:
             self._run(items.aclose())
 
-    def submit(self, script: str, args: Sequence[str] = (), **options: Any) -> JobHandle:
-        """Run `script` with `args` as a detached job; the options are `AsyncClient.submit`'s."""
-        return JobHandle(self, self._run(self.core.submit(script, args, **options)).job)
+    def call(self, asked: Call[M, T]) -> T:
+        """Any call of client/calls/ (`c.call(admin.doctor())`), and what of its reply it gives."""
+        return self._run(self.core.call(asked))
+
+    def submit(
+        self,
+        script: str,
+        args: Sequence[str] = (),
+        options: Optional[JobOptions] = None,
+        *,
+        workdir: Optional[Path] = None,
+        confirm: Optional[Callable[[int, int], None]] = None,
+    ) -> JobHandle:
+        """Run `script` with `args` as a detached job, with `options` (`tfrun.JobOptions`: submit's options, as
+        `AsyncClient.submit` takes them)."""
+        return JobHandle(self, self._run(self.core.submit(script, args, options, workdir=workdir, confirm=confirm)).job)
 
     def submit_array(
-        self, script: str, array: Sequence[tuple[str, Sequence[str]]], args: Sequence[str] = (), **options: Any
+        self,
+        script: str,
+        array: Sequence[tuple[str, Sequence[str]]],
+        args: Sequence[str] = (),
+        options: Optional[JobOptions] = None,
+        *,
+        workdir: Optional[Path] = None,
     ) -> list[JobHandle]:
         """Run `script` as an array, a job each combination of the values: `array=[("lr", ["0.1", "0.01"])]`
         is `tfrun submit --array lr=0.1,0.01`. A handle on each task, by index."""
-        done = self._run(self.core.submit(script, args, array=array, **options))
+        done = self._run(self.core.submit(script, args, options, workdir=workdir, array=array))
         return [JobHandle(self, job) for job in done.tasks]
 
     def job(self, job: Ref) -> JobHandle:

@@ -3,7 +3,7 @@
 Users type these verbs all day, so a verb imports only what it needs, when it runs: this module imports
 click and nothing heavy, `tfrun --help` lists the verbs from client/verbs/'s table without importing any
 verb's module, and a verb module imports the protocol, the API and rich as its verbs need them; a request
-to a daemon up on this machine goes over a plain socket, without asyncio (see `ask`). tests/test_imports.py
+to a daemon up on this machine goes over a plain socket, without asyncio (see `call`). tests/test_imports.py
 holds each verb to it, and bench/cli_start.py measures the time.
 """
 
@@ -34,10 +34,11 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from tfrun.client.api import AsyncClient
+    from tfrun.client.calls import Call
     from tfrun.client.connection import Target
     from tfrun.client.styled import Output
     from tfrun.client.syncchannel import SyncChannel
-    from tfrun.protocol.wire import Message, Request
+    from tfrun.protocol.wire import Message
 
 T = TypeVar("T")
 M = TypeVar("M", bound="Message")
@@ -129,26 +130,30 @@ def client() -> AsyncClient:
     return AsyncClient(target(), say=lambda line: click.echo(f"tfrun: {line}", err=True))
 
 
-def ask(request: Request[M]) -> M:
-    """One request to the daemon and its reply, checked by its type. A daemon up on this machine is asked
-    over a plain socket (client/syncchannel.py: no asyncio to import); else the API asks, starting the local
-    daemon or crossing SSH."""
+def call(asked: Call[M, T]) -> T:
+    """One call (client/calls/) to the daemon, and what its caller wants of the reply. A daemon up on this
+    machine is asked over a plain socket (client/syncchannel.py: no asyncio to import); else the API asks,
+    starting the local daemon or crossing SSH."""
     where = target()
     channel = guarded(_running_daemon) if where.local else None
     if channel is not None:
-        return guarded(lambda: _on_running_daemon(channel, where, lambda: channel.ask(request)))
-    return run(client().ask(request))
+        return guarded(lambda: _on_running_daemon(channel, where, lambda: asked.result(channel.ask(asked.request))))
+    return run(client().call(asked))
 
 
-def each_reply(request: Request[M], take: Callable[[M], bool]) -> None:
-    """`ask`, for a request answered in parts (`ps --json`): `take` gets each reply as it comes and says
+def each(asked: Call[M, T], take: Callable[[T], bool]) -> None:
+    """`call`, for a request answered in parts (`ps --json`): `take` gets each part as it comes and says
     whether more follow."""
+
+    def part(reply: M) -> bool:
+        return take(asked.result(reply))
+
     where = target()
     channel = guarded(_running_daemon) if where.local else None
     if channel is not None:
-        guarded(lambda: _on_running_daemon(channel, where, lambda: channel.each(request, take)))
+        guarded(lambda: _on_running_daemon(channel, where, lambda: channel.each(asked.request, part)))
     else:
-        run(client().each(request, take))
+        run(client().each(asked, take))
 
 
 def _running_daemon() -> Optional[SyncChannel]:

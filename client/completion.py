@@ -25,11 +25,12 @@ except ImportError:  # click 8.1, the last for Python 3.9
     from click.parser import split_arg_string  # type: ignore[no-redef]
 
 from tfrun.client import config
+from tfrun.client.calls import jobs as job_calls
 from tfrun.client.connection import Target
 from tfrun.constants import COMPLETE_VAR, COMPLETION_TIMEOUT_S
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel
-from tfrun.protocol.jobs import JobList, ListJobs
+from tfrun.protocol.jobs import JobList
 
 SHELLS = ("bash", "zsh", "fish")
 
@@ -177,6 +178,6 @@ async def _list(target: Target, every: bool) -> JobList:
     else:
         channel = await target.connect()
     try:
-        return await channel.ask(ListJobs(all=every))
+        return await job_calls.job_list(all=every).on(channel)
     finally:
         channel.close()

@@ -19,24 +19,26 @@ from typing import Generic, Optional, TypeVar
 import click
 
 from tfrun.client import config
+from tfrun.client.calls import Call
 from tfrun.client.config import ClientConfig, Host
 from tfrun.client.connection import Target
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_USAGE
-from tfrun.protocol.wire import Message, Request
+from tfrun.protocol.wire import Message
 
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 TIMEOUT_ENV = "TFRUN_FLEET_TIMEOUT"
 DEFAULT_TIMEOUT_S = 5.0
 
 
 @dataclass
-class Answer(Generic[M]):
-    """One member's reply, or why it gave none (`skipped`)."""
+class Answer(Generic[T]):
+    """One member's reply (what its call gives of it), or why it gave none (`skipped`)."""
 
     host: Host
-    reply: Optional[M] = None
+    reply: Optional[T] = None
     skipped: Optional[str] = None
     refused: bool = False  # the daemon answered, with an error: reachable, but the request failed there
 
@@ -60,21 +62,22 @@ def distinct(hosts: Sequence[Host]) -> list[Host]:
     return found
 
 
-async def ask_all(hosts: Sequence[Host], request: Request[M], wait: float, accept_new: bool = False) -> list[Answer[M]]:
-    """`request` asked of every host at once; each answer in the order of `hosts`, a reply or the reason
+async def ask_all(hosts: Sequence[Host], asked: Call[M, T], wait: float, accept_new: bool = False) -> list[Answer[T]]:
+    """`asked` (a call, client/calls/) of every host at once; each answer in the order of `hosts`, a reply or the reason
     there is none (no answer within `wait` seconds, a refused connection, a daemon that cannot start)."""
-    return list(await asyncio.gather(*(ask_one(host, request, wait, accept_new) for host in hosts)))
+    return list(await asyncio.gather(*(ask_one(host, asked, wait, accept_new) for host in hosts)))
 
 
-async def ask_one(host: Host, request: Request[M], wait: float, accept_new: bool = False) -> Answer[M]:
-    """One member's answer to `request` within `wait` seconds, never an exception: `tfrun top` over a pool
+async def ask_one(host: Host, asked: Call[M, T], wait: float, accept_new: bool = False) -> Answer[T]:
+    """One member's answer to `asked` within `wait` seconds, never an exception: `tfrun top` over a pool
     asks each member on its own clock, so a slow one never holds up the others' next frame."""
     from tfrun.client.asyncclient import AsyncClient
     from tfrun.protocol.channel import RemoteError
 
     client = AsyncClient(Target(host, accept_new, wait))
     try:
-        return Answer(host, reply=await asyncio.wait_for(client.ask(request), wait))
+        reply = await asyncio.wait_for(client.call(asked), wait)
+        return Answer(host, reply=reply)
     except asyncio.TimeoutError:
         return Answer(host, skipped=f"no answer within {wait:g}s")
     except RemoteError as exc:  # it answered, with a refusal (e.g. notify-test on a box with no notify URL)
@@ -86,7 +89,7 @@ async def ask_one(host: Host, request: Request[M], wait: float, accept_new: bool
         return Answer(host, skipped=reason or type(exc).__name__)
 
 
-def note_skipped(answers: Sequence[Answer[M]]) -> list[Answer[M]]:
+def note_skipped(answers: Sequence[Answer[T]]) -> list[Answer[T]]:
     """Say on stderr which boxes did not answer, a line each; return those that did."""
     for answer in answers:
         if answer.skipped is not None:

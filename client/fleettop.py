@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from tfrun.client import fleet, reports
+from tfrun.client.calls import watching
 from tfrun.client.config import Host
 from tfrun.client.top import gpus_table, job_cells, jobs_table, live_screen, state_counts
-from tfrun.protocol.watching import Top, TopReply
+from tfrun.protocol.watching import TopReply
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -99,7 +100,7 @@ async def show(name: str, members: Sequence[Host], console: Console, interval: f
     (or why there is none, within `wait` seconds), printed."""
     views = [View(host) for host in fleet.distinct(members)]
     if once:
-        for view, answer in zip(views, await fleet.ask_all([v.host for v in views], Top(), wait, accept_new)):
+        for view, answer in zip(views, await fleet.ask_all([v.host for v in views], watching.top(), wait, accept_new)):
             view.note(answer)
         console.print(frame(name, views, console.width), soft_wrap=True)  # a member's reason: one whole line
         return
@@ -108,7 +109,7 @@ async def show(name: str, members: Sequence[Host], console: Console, interval: f
     async def poll(view: View) -> None:
         """Ask one member, again `interval` after each answer (or failure): its own clock, never the others'."""
         while True:
-            view.note(await fleet.ask_one(view.host, Top(), wait, accept_new))
+            view.note(await fleet.ask_one(view.host, watching.top(), wait, accept_new))
             changed.set()
             await asyncio.sleep(interval)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Callable, Union
 
 from tfrun import __version__
+from tfrun.client.calls import admin
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.client.remotecommand import remote_command
 from tfrun.client.ssh import can_forward, fix_hint, open_channel, open_ssh, run_command
-from tfrun.protocol.admin import DaemonStatus, Doctor
 from tfrun.protocol.channel import Channel, RemoteError
 
 # How `check` reports a step: passed (True) or failed (False), or a doctor's check by its status.
@@ -44,7 +44,7 @@ async def check(host: Host, accept_new: bool, report: Report) -> bool:
             report(False, f"daemon: {exc}")
             return False
         report(True, f"daemon: running, tfrund {channel.daemon.version}, protocol {channel.daemon.protocol}")
-        info = await channel.ask(DaemonStatus())
+        info = await admin.daemon_status().on(channel)
         if await can_forward(conn, info.socket):
             report(True, f"transport: socket forwarding to {info.socket}")
         else:
@@ -59,7 +59,7 @@ async def _doctor(channel: Channel, host: Host, report: Report) -> bool:
     """The doctor's checks (TensorFlow, CUDA build, GPUs, driver, checkpoint root), run by the daemon with the
     interpreter jobs will get: the host's `python`, else tfrund's job_python. A box whose jobs cannot import
     TensorFlow is not ready, however well ssh works; True if nothing failed."""
-    reply = await channel.ask(Doctor(python=host.python))
-    for line in reply.checks:
+    checks = await admin.doctor(host.python).on(channel)
+    for line in checks:
         report(line.status, f"{line.name}: {line.detail}" + (f"; {line.advice}" if line.advice else ""))
-    return all(line.status != "fail" for line in reply.checks)
+    return all(line.status != "fail" for line in checks)

@@ -20,11 +20,12 @@ from collections.abc import Awaitable, Iterator, Sequence
 from typing import TYPE_CHECKING, Callable, Optional
 
 from tfrun.client import render, reports
+from tfrun.client.calls import watching
 from tfrun.client.follow import DISCONNECTS, Connect, Reconnect
 from tfrun.client.plot import sparkline
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.jobs import Job
-from tfrun.protocol.watching import Top, TopReply
+from tfrun.protocol.watching import TopReply
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -119,18 +120,18 @@ async def show(connect: Connect, console: Console, interval: float, once: bool, 
     """Draw frames until `q`, Ctrl-C or SIGTERM; with `once`, print one frame and return. A connection that
     drops (a daemon restart, a link that died) is made again by itself, the last frame kept meanwhile under a
     line that says so; `q` still quits while it waits."""
-    request = Top()
+    asked = watching.top()
     channel = await connect()
     try:
         if once:
-            console.print(frame(await channel.ask(request), console.width))
+            console.print(frame(await asked.on(channel), console.width))
             return
         screen = _Screen(place)
         again = Reconnect(connect, notice=screen.notice)
         with live_screen(console) as (live, stop):
             while not stop.is_set():
                 try:
-                    screen.last = frame(await channel.ask(request), console.width)
+                    screen.last = frame(await asked.on(channel), console.width)
                 except DISCONNECTS as exc:
                     channel.close()
                     found = await _reconnect(again.after(exc), stop, lambda: live.update(screen.outage(), refresh=True))

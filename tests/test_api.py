@@ -32,7 +32,8 @@ def client(tf: Tfrun, monkeypatch: pytest.MonkeyPatch) -> Iterator[tfrun.Client]
 
 @pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 def test_submit_wait_logs_and_metrics(tf: Tfrun, client: tfrun.Client, project: Path) -> None:
-    job = client.submit(str(write_script(project, "train.py", LOSSES)), args=["--lr", "0.1"], name="lr-0.1")
+    script = str(write_script(project, "train.py", LOSSES))
+    job = client.submit(script, ["--lr", "0.1"], tfrun.JobOptions(name="lr-0.1"))
     final = job.wait()
     assert (final.state, final.exit_code, final.name, final.args) == ("succeeded", 0, "lr-0.1", ["--lr", "0.1"])
     assert list(job.logs()) == ["step 1 loss=1.000", "step 2 loss=0.500", "step 3 loss=0.333"]

@@ -87,7 +87,7 @@ def test_bad_arrays_are_refused_in_one_line(tf: Tfrun, project: Path, options: l
 
 def test_the_daemon_checks_an_array_itself(tf: Tfrun, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Python API sends what it is given: the daemon refuses a bad array, making no job, and runs a good one."""
-    from tfrun.client.api import Client
+    from tfrun.client.api import Client, JobOptions
 
     write_script(project, "show.py", SHOW)
     for name, value in tf.env.items():
@@ -98,7 +98,7 @@ def test_the_daemon_checks_an_array_itself(tf: Tfrun, project: Path, monkeypatch
             client.submit_array(str(project / "show.py"), axes)
         assert refused.value.code == ErrorCode.INVALID_INPUT and says in refused.value.message
     with pytest.raises(RemoteError, match="with the task index"):
-        client.submit_array(str(project / "show.py"), [("lr", ["1", "2"])], name="n" * 128)
+        client.submit_array(str(project / "show.py"), [("lr", ["1", "2"])], options=JobOptions(name="n" * 128))
     tasks = client.submit_array(str(project / "show.py"), [("lr", ["1", "2"])])
     assert [task.wait().state for task in tasks] == ["succeeded", "succeeded"]
     assert [job["array_index"] for job in tf.jobs()] == [0, 1]

@@ -16,7 +16,8 @@ import click
 import pytest
 from conftest import TFRUN, Tfrun, gated_job, wait_for, write_script
 
-from tfrun.protocol.jobs import Job, JobList, ListJobs
+from tfrun.client.calls import jobs as job_calls
+from tfrun.protocol.jobs import Job, JobList
 
 pytestmark = [pytest.mark.slow]
 
@@ -211,11 +212,11 @@ def test_ps_json_writes_the_daemons_text_as_it_comes_or_an_older_daemons_records
 
     jobs = [Job(i, "succeeded", "a.py", [], [], "/w", "/j", "/l", "/c", 1.0) for i in range(1, 4)]
     parts = [JobList(more=True, data=b"[\n  {"), JobList(data=b"}\n]")]
-    monkeypatch.setattr(cli, "each_reply", lambda request, take: [take(part) for part in parts])
-    _print_records(ListJobs(all=True, text=True))
+    monkeypatch.setattr(cli, "each", lambda asked, take: [take(asked.result(part)) for part in parts])
+    _print_records(job_calls.job_list(all=True, text=True), None)
     assert capsys.readouterr().out == "[\n  {}\n]\n"  # the parts as they are, the line ended
     parts = [JobList(jobs)]  # a tfrund older than `text` (and `last`)
-    _print_records(ListJobs(all=True, last=2, text=True))
+    _print_records(job_calls.job_list(all=True, last=2, text=True), 2)
     assert capsys.readouterr().out == render.to_json(jobs[1:]) + "\n"
 
 

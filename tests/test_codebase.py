@@ -100,6 +100,43 @@ def test_no_code_outside_the_executors_asks_which_executor_runs_the_jobs() -> No
     assert asked == [], asked
 
 
+def _raw_requests(tree: ast.AST, requests: set[str]) -> list[int]:
+    """The lines of `tree` that send a request past client/calls/: an `ask(` call, or a request class of
+    tfrun/protocol/ imported (to build one, for any way of sending it)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "ask":
+            found.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfrun.protocol"):
+            found += [node.lineno for alias in node.names if alias.name in requests]
+    return sorted(set(found))
+
+
+def test_no_verb_sends_a_raw_request() -> None:
+    """The CLI stands on the client library: a verb sends what a typed call of client/calls/ builds, through
+    `cli.call` or the API, so each request is built in one place for the CLI and the API alike."""
+    import importlib
+
+    from tfrun.protocol.wire import _REGISTRY, Request
+
+    for path in (ROOT / "tfrun" / "protocol").glob("*.py"):  # each registers its messages when imported
+        importlib.import_module(f"tfrun.protocol.{path.stem}")
+    requests = {cls.__name__ for cls in _REGISTRY.values() if issubclass(cls, Request)}
+    assert {"Submit", "ListJobs", "GetConfig"} <= requests
+    raw = [f"{path.relative_to(ROOT)}:{line}" for path in sorted((ROOT / "client" / "verbs").glob("*.py"))
+           for line in _raw_requests(ast.parse(path.read_text()), requests)]  # fmt: skip
+    assert raw == []
+
+
+def test_the_raw_request_check_sees_each_way_of_sending_one() -> None:
+    sent = "from tfrun.protocol.jobs import Job, ListJobs\nx = cli.ask(y)\ncli.each(z, t)\nawait c.ask(r)\n"
+    assert _raw_requests(ast.parse(sent), {"ListJobs"}) == [1, 2, 4]
+    assert (
+        _raw_requests(ast.parse("from tfrun.protocol.jobs import Job\nx = cli.call(jobs.job('3'))\n"), {"ListJobs"})
+        == []
+    )
+
+
 def _modules() -> dict[str, Path]:
     """Every module of tfrun by its import name (runner/ and client/ are tfrun.runner and tfrun.client)."""
     found = {}

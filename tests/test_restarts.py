@@ -155,9 +155,10 @@ def test_the_api_takes_the_same_causes_and_refuses_an_unknown_one_before_sending
     script = str(write_script(project, "x.py", "raise SystemExit(5)\n"))
     code = (
         "import sys, tfrun\nc = tfrun.Client()\n"
-        "try:\n    c.submit(sys.argv[1], max_restarts=1, restart_on='oops')\n"
+        "try:\n    c.submit(sys.argv[1], options=tfrun.JobOptions(max_restarts=1, restart_on=['oops']))\n"
         "except ValueError as e:\n    print('refused:', e)\n"
-        "j = c.submit(sys.argv[1], max_restarts=1, restart_on='all').wait()\nprint(j.state, j.restart_of, j.cause)\n"
+        "j = c.submit(sys.argv[1], options=tfrun.JobOptions(max_restarts=1, restart_on=['all'])).wait()\n"
+        "print(j.state, j.restart_of, j.cause)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code, script], env=tf.env, capture_output=True, text=True, timeout=120

@@ -17,6 +17,8 @@ _API = {
     "AsyncClient": "tfrun.client.asyncclient",
     "JobHandle": "tfrun.client.api",
     "NoSuchJob": "tfrun.client.asyncclient",
+    "JobOptions": "tfrun.protocol.submit",
+    "Call": "tfrun.client.calls",
     "LogQuery": "tfrun.client.follow",
     "TfrunError": "tfrun.client.errors",
     "RemoteError": "tfrun.protocol.channel",

@@ -9,9 +9,9 @@ from typing import Optional
 import click
 
 from tfrun.client import cli, daemonconfig, hostoptions, render, reports
+from tfrun.client.calls import Call, admin
 from tfrun.constants import EXIT_FAILURE, EXIT_OK
-from tfrun.protocol.admin import ConfigReply, Doctor, GetConfig, ReloadConfig, SetConfig
-from tfrun.protocol.wire import Request
+from tfrun.protocol.admin import ConfigReply
 
 
 @click.group("config", invoke_without_command=True)
@@ -45,7 +45,7 @@ def config_verb(ctx: click.Context, as_json: bool, show_secrets: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    reply = cli.ask(GetConfig(secrets=show_secrets))
+    reply = cli.call(admin.config(show_secrets))
     if as_json:
         click.echo(daemonconfig.as_json(reply))
     else:
@@ -65,7 +65,7 @@ def config_set(key: str, values: tuple[str, ...], as_json: bool) -> None:
     list (notify, gpus, alerts.rules, alerts.metric_patterns, slurm.sbatch_options) takes each VALUE as an
     item, replacing the list. A VALUE may begin with a dash: `tfrun config set slurm.sbatch_options
     --qos=high --constraint=a100`."""
-    _config_change(SetConfig(key=key, values=list(values)), as_json, f"set {key} in")
+    _config_change(admin.set_config(key, list(values)), as_json, f"set {key} in")
 
 
 @config_verb.command("unset")
@@ -74,7 +74,7 @@ def config_set(key: str, values: tuple[str, ...], as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print path, changes, values and sources as JSON.")
 def config_unset(key: str, as_json: bool) -> None:
     """Remove KEY from the box's config.toml, back to its default, then reload it."""
-    _config_change(SetConfig(key=key, unset=True), as_json, f"unset {key} in")
+    _config_change(admin.unset_config(key), as_json, f"unset {key} in")
 
 
 @config_verb.command("reload")
@@ -83,11 +83,11 @@ def config_unset(key: str, as_json: bool) -> None:
 def config_reload(as_json: bool) -> None:
     """Read the box's config.toml again and use it now (as SIGHUP to tfrund does); say what changed and from
     when. A file tfrund cannot use is refused with its line, and the running config stays."""
-    _config_change(ReloadConfig(), as_json, "reloaded")
+    _config_change(admin.reload_config(), as_json, "reloaded")
 
 
-def _config_change(request: Request[ConfigReply], as_json: bool, what: str) -> None:
-    reply = cli.ask(request)
+def _config_change(change: Call[ConfigReply, ConfigReply], as_json: bool, what: str) -> None:
+    reply = cli.call(change)
     if as_json:
         click.echo(daemonconfig.as_json(reply))
     else:
@@ -104,9 +104,7 @@ def doctor(python: Optional[str], as_json: bool) -> None:
     checkpoint root (writable, free space). Each line passes or says what to do; exits 1 if any fails.
     A box without GPUs gets warnings, not failures."""
     host = cli.target().host
-    checks = cli.ask(
-        Doctor(python=python or (host.python if host else None)),
-    ).checks
+    checks = cli.call(admin.doctor(python or (host.python if host else None)))
     if as_json:
         click.echo(render.to_json(checks))
     else:

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from tfrun.client import cli, hostoptions, render, reports
-from tfrun.protocol.files import ListFiles
+from tfrun.client.calls import files as file_calls
 
 
 @click.command()
@@ -19,7 +19,7 @@ def checkpoints(job: str, as_json: bool) -> None:
     its size. A restarted job shares its checkpoint folder with the job it runs again.
     `tfrun pull JOB` copies the folder here."""
 
-    points = reports.checkpoints(cli.ask(ListFiles(job=job, path="checkpoints")).files)
+    points = reports.checkpoints(cli.call(file_calls.files(job)))
     if as_json:
         click.echo(render.to_json(points))
     else:

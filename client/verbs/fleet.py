@@ -10,13 +10,15 @@ from typing import Any, Optional
 import click
 
 from tfrun.client import cli, config, fleet, render, reports
+from tfrun.client.calls import jobs as job_calls
+from tfrun.client.calls import watching
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.client.placement import Figures, choose
 from tfrun.client.styled import Styled
 from tfrun.constants import EXIT_DAEMON, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from tfrun.protocol.jobs import Job, ListJobs
-from tfrun.protocol.watching import ListAlerts, NotifyReport, NotifyTest, Top, TopReply
+from tfrun.protocol.jobs import Job
+from tfrun.protocol.watching import Delivery
 
 
 def _wait() -> float:
@@ -50,7 +52,7 @@ def pools(as_json: bool) -> None:
         cli.fail(exc.message, exc.exit_code)
     named = config.pools(cfg)
     members = fleet.distinct([host for hosts in named.values() for host in hosts])
-    answers = cli.run(fleet.ask_all(members, Top(recent=0, losses=0), _wait()))
+    answers = cli.run(fleet.ask_all(members, watching.top(recent=0, losses=0), _wait()))
     fleet.note_skipped(answers)
     found = {answer.host.identity: answer for answer in answers}
     table: dict[str, list[dict[str, Any]]] = {}
@@ -90,7 +92,7 @@ def ps_pool(
     each member's newest `last`."""
     from tfrun.client.joblist import left_out, newest
 
-    listing = ListJobs(all=show_all, services=services, last=last)
+    listing = job_calls.job_list(show_all, last, services)
     answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), listing, _wait(), _accept_new())))
     listed = [(a.host.label, newest(a.reply, last)) for a in answers if a.reply]
     jobs: list[tuple[str, Job]] = [(host, job) for host, (shown, _) in listed for job in shown]
@@ -115,9 +117,9 @@ def _record(item: Any) -> dict[str, Any]:
 def place(name: str, members: list[Host], gpus: Optional[int], dry_run: bool) -> Host:
     """`submit --host POOL`: the member that can start the job soonest (client/placement.py), said on
     stderr; with `dry_run`, each member's figures, the choice and why, on stdout, and exit."""
-    answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), Top(recent=0, losses=0),
+    answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), watching.top(recent=0, losses=0),
                                                        _wait(), _accept_new())))  # fmt: skip
-    figures = [Figures.of(a.host, a.reply) for a in answers if isinstance(a.reply, TopReply)]
+    figures = [Figures.of(a.host, a.reply) for a in answers if a.reply is not None]
     choice = choose(figures, gpus)
     if dry_run:
         for member in figures:
@@ -144,9 +146,9 @@ def top_pool(name: str, members: list[Host], interval: float, once: bool) -> Non
 def alerts_pool(members: list[Host], last: int, verbose: bool, as_json: bool) -> None:
     """`tfrun alerts --host POOL`: the newest `last` of every member's alerts, merged by time, each naming its
     job by address."""
-    request = ListAlerts(limit=last)
-    answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), request, _wait(), _accept_new())))
-    merged = [(a.host.label, alert) for a in answers if a.reply for alert in a.reply.alerts]
+    listing = watching.alerts(limit=last)
+    answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), listing, _wait(), _accept_new())))
+    merged = [(a.host.label, alert) for a in answers if a.reply for alert in a.reply]
     merged = sorted(merged, key=lambda pair: pair[1].at)[-last:]  # stable: ties keep the members' order
     where = [host if alert.job_id is None else f"{host}:{alert.job_id}" for host, alert in merged]
     if as_json:
@@ -162,7 +164,7 @@ def notify_test_pool(members: list[Host], url: Optional[str], as_json: bool) -> 
     and the exit code: 1 if any member failed, refused or did not answer."""
     if not members:  # `all` with no hosts: nothing was tested, which is no success
         cli.fail("no hosts to test: add one with tfrun hosts add NAME user@host", EXIT_USAGE)
-    answers = cli.run(fleet.ask_all(fleet.distinct(members), NotifyTest(url=url), _wait(), _accept_new()))
+    answers = cli.run(fleet.ask_all(fleet.distinct(members), watching.notify_test(url), _wait(), _accept_new()))
     records = [_notify_record(answer) for answer in answers]
     if as_json:
         click.echo(render.to_json(records))
@@ -180,10 +182,10 @@ def notify_test_pool(members: list[Host], url: Optional[str], as_json: bool) -> 
     return EXIT_OK if all(record["ok"] for record in records) else EXIT_FAILURE
 
 
-def _notify_record(answer: fleet.Answer[NotifyReport]) -> dict[str, Any]:
+def _notify_record(answer: fleet.Answer[list[Delivery]]) -> dict[str, Any]:
     """One member's notify-test, as --json prints it: reachable, ok, and its results or why there are none."""
     record: dict[str, Any] = {"host": answer.host.label, "reachable": answer.reply is not None or answer.refused}
     if answer.reply is None:
         return {**record, "ok": False, "error": answer.skipped}
-    results = [_record(result) for result in answer.reply.results]
+    results = [_record(result) for result in answer.reply]
     return {**record, "ok": all(r["state"] == "sent" for r in results), "results": results}

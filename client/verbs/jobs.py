@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Optional
 import click
 
 from tfrun.client import cli, hostoptions, render
+from tfrun.client.calls import jobs as job_calls
 from tfrun.client.joblist import left_out, newest
 from tfrun.constants import (
     DEFAULT_GRACE_S,
@@ -18,10 +19,10 @@ from tfrun.constants import (
     PS_ALL_LAST,
 )
 from tfrun.protocol.fields import JobState
-from tfrun.protocol.jobs import GetJob, JobList, ListJobs
+from tfrun.protocol.jobs import JobList
 
 if TYPE_CHECKING:
-    pass
+    from tfrun.client.calls import Call
 
 
 # -- looking at jobs ----------------------------------------------------------------------------------------
@@ -70,11 +71,10 @@ def ps(show_all: bool, last: Optional[int], quiet: bool, as_json: bool, with_ser
 
         ps_pool(*pool, show_all, newest_only, quiet, as_json, with_services)
         return
-    listing = ListJobs(all=show_all, services=with_services, last=newest_only, text=as_json)
     if as_json:
-        _print_records(listing)
+        _print_records(job_calls.job_list(show_all, newest_only, with_services, text=True), newest_only)
         return
-    jobs, older = newest(cli.ask(listing), listing.last)
+    jobs, older = newest(cli.call(job_calls.job_list(show_all, newest_only, with_services)), newest_only)
     if quiet:
         click.echo("".join(f"{job.id}\n" for job in jobs), nl=False)
         return
@@ -82,7 +82,7 @@ def ps(show_all: bool, last: Optional[int], quiet: bool, as_json: bool, with_ser
     left_out(older)
 
 
-def _print_records(listing: ListJobs) -> None:
+def _print_records(listing: Call[JobList, JobList], last: Optional[int]) -> None:
     """`ps --json`: the daemon's JSON text of the list, written part by part as it comes (a long history is
     never held whole here); an older tfrund's records are written as JSON here, cut to `last` as it did not."""
 
@@ -90,10 +90,10 @@ def _print_records(listing: ListJobs) -> None:
         if part.data:
             _write(part.data + (b"" if part.more else b"\n"))
         else:
-            click.echo(render.to_json(newest(part, listing.last)[0]))
+            click.echo(render.to_json(newest(part, last)[0]))
         return part.more
 
-    cli.each_reply(listing, take)
+    cli.each(listing, take)
 
 
 def _write(data: bytes) -> None:
@@ -114,7 +114,7 @@ def status(job: Optional[str], as_json: bool) -> None:
 
     JOB may be an address, HOST:ID or HOST:NAME (as `ps --host POOL` lists them): it names the job on that
     configured host without --host, as it does for every verb that takes a JOB."""
-    record = cli.ask(GetJob(job=job)).job if job is not None else cli.run(cli.client().newest())
+    record = cli.call(job_calls.job(job)) if job is not None else cli.run(cli.client().newest())
     if as_json:
         click.echo(render.to_json(record))
     else:

@@ -15,12 +15,14 @@ from typing import Callable, Optional, TypeVar
 import click
 
 from tfrun.client import cli, hostoptions, render
+from tfrun.client.calls import jobs as job_calls
+from tfrun.client.calls import services as service_calls
 from tfrun.client.config import Host
 from tfrun.client.forward import Forward, Opener, direct_opener, keeper_opener, local_port_for
 from tfrun.constants import EXIT_USAGE
 from tfrun.duration import parse_duration
-from tfrun.protocol.jobs import Cancel, Job, ListJobs
-from tfrun.protocol.services import ServiceReply, StartService
+from tfrun.protocol.jobs import Job
+from tfrun.protocol.services import ServiceReply
 
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -132,7 +134,7 @@ def tensorboard(
     seconds = parse_duration(since)
     if seconds is None or not 0 < seconds <= _MAX_SINCE_S:
         raise click.BadParameter(f"{since!r} is not a duration such as 12h or 2d", param_hint="--since")
-    reply = cli.run(cli.client().ask(StartService(kind="tensorboard", jobs=list(jobs), since=seconds)))
+    reply = cli.run(cli.client().call(service_calls.tensorboard(list(jobs), seconds)))
     _show(reply, local_port, open_browser, detach, as_json)
 
 
@@ -156,7 +158,7 @@ def jupyter(
       tfrun jupyter --host gpu1 --dir /data/notebooks    # in that folder of the box
       tfrun jupyter --host gpu1 --detach                 # leave it running; tfrun stop jupyter ends it
     """
-    reply = cli.run(cli.client().ask(StartService(kind="jupyter", root_dir=root_dir, gpus=gpus)))
+    reply = cli.run(cli.client().call(service_calls.jupyter(root_dir, gpus)))
     _show(reply, local_port, open_browser, detach, as_json)
 
 
@@ -236,7 +238,7 @@ async def _attached(
     finally:
         if not reply.reused:
             name = reply.job.name or str(reply.job.id)
-            await cli.client().ask(Cancel(jobs=[str(reply.job.id)]))
+            await cli.client().cancel([reply.job.id])
             click.echo(f"tfrun: stopped {name} (job {reply.job.id})", err=True)
 
 
@@ -247,7 +249,7 @@ def services(as_json: bool) -> None:
     """List the services on the box (TensorBoard, Jupyter) that have not ended: name, job id, state, the box
     port each listens on, its GPUs and how long it has run. `tfrun forward --host BOX PORT` reaches one,
     `tfrun stop NAME` ends it, `tfrun logs NAME` shows its output."""
-    found = [job for job in cli.run(cli.client().ask(ListJobs(services=True))).jobs if job.service]
+    found = cli.call(job_calls.services())
     if as_json:
         click.echo(render.to_json(found))
         return

@@ -21,6 +21,7 @@ from tfrun.protocol.fields import validate_name
 
 if TYPE_CHECKING:
     from tfrun.client.snapshot import Snapshot
+    from tfrun.protocol.fields import Cause
     from tfrun.protocol.jobs import Job
 
 
@@ -113,7 +114,7 @@ def submit(
     python: Optional[str],
     follow: bool,
     max_restarts: int,
-    restart_on: Optional[tuple[str, ...]],
+    restart_on: Optional[tuple[Cause, ...]],
     gpus: Optional[int],
     priority: int,
     after: tuple[str, ...],
@@ -177,6 +178,7 @@ def submit(
     """
     from tfrun.client.diskspace import UploadQuestion
     from tfrun.client.verbs.logs import follow_job
+    from tfrun.protocol.submit import JobOptions
 
     if name is not None and validate_name(name):
         raise click.BadParameter(str(validate_name(name)), param_hint="--name")
@@ -200,29 +202,32 @@ def submit(
     target = cli.target()
     where = target.host.label if target.host else "the local tfrund"
     client = cli.client()
+    options = JobOptions(
+        name=name,
+        env=env,
+        python=python,
+        max_restarts=max_restarts,
+        restart_on=None if restart_on is None else list(restart_on),
+        alerts=_split(alerts),
+        no_alerts=_split(no_alerts),
+        notify=list(notify),
+        metric_patterns=list(metric_patterns),
+        gpus=gpus,
+        priority=priority,
+        after=list(after_jobs),
+        tty=tty,
+        partition=partition,
+        time=time_limit,
+        nodes=nodes,
+    )
 
     async def conversation() -> int:
         done = await client.submit(
             script,
             args,
+            options,
             workdir=workdir,
-            name=name,
-            env=env,
-            python=python,
-            max_restarts=max_restarts,
-            restart_on=restart_on,
-            alerts=_split(alerts),
-            no_alerts=_split(no_alerts),
-            notify=list(notify),
-            metric_patterns=list(metric_patterns),
             array=axes,
-            gpus=gpus,
-            priority=priority,
-            after=list(after_jobs),
-            tty=tty,
-            partition=partition,
-            time=time_limit,
-            nodes=nodes,
             on_snapshot=_snapshot_notes,
             confirm=UploadQuestion(config.confirm_upload_bytes(config.load()), yes, where),
         )
@@ -263,7 +268,7 @@ def _array(options: tuple[str, ...], env: dict[str, str]) -> list[tuple[str, lis
     return axes
 
 
-def _restart_on(value: Optional[str]) -> Optional[tuple[str, ...]]:
+def _restart_on(value: Optional[str]) -> Optional[tuple[Cause, ...]]:
     """--restart-on's causes, checked here as the daemon checks them: an unknown one is a usage error in one
     line that names the valid ones, before anything is uploaded."""
     from tfrun import restarts

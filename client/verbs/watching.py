@@ -9,8 +9,8 @@ from typing import Optional
 import click
 
 from tfrun.client import cli, hostoptions, render, reports
+from tfrun.client.calls import watching
 from tfrun.constants import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, MAX_ALERTS
-from tfrun.protocol.watching import ExplainMetrics, GetMetrics, ListAlerts, ListGpus, NotifyTest
 
 
 @click.command()
@@ -22,7 +22,7 @@ def gpus(as_json: bool) -> None:
     tfrun), which keeps your jobs off it. The devices are those NVML sees, or those the daemon's config or
     TFRUN_GPUS names."""
 
-    found = cli.ask(ListGpus()).gpus
+    found = cli.call(watching.gpus())
     if as_json:
         click.echo(render.to_json(found))
     else:
@@ -98,7 +98,7 @@ def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
                      EXIT_USAGE)  # fmt: skip
         fleet.alerts_pool(pooled[1], last, verbose, as_json)
         return
-    found = cli.ask(ListAlerts(job=job, limit=last)).alerts
+    found = cli.call(watching.alerts(job, last))
     if as_json:
         click.echo(render.to_json(found))
     else:
@@ -132,7 +132,7 @@ def notify_test(url: Optional[str], as_json: bool) -> None:
         from tfrun.client.verbs import fleet
 
         sys.exit(fleet.notify_test_pool(pooled[1], url, as_json))
-    results = cli.ask(NotifyTest(url=url)).results
+    results = cli.call(watching.notify_test(url))
     if as_json:
         click.echo(render.to_json(results))
     else:
@@ -176,14 +176,14 @@ def metrics(
     if explain:
         if plot or png is not None or names:
             cli.fail("--explain shows lines, not curves: leave out --plot, --png and --metric", EXIT_USAGE)
-        answer = cli.ask(ExplainMetrics(job=job, lines=min(last or 30, 1000)))
+        answer = cli.call(watching.explain_metrics(job, min(last or 30, 1000)))
         if as_json:
             click.echo(render.to_json(answer.readings))
         else:
             reports.explained(answer.readings, answer.truncated, cli.output())
         return
     whole = as_json or plot or png is not None
-    reply = cli.ask(GetMetrics(job=job, last=last if (last or whole) else 20))
+    reply = cli.call(watching.metrics(job, last if (last or whole) else 20))
     if as_json:
         click.echo(render.to_json(reply.samples))
     elif not (plot or png):

@@ -39,10 +39,10 @@ def main(argv=None):
     common = ["--epochs", str(args.epochs), "--examples", str(args.examples)]
     common += ["--synthetic"] if args.synthetic else []
     with tfrun.Client(args.host) as client:
-        jobs = {
-            lr: client.submit(script, args=["--lr", str(lr), *common], name=f"lr-{lr:g}", python=args.python)
-            for lr in args.lr
-        }
+        jobs = {}
+        for lr in args.lr:
+            options = tfrun.JobOptions(name=f"lr-{lr:g}", python=args.python)
+            jobs[lr] = client.submit(script, ["--lr", str(lr), *common], options)
         print("submitted jobs " + ", ".join(str(job.id) for job in jobs.values()))
         losses = {}
         for lr, job in jobs.items():

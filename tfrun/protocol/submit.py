@@ -4,8 +4,8 @@ job's options. A verb that only looks at jobs (`ps`, `status`) never imports thi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Annotated, Optional
+from dataclasses import dataclass, field, fields
+from typing import Annotated, Any, Optional
 
 from tfrun.arrays import MAX_ARRAY_AXES, MAX_ARRAY_TASKS, MAX_KEY, MAX_VALUE
 from tfrun.constants import MAX_NAME, MAX_PAYLOAD_BYTES, MAX_PRIORITY, MAX_RESTARTS
@@ -68,24 +68,15 @@ class PutBlobs(Request[Ok]):
     data: bytes
 
 
-@tagged("submit")
 @dataclass
-class Submit(Request[JobReply]):
-    """Run `script` from a snapshot made of `files`, whose contents the daemon holds (see `HaveBlobs`).
+class JobOptions:
+    """What a submit asks of its job, besides the script and its files: one dataclass for `tfrun submit`'s
+    options (client/verbs/submit.py), the API's `submit` (`tfrun.JobOptions`) and the request, whose fields
+    these are (`Submit`). Each field's bounds are checked where a request is read, as every request's are."""
 
-    `script` is a path among `files`. A `.py` script runs under `python` (the daemon's default job
-    interpreter when None); anything else is executed directly.
-    """
-
-    files: list[FileEntry]
-    script: OsText
-    args: list[OsText] = field(default_factory=list)
     name: Optional[Text] = None
     env: dict[str, str] = field(default_factory=dict)
-    python: Optional[OsText] = None
-    source: Optional[str] = None
-    git_commit: Optional[Text] = None
-    git_dirty: Optional[bool] = None
+    python: Optional[OsText] = None  # the interpreter of a .py script (None: the host's, else the daemon's)
     # run it again (same snapshot, same checkpoints) after a failure, up to N times
     max_restarts: Annotated[int, Range(0, MAX_RESTARTS)] = 0
     # the failures that restart it (submit --restart-on); None: tfrun.restarts.DEFAULT (lost, oom, signal)
@@ -103,6 +94,36 @@ class Submit(Request[JobReply]):
     partition: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None
     time: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None
     nodes: Optional[Offset] = None
+
+    def options(self) -> dict[str, Any]:
+        """These options by name, to build a `Submit` from (`Submit(files=..., **options.options())`); of a
+        `Submit`, its options alone."""
+        return {f.name: getattr(self, f.name) for f in fields(JobOptions)}
+
+
+@dataclass
+class SubmitScript:
+    """What a submit runs: the script, its arguments and the snapshot's files. `Submit`'s first fields (a
+    base class after `JobOptions` in its bases, so that these, which have no defaults, come first)."""
+
+    files: list[FileEntry]
+    script: OsText
+    args: list[OsText] = field(default_factory=list)
+
+
+@tagged("submit")
+@dataclass
+class Submit(JobOptions, SubmitScript, Request[JobReply]):
+    """Run `script` from a snapshot made of `files`, whose contents the daemon holds (see `HaveBlobs`), with
+    the job's options (`JobOptions`).
+
+    `script` is a path among `files`. A `.py` script runs under `python` (the daemon's default job
+    interpreter when None); anything else is executed directly.
+    """
+
+    source: Optional[str] = None
+    git_commit: Optional[Text] = None
+    git_dirty: Optional[bool] = None
     # The client's own id for this submit (a uuid4): the same id again gets the job the first one made, so a
     # client whose daemon died before answering can send it again without running the job twice.
     submission_id: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None

@@ -1,0 +1,55 @@
+"""Calls that watch jobs and the box (tfrun/protocol/watching.py): alerts, notify tests, metrics, GPUs, top."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from tfrun.client.calls import Call, whole
+from tfrun.protocol.watching import (
+    Alert,
+    AlertList,
+    Delivery,
+    ExplainMetrics,
+    GetMetrics,
+    Gpu,
+    GpuList,
+    ListAlerts,
+    ListGpus,
+    MetricsExplained,
+    MetricsReply,
+    NotifyReport,
+    NotifyTest,
+    Top,
+    TopReply,
+)
+
+
+def alerts(job: Optional[str] = None, limit: int = 100) -> Call[AlertList, list[Alert]]:
+    """The newest `limit` alerts of one job, or of every job and the box, with how their delivery went."""
+    return Call(ListAlerts(job=job, limit=limit), lambda reply: reply.alerts)
+
+
+def notify_test(url: Optional[str] = None) -> Call[NotifyReport, list[Delivery]]:
+    """A test message sent from the box to `url`, or to each notify URL of its config; how each went."""
+    return Call(NotifyTest(url=url), lambda reply: reply.results)
+
+
+def metrics(job: str, last: Optional[int] = None) -> Call[MetricsReply, MetricsReply]:
+    """The job's metrics by step (the last `last` samples, or all) and where they were read from."""
+    return Call(GetMetrics(job=job, last=last), whole)
+
+
+def explain_metrics(job: str, lines: int = 30) -> Call[MetricsExplained, MetricsExplained]:
+    """How the daemon reads the job's output: one line of each shape, up to `lines`, and what it read."""
+    return Call(ExplainMetrics(job=job, lines=lines), whole)
+
+
+def gpus() -> Call[GpuList, list[Gpu]]:
+    """The box's GPUs, their memory and load, and the job each is given to."""
+    return Call(ListGpus(), lambda reply: reply.gpus)
+
+
+def top(recent: int = 5, losses: int = 30) -> Call[TopReply, TopReply]:
+    """`tfrun top`'s frame: jobs (and the `recent` that ended last), GPUs, each job's last `losses`. A pool's
+    placement asks with 0 and 0: its figures only."""
+    return Call(Top(recent=recent, losses=losses), whole)

@@ -1,0 +1,138 @@
+"""What a submit does, under `AsyncClient.submit`: the options checked, the work dir's snapshot hashed, the
+request built from `JobOptions`, then the upload and the submit, sent again on a new connection if the daemon
+goes away before answering (its `submission_id` makes that safe: the daemon that took it answers with the
+job it made)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional, Union
+
+from tfrun import restarts
+from tfrun.client.connection import Target
+from tfrun.client.errors import TfrunError
+from tfrun.client.follow import Connect, Notice, resilient
+from tfrun.constants import EXIT_DAEMON, EXIT_USAGE
+from tfrun.protocol.channel import Channel, RemoteError
+from tfrun.protocol.fields import ErrorCode
+from tfrun.protocol.jobs import Job
+from tfrun.protocol.submit import ArrayAxis, JobOptions, Submit, SubmitArray
+from tfrun.protocol.wire import ProtocolError
+
+if TYPE_CHECKING:
+    from tfrun.client.snapshot import Snapshot
+
+
+@dataclass
+class Submitted:
+    """What a submit did: the job, and what its upload sent (contents the daemon held already are not sent)."""
+
+    job: Job  # of an array, its first task
+    files: int  # contents in the snapshot
+    files_sent: int
+    bytes_sent: int
+    tasks: list[Job] = field(default_factory=list)  # of an array (submit --array), every task by index
+
+
+def checked(options: JobOptions, target: Target) -> JobOptions:
+    """`options` as they go to `target`: --restart-on's causes spelled out (an unknown one raises ValueError,
+    before any file is read), the host's python when none is given, a local interpreter's path made absolute
+    (the daemon runs in another folder), each `after` job as text."""
+    causes = None if options.restart_on is None else list(restarts.parse(options.restart_on))
+    python = options.python
+    if python is None and target.host is not None:
+        python = target.host.python
+    elif python is not None and target.local and os.sep in python:
+        python = str(Path(python).absolute())
+    return dataclasses.replace(options, restart_on=causes, python=python, after=[str(job) for job in options.after])
+
+
+def snapshot(
+    script: str, workdir: Optional[Path], local: bool, on_snapshot: Callable[[Snapshot], None]
+) -> tuple[Snapshot, str]:
+    """The work dir's snapshot, hashed, and the script's path in it."""
+    from tfrun.client.snapshot import relative_script, scan, why_not_sent
+    from tfrun.client.transfer import LazyProgress
+
+    root, relative = relative_script(script, workdir)
+    snap = scan(root, local=local)
+    if snap.find(relative) is None:
+        raise TfrunError(why_not_sent(root, relative), EXIT_USAGE)
+    on_snapshot(snap)
+    hashing = LazyProgress(snap.total_bytes, "hashing")
+    try:
+        snap.hash(hashing.advance)
+    finally:
+        hashing.close()
+    return snap, relative
+
+
+def request(
+    snap: Snapshot, script: str, args: Sequence[str], options: JobOptions, array: Sequence[tuple[str, Sequence[str]]]
+) -> Union[Submit, SubmitArray]:
+    """The submit of `script` (a path in `snap`) with `args` and `options`; with `array`'s axes, of its tasks."""
+    submit = Submit(
+        files=snap.entries,
+        script=script,
+        args=list(args),
+        source=str(snap.root),
+        git_commit=snap.git_commit,
+        git_dirty=snap.git_dirty,
+        submission_id=uuid.uuid4().hex,  # the same in every retry: a daemon that took it once returns that job
+        **options.options(),
+    )
+    axes = [ArrayAxis(key, list(values)) for key, values in array]
+    return SubmitArray(submit, axes) if axes else submit
+
+
+async def send(
+    target: Target,
+    connect: Connect,
+    notice: Notice,
+    snap: Snapshot,
+    asked: Union[Submit, SubmitArray],
+    confirm: Optional[Callable[[int, int], None]],
+) -> Submitted:
+    """Upload what the daemon lacks, then submit, again on a new connection if the daemon goes away."""
+    from tfrun.client.transfer import upload
+
+    sent_request = False  # whether the submit went out: from then on, a failure leaves its outcome unknown
+
+    async def submitted(channel: Channel) -> Submitted:
+        nonlocal sent_request
+        sent, sent_bytes = await upload(channel, snap, confirm)
+        sent_request = True
+        if isinstance(asked, SubmitArray):
+            tasks = (await channel.ask(asked)).jobs
+            return Submitted(tasks[0], len(snap.sources), sent, sent_bytes, tasks)
+        return Submitted((await channel.ask(asked)).job, len(snap.sources), sent, sent_bytes)
+
+    try:
+        return await resilient(submitted, connect, hello_answers=False, notice=notice)
+    except (TfrunError, ProtocolError, ConnectionError) as exc:  # not RemoteError: a refusal says why itself
+        code = exc.exit_code if isinstance(exc, TfrunError) else EXIT_DAEMON
+        raise TfrunError(_unsubmitted(exc, sent_request), code) from None
+    except RemoteError as exc:
+        if exc.code == ErrorCode.BAD_REQUEST and f"{SubmitArray.TYPE!r}" in exc.message:  # it knows no arrays
+            host = target.host
+            how = f"tfrun hosts install {host.label}" if host else "tfrund stop: the next verb starts this tfrun's"
+            raise TfrunError(
+                f"tfrund on {target.place()} is older than this tfrun and has no --array: upgrade it ({how}); "
+                "nothing was submitted",
+                EXIT_DAEMON,
+            ) from None
+        raise
+
+
+def _unsubmitted(exc: Exception, asked: bool) -> str:
+    """Why a submit failed, and whether its job may exist after all: only if the daemon went away after the
+    request reached it and none came back in time to say."""
+    reason = exc.message if isinstance(exc, TfrunError) else str(exc)
+    if not asked:
+        return f"{reason}; nothing was submitted"
+    return f"{reason}; the submit was sent but never answered, so the job may exist: see `tfrun ps -a`"
