@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How long `ps` waits while another client sends the most costly requests it can. Run by hand.
 
-    .venv/bin/python bench/abuse.py [--seconds 20] [--abusers 1] [--big-only]
+    .venv/bin/python -m bench.abuse [--seconds 20] [--abusers 1] [--big-only]
 
 Boots a real local tfrund with one ended job, then runs --abusers threads, each on its own connection, that
 send in a loop what once held the daemon's event loop for seconds: a `logs` filter of 100,000 patterns and
@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import Tfrun, write_script
-from test_fuzz import Raw, abusive_requests, describe, header_line, ps_latencies, socket_path
+from tests.harness import Tfrun, write_script
+from tests.harness.abuse import Raw, abusive_requests, describe, header_line, ps_latencies, socket_path
 
 BIG_DIGESTS = 100_000
 

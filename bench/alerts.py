@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """From an OOM line written by a job to the alert mail received. Run by hand.
 
-    .venv/bin/python bench/alerts.py [--runs 30]
+    .venv/bin/python -m bench.alerts [--runs 30]
 
 Each run submits a job to a real local tfrund whose config sends alerts to a real SMTP server (aiosmtpd)
 on 127.0.0.1; the job writes a PyTorch OOM line carrying the time it wrote it, and the SMTP server notes
@@ -13,6 +13,7 @@ when the mail's data arrived. Side by side, on the same job's log, the alert a u
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 import statistics
 import subprocess
@@ -21,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import Mailbox, Tfrun, wait_for
+from tests.harness import Mailbox, Tfrun, wait_for
 
 JOB = """
 import os, sys, time
@@ -72,7 +72,7 @@ def main() -> None:
                 gate = Path(tmp) / f"gate{run}"
                 job = tf.submit("--python", sys.executable, str(project / "job.py"), str(gate))
                 log = tf.job_dir(job) / "output.log"
-                wait_for(lambda log=log: log.exists() and b"loss" in log.read_bytes(), what="job start")
+                wait_for(functools.partial(_printed_loss, log), what="job start")
                 pipeline = (
                     f"tail -n0 -F {shlex.quote(str(log))} | grep --line-buffered 'out of memory' | "
                     f"{shlex.quote(sys.executable)} {shlex.quote(str(project / 'mailer.py'))} {mailbox.port}"
@@ -80,9 +80,9 @@ def main() -> None:
                 watcher = subprocess.Popen(["sh", "-c", pipeline], start_new_session=True)
                 time.sleep(0.5)  # tail is following
                 gate.touch()
-                line = wait_for(lambda log=log: _oom_line(log), what="the OOM line")
+                line = wait_for(functools.partial(_oom_line, log), what="the OOM line")
                 written = line.split("written=")[1].split()[0]
-                arrivals = wait_for(lambda w=written: _arrivals(mailbox, w), timeout=30, what="both mails")
+                arrivals = wait_for(functools.partial(_arrivals, mailbox, written), timeout=30, what="both mails")
                 tfrun_ms.append((arrivals["tfrun"] - float(written)) * 1000)
                 grep_ms.append((arrivals["grep"] - float(written)) * 1000)
                 subprocess.run(["pkill", "-g", str(watcher.pid)], check=False)
@@ -105,6 +105,11 @@ def _arrivals(mailbox: Mailbox, written: str) -> dict[str, float]:
         if f"written={written}" in body:
             found["grep" if "tail|grep" in subject else "tfrun"] = at
     return found if len(found) == 2 else {}
+
+
+def _printed_loss(log: Path) -> bool:
+    """Whether the job has started: its log holds its first loss line."""
+    return log.exists() and b"loss" in log.read_bytes()
 
 
 def _oom_line(log: Path) -> str:

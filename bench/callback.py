@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What tfrun's Keras callback costs a training run: steps per second with and without it. Run by hand.
 
-    .venv/bin/python bench/callback.py [--rounds 7] [--steps 400]
+    .venv/bin/python -m bench.callback [--rounds 7] [--steps 400]
 
 A small model (an MLP on 784 inputs, batch 64) trains `--steps` steps per epoch, in alternating rounds:
 plain `model.fit`, then with `TfrunCallback` writing per-step metrics (to a metrics file, as under tfrund),
@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tfrun.jobs from this checkout
+from typing import Any, Callable
 
 
 def main() -> None:
@@ -50,7 +48,7 @@ def main() -> None:
     model.fit(x, y, batch_size=64, epochs=1, verbose=0)  # compile and warm up
     checkpoints = Checkpoints(directory=str(work / "ckpt"), model=model, optimizer=model.optimizer)
 
-    variants = {
+    variants: dict[str, Callable[[], list[Any]]] = {
         "model.fit": lambda: [],
         "+ TfrunCallback (metrics each step)": lambda: [
             TfrunCallback(save_every_epochs=0, metrics=MetricWriter(str(work / "metrics.jsonl")))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How fast the CLI answers the verbs users type all day, side by side with `python3 -c pass`. Run by hand.
 
-    .venv/bin/python bench/cli_start.py [--runs 20]
+    .venv/bin/python -m bench.cli_start [--runs 20]
 
 Measures, in one run on one machine (the SSH rows need openssh-server and root for the test sshd):
   - `python3 -c pass` with the same interpreter: the floor any Python CLI pays;
@@ -24,9 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import TFRUN, Sshd, Tfrun, remote_client
-from timing import stats, timed
+from bench.timing import stats, timed
+from tests.harness import TFRUN, Sshd, Tfrun, remote_client
 
 
 def main() -> None:

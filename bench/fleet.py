@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What `tfrun ps --host all` costs over 1, 3 and 8 boxes, side by side with a shell loop of plain ssh. By hand.
 
-    .venv/bin/python bench/fleet.py [--runs 5] [--boxes 1,3,8]
+    .venv/bin/python -m bench.fleet [--runs 5] [--boxes 1,3,8]
 
 Each box is a real sshd on 127.0.0.1 with a daemon of its own (its TFRUN_HOME, as tests/test_fleet.py sets
 boxes up), started once before: "cold" means the SSH side only. For each count N, with exactly N hosts
@@ -25,13 +25,11 @@ import os
 import shlex
 import signal
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import TFRUN, TFRUND, Sshd, Tfrun, alive, keepers_of, wait_for
-from timing import stats, timed
+from bench.timing import stats, timed
+from tests.harness import TFRUN, TFRUND, Sshd, Tfrun, alive, keepers_of, wait_for
 
 
 def kill_keepers(client: Tfrun) -> None:

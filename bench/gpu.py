@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """On a machine with NVIDIA GPUs: a real GPU job under tfrund, and what it and NVML see. Run by hand.
 
-    .venv/bin/python bench/gpu.py [--python PYTHON_WITH_TENSORFLOW]
+    .venv/bin/python -m bench.gpu [--python PYTHON_WITH_TENSORFLOW]
 
 Starts a daemon in a temporary home (devices from NVML, nothing configured), submits one `--gpus 1` job
 that lists the GPUs TensorFlow sees and holds one busy with a matrix product for a few seconds, and checks:
@@ -19,8 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import Tfrun, wait_for
+from tests.harness import Tfrun, wait_for
 
 JOB = """
 import os, time

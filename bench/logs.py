@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`tfrun logs` over SSH, side by side with ssh + tail/grep/cat, on a loopback sshd. Run by hand.
 
-    .venv/bin/python bench/logs.py [--runs 7] [--lines 400] [--follow-only]
+    .venv/bin/python -m bench.logs [--runs 7] [--lines 400] [--follow-only]
 
 Measures, in one run on one machine (needs openssh-server, and root for the test sshd):
   - follow latency, from a line written by a job on the box to the line printed by the client, for
@@ -23,14 +23,12 @@ import os
 import shlex
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import TFRUN, Sshd, Tfrun, remote_client, wait_for
+from tests.harness import TFRUN, Sshd, Tfrun, remote_client, wait_for
 
 WRITER = """
 import os, sys, time

@@ -2,7 +2,7 @@
 """What supervision costs tfrund, per job, per printed line and per queued job, and what history costs the
 CLI. Run by hand (a few minutes; --history 10000 adds about as many again).
 
-    .venv/bin/python bench/scale.py [--jobs 100] [--queued 1000] [--history 10000] [--seconds 20]
+    .venv/bin/python -m bench.scale [--jobs 100] [--queued 1000] [--history 10000] [--seconds 20]
                                     [--only idle,quiet,lines,keras,queued,history]
 
 Each row starts a real local tfrund in a home of its own, starts its jobs as arrays (`submit --array`),
@@ -23,6 +23,7 @@ Prints a Markdown table: each figure, the issue's bound, and whether it holds.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -33,9 +34,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import TFRUN, Tfrun, wait_for
-from timing import stats, timed
+from bench.timing import stats, timed
+from tests.harness import TFRUN, Tfrun, wait_for
 
 # A submit of an array returns once a scheduler pass has launched the tasks it can start: 1,000 quick tasks
 # took longer than the harness waits for a command (120 s) on a 2-CPU machine.
@@ -115,6 +115,11 @@ def submit_array(tf: Tfrun, project: Path, name: str, script: str, count: int, *
     return ids
 
 
+def succeeded(tf: Tfrun, count: int) -> bool:
+    """Whether `count` jobs of `tf` have succeeded."""
+    return states(tf).get("succeeded", 0) >= count
+
+
 def states(tf: Tfrun) -> dict[str, int]:
     counts: dict[str, int] = {}
     for job in tf.jobs():
@@ -168,7 +173,7 @@ def history_rows(work: Path, jobs: int, history: int) -> dict[str, float]:
             count = min(ARRAY_TASKS, history - done, jobs if done == 0 else ARRAY_TASKS)
             submit_array(tf, project, "pass.py", "pass\n", count)
             done += count
-            wait_for(lambda n=done: states(tf).get("succeeded", 0) >= n, timeout=3600, what=f"{done} jobs ended")
+            wait_for(functools.partial(succeeded, tf, done), timeout=3600, what=f"{done} jobs ended")
             if done == count:  # the first batch: --jobs jobs
                 found["rss, jobs"] = rss_mb(tf.daemon_pid())
         found["history seconds"] = time.monotonic() - started

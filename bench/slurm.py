@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Jobs on Slurm through tfrun, side by side with plain sbatch on the same real cluster. Run by hand.
 
-    .venv/bin/python bench/slurm.py [--runs 10] [--jobs 100] [--window 60] [--no-ssh]
+    .venv/bin/python -m bench.slurm [--runs 10] [--jobs 100] [--window 60] [--no-ssh]
 
 Needs Slurm with accounting (Debian's 22.05, as .ci/run installs it) and, for the SSH rows, openssh-server and
 root (the test sshd). It starts one single-node cluster with 2 fake GPUs in a temp folder
-(tests/slurmcluster.py), tfrund daemons with `executor = "slurm"` and a loopback sshd, and ends every one of
+(tests/harness/slurmcluster.py), tfrund daemons with `executor = "slurm"` and a loopback sshd, and ends every one of
 them at its end, on an error or Ctrl-C too.
 
 Why these two figures: on a cluster, a user's alternative to tfrun is sbatch (locally on the login node, or
@@ -57,17 +57,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import TFRUN, Sshd, Tfrun, remote_client
-from slurmcluster import SlurmCluster
-from timing import stats
+from bench.timing import stats
+from tests.harness import TFRUN, Sshd, Tfrun, remote_client
+from tests.harness.slurmcluster import SlurmCluster
 
 COMMANDS = ("squeue", "sacct", "sbatch", "scancel", "scontrol", "sinfo", "srun")
 JOB = "print('started', flush=True)\n"
 # Slurm starts a job at once, or only at a later scheduling pass (0.4 to 0.8 s later here), by how long ago
 # the node's last job ended (measured: plain sbatch runs, with tfrun's options or without, took 0.15, 0.6 or
 # 0.9 s by their place in a round of three, whatever their options). A pause longer than the cluster's
-# sched_interval (2 s, tests/slurmcluster.py) after the node is idle puts every run at the same point: 0.37 to
+# sched_interval (2 s, tests/harness/slurmcluster.py) after the node is idle puts every run at the same point: 0.37 to
 # 0.40 s each, for all three.
 GAP_S = 2.5
 _RPC = re.compile(r"^\s+(\S+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:\d+\s+total_time:(\d+)", re.M)

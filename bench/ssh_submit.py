@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Submit and upload over SSH, side by side with what users do today, on a loopback sshd. Run by hand.
 
-    .venv/bin/python bench/ssh_submit.py [--runs 15]
+    .venv/bin/python -m bench.ssh_submit [--runs 15]
 
 Measures, in one run on one machine (needs openssh-server, rsync, and root for the test sshd):
   - `tfrun submit job.py` until the job runs, against `ssh box 'nohup python3 job.py > log 2>&1 &'`;
@@ -21,14 +21,12 @@ import os
 import random
 import shlex
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import TFRUN, Sshd, Tfrun, remote_client
-from timing import stats, timed
+from bench.timing import stats, timed
+from tests.harness import TFRUN, Sshd, Tfrun, remote_client
 
 
 def make_work_dir(root: Path, files: int) -> None:

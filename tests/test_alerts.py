@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Mailbox, Receiver, Tfrun, alive, no_internet, wait_for, write_script
+from harness import Mailbox, Receiver, Tfrun, alive, no_internet, wait_for, write_script
 
 from tfrun.runner.alerts.watch import KEEP_EVERY_S
 
@@ -811,14 +811,15 @@ def test_the_one_tls_context_mail_reuses_has_its_checks_on_at_every_mail() -> No
     from tfrun.runner.alerts import outbox
 
     outbox._apprise()
-    assert isinstance(smtp.ssl, outbox.ReusedContext)
-    first = smtp.ssl.create_default_context()
+    plugin_ssl = vars(smtp)["ssl"]  # the module's own name for ssl, which outbox replaced
+    assert isinstance(plugin_ssl, outbox.ReusedContext)
+    first = plugin_ssl.create_default_context()
     first.check_hostname = False  # what the plugin does for ?verify=no
     first.verify_mode = ssl.CERT_NONE
-    again = smtp.ssl.create_default_context()
+    again = plugin_ssl.create_default_context()
     assert again is first
     assert again.verify_mode == ssl.CERT_REQUIRED and again.check_hostname
-    assert smtp.ssl.CERT_NONE == ssl.CERT_NONE  # the rest of the module is the module's
+    assert plugin_ssl.CERT_NONE == ssl.CERT_NONE  # the rest of the module is the module's
 
 
 def test_metrics_show_every_line_read_though_the_files_take_them_every_few_seconds(

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun, gated_job, write_script
+from harness import Tfrun, gated_job, write_script
 
 import tfrun
 from tfrun.client.api import AsyncClient, NoSuchJob
@@ -79,7 +79,7 @@ def test_a_reply_of_the_wrong_type_is_a_protocol_error(tf: Tfrun, client: tfrun.
         channel = await AsyncClient().connect()
         try:
             top = Top()
-            top.TYPE = "list"  # the daemon answers a ListJobs
+            vars(top)["TYPE"] = "list"  # the daemon answers a ListJobs
             await channel.ask(top)
         finally:
             channel.close()

@@ -1,5 +1,5 @@
 """Job arrays (issue 19): `tfrun submit --array KEY=V1,V2,...` makes one job a value, the tasks of one array.
-On a local daemon they are queued jobs like any other; on the real Slurm cluster (tests/slurmcluster.py) they
+On a local daemon they are queued jobs like any other; on the real Slurm cluster (tests/harness/slurmcluster.py) they
 are ONE sbatch --array, each task still a tfrun job with its own exit code, log and cancel. Bad arrays are
 refused in one line, by the client and by the daemon."""
 
@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import TFRUND, Tfrun, alive, serving_daemon, wait_for, write_script
-from slurmcluster import SlurmCluster, on_slurm_fixture, slurm_fixture, slurm_id_of  # noqa: F401 (fixtures)
+from harness import TFRUND, Tfrun, alive, serving_daemon, wait_for, write_script
+from harness.slurmcluster import SlurmCluster, on_slurm_fixture, slurm_fixture, slurm_id_of  # noqa: F401 (fixtures)
 
 from tfrun import arrays
 from tfrun.protocol.channel import RemoteError

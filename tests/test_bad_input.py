@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun, write_script
+from harness import Tfrun, write_script
 
 pytestmark = [pytest.mark.slow]
 

@@ -1,6 +1,6 @@
 """A box behind a jump host (issue 18): reachable only through the bastion, the way `ssh box` reaches it.
 
-Three network namespaces of the test's own (tests/netns.py): the client's, the bastion's and the box's, a veth
+Three network namespaces of the test's own (tests/harness/netns.py): the client's, the bastion's and the box's, a veth
 pair between client and bastion and one between bastion and box, no routes beyond them and no forwarding. A
 real sshd runs in the bastion's namespace and another in the box's; tfrund is started on the box through SSH,
 so it and its jobs run in the box's namespace too. Every tfrun and ssh command runs in the client's namespace,
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import Sshd, Tfrun, box_sshd, keeper_socket, keepers_of, wait_for, write_script
-from netns import Namespace, Network, Unavailable
+from harness import Sshd, Tfrun, box_sshd, keeper_socket, keepers_of, wait_for, write_script
+from harness.netns import Namespace, Network, Unavailable
 
 pytestmark = [pytest.mark.ssh, pytest.mark.root]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 import pytest
-from conftest import TFRUN, Tfrun, gated_job, wait_for, write_script
+from harness import TFRUN, Tfrun, gated_job, wait_for, write_script
 
 from tfrun.client.calls import jobs as job_calls
 from tfrun.protocol.jobs import Job, JobList

@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
         ["ruff", "check", "."],
         ["ruff", "format", "--check", "."],
         ["mypy"],
+        ["mypy", "tests"],
+        ["mypy", "bench"],
     ],
-    ids=["ruff-check", "ruff-format", "mypy"],
+    ids=["ruff-check", "ruff-format", "mypy", "mypy-tests", "mypy-bench"],
 )
 def test_static_checks_pass(command: list[str]) -> None:
     result = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -230,9 +232,14 @@ def test_each_wing_of_the_daemon_touches_only_what_its_docstring_says() -> None:
 
 
 # What a test module uses that says which marker (pyproject.toml's markers) it must carry, so that `-m "not
-# ssh"` and the like leave it out: an import of one of these helper modules of tests/, or a use of one of
-# these names of conftest.py (the session's sshd fixture, an Sshd of its own, a box's sshd, a remote client).
-NEEDS_BY_IMPORT = {"slurmcluster": "slurm", "otheruser": "root", "netns": "root", "fleetbox": "ssh"}
+# ssh"` and the like leave it out: an import of one of these modules of tests/harness/, or a use of one of
+# these names (the session's sshd fixture, an Sshd of its own, a box's sshd, a remote client).
+NEEDS_BY_IMPORT = {
+    "harness.slurmcluster": "slurm",
+    "harness.otheruser": "root",
+    "harness.netns": "root",
+    "harness.fleetbox": "ssh",
+}
 NEEDS_BY_NAME = {"sshd": "ssh", "Sshd": "ssh", "box_sshd": "ssh", "remote_client": "ssh"}
 
 
@@ -242,8 +249,10 @@ def _needed_and_carried_markers(tree: ast.Module) -> tuple[dict[str, str], set[s
     needed: dict[str, str] = {}
     carried: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module in NEEDS_BY_IMPORT:
-            needed.setdefault(NEEDS_BY_IMPORT[node.module], f"from {node.module} import ...")
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for name in (node.module, *(f"{node.module}.{alias.name}" for alias in node.names)):
+                if name in NEEDS_BY_IMPORT:
+                    needed.setdefault(NEEDS_BY_IMPORT[name], f"from {node.module} import ...")
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name in NEEDS_BY_IMPORT:
@@ -302,13 +311,13 @@ def test_every_test_module_says_what_it_needs() -> None:
 def test_the_marker_check_sees_a_missing_marker() -> None:
     """The check above can fail: a module that takes the sshd fixture and imports slurmcluster, unmarked, or
     parametrizes tf with a plain "ssh"."""
-    bare = ast.parse("from slurmcluster import slurm_fixture\n\ndef test_x(sshd, slurm):\n    pass\n")
+    bare = ast.parse("from harness.slurmcluster import slurm_fixture\n\ndef test_x(sshd, slurm):\n    pass\n")
     assert _needed_and_carried_markers(bare) == (
-        {"slurm": "from slurmcluster import ...", "ssh": "the sshd fixture"},
+        {"slurm": "from harness.slurmcluster import ...", "ssh": "the sshd fixture"},
         set(),
     )
-    marked = ast.parse("import pytest\nimport netns\npytestmark = [pytest.mark.root]\n")
-    assert _needed_and_carried_markers(marked) == ({"root": "import netns"}, {"root"})
+    marked = ast.parse("import pytest\nfrom harness import netns\npytestmark = [pytest.mark.root]\n")
+    assert _needed_and_carried_markers(marked) == ({"root": "from harness import ..."}, {"root"})
     both = 'import pytest\n@pytest.mark.parametrize("tf", ["local", "ssh"], indirect=True)\ndef test_y(tf): ...\n'
     assert _bare_ssh_cases(ast.parse(both)) == [2]
     assert _bare_ssh_cases(ast.parse(both.replace('"ssh"]', 'pytest.param("ssh", marks=pytest.mark.ssh)]'))) == []

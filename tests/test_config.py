@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Receiver, Tfrun, gated_job, no_internet, wait_for, write_script
+from harness import Receiver, Tfrun, gated_job, no_internet, wait_for, write_script
 
 from tfrun import tomltext
 from tfrun.paths import Layout

@@ -33,7 +33,7 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.9 and 3.10
     import tomli as tomllib
-from conftest import TFRUN, free_port, wait_for
+from harness import TFRUN, free_port, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 CONTAINER = REPO / "container"

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import (
+from harness import (
     TFRUN,
     TFRUND,
     Tfrun,

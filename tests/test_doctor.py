@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun
+from harness import Tfrun
 
 pytestmark = [pytest.mark.tensorflow]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from conftest import Tfrun, wait_for, write_script
+from harness import Tfrun, wait_for, write_script
 from tensorboard.backend.event_processing import event_accumulator
 
 from tfrun.runner.metrics.eventfile import PRINTED, ScalarFile, crc32c
@@ -27,7 +27,7 @@ def test_crc32c_is_castagnolis() -> None:
 def test_scalars_read_back_by_tensorboard_across_restarts(tmp_path: Path) -> None:
     folder = tmp_path / "tensorboard" / PRINTED
     ScalarFile(folder).append([(0, {"loss": 2.5, "accuracy": 0.25}), (100, {"loss": 1.25})])
-    ScalarFile(folder).append([(200, {"loss": math.nan, "flag": True, "huge": 10**400}), (300, {"loss": 0.5})])  # type: ignore[dict-item]
+    ScalarFile(folder).append([(200, {"loss": math.nan, "flag": True, "huge": 10**400}), (300, {"loss": 0.5})])
     assert len(list(folder.glob("events.out.tfevents.*"))) == 1, "a daemon restart appends to the same file"
     series = _scalars(folder)
     assert set(series) == {"loss", "accuracy"}, "bools and numbers beyond a double are no scalars"

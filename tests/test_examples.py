@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun
+from harness import Tfrun
 
 from tfrun.runner.logs.lines import plain
 

@@ -1,5 +1,5 @@
 """Many boxes as one (client/fleet.py): three boxes, each a real sshd with a daemon of its own (its TFRUN_HOME,
-one fake GPU: TFRUN_GPUS=0), all three in one client config and pool `gpu` (tests/fleetbox.py). Placement, the
+one fake GPU: TFRUN_GPUS=0), all three in one client config and pool `gpu` (tests/harness/fleetbox.py). Placement, the
 merged `ps`, job addresses (HOST:ID) and what a dead box costs, through the real commands.
 
 Placement, `ps --host all` and addresses run in both layouts of the fleet: "direct" (three sshd on 127.0.0.1)
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Sshd, Tfrun, keepers_of, serving_daemon, wait_for
-from fleetbox import BOXES, Fleet, fleet_fixture, jobs_ended_fixture  # noqa: F401 - the fixtures fleet, jobs_ended
+from harness import Sshd, Tfrun, keepers_of, serving_daemon, wait_for
+from harness.fleetbox import BOXES, Fleet, fleet_fixture, jobs_ended_fixture  # noqa: F401 - the fixtures fleet, jobs_ended
 
 pytestmark = [pytest.mark.slow]
 

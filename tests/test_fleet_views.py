@@ -1,5 +1,5 @@
 """Watching many boxes as one (issue 18): `top`, `alerts` and `notify-test` given `--host POOL`, the daemon's
-`name` in its alerts, and Tab completion of job addresses, on three real sshd boxes (tests/fleetbox.py) and
+`name` in its alerts, and Tab completion of job addresses, on three real sshd boxes (tests/harness/fleetbox.py) and
 a fourth whose sshd is stopped, through the real commands."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TFRUN, Receiver, Sshd, Tfrun, wait_for, write_script
-from fleetbox import BOXES, Fleet, fleet_fixture, jobs_ended_fixture  # noqa: F401 - the fixtures fleet, jobs_ended
+from harness import TFRUN, Receiver, Sshd, Tfrun, wait_for, write_script
+from harness.fleetbox import BOXES, Fleet, fleet_fixture, jobs_ended_fixture  # noqa: F401 - the fixtures fleet, jobs_ended
 from test_views import _frame_with, _in_tmux, screen
 
 pytestmark = [pytest.mark.ssh]

@@ -1,7 +1,7 @@
 """`tfrun forward` (issue 20): a port on the box, reached through tfrun's SSH connection, with the connection
 keeper and without it.
 
-Two network namespaces of the test's own (tests/netns.py): the client's and the box's, one veth pair between
+Two network namespaces of the test's own (tests/harness/netns.py): the client's and the box's, one veth pair between
 them. A real sshd and a plain HTTP server run in the box's namespace, the server on the box's 127.0.0.1 only;
 every tfrun command and every HTTP request runs in the client's namespace, where the box's loopback does not
 exist: only an SSH channel (direct-tcpip) gets there.
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import Sshd, Tfrun, box_sshd, free_port, keeper_socket, keepers_of
-from netns import Namespace, Network, Unavailable
+from harness import Sshd, Tfrun, box_sshd, free_port, keeper_socket, keepers_of
+from harness.netns import Namespace, Network, Unavailable
 
 pytestmark = [pytest.mark.ssh, pytest.mark.root]
 

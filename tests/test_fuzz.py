@@ -3,101 +3,31 @@ and no client can hold up the others."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
-import json
 import os
-import socket
-import statistics
 import threading
 import time
 import typing
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
-from conftest import Tfrun, write_script
+from harness import Tfrun, write_script
+from harness.abuse import Raw, abusive_requests, describe, header_line, ps_latencies, socket_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tfrun.constants import MAX_CANCEL_JOBS, MAX_NODES, MAX_PATTERN_CHARS, MAX_PATTERNS
 from tfrun.protocol.admin import Shutdown
-from tfrun.protocol.channel import client_hello
 from tfrun.protocol.fields import UTF8, Limit, Range
-from tfrun.protocol.wire import _REGISTRY, Hello, encode
+from tfrun.protocol.wire import _REGISTRY
 from tfrun.runner.handlers import HANDLERS
 
 pytestmark = [pytest.mark.slow]
 
 FUZZ_EXAMPLES = 10_000
-
-
-class Raw:
-    """A client that speaks frames by hand, so it can send what no tfrun client would."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.sock: Optional[socket.socket] = None
-        self.reader: Any = None
-        self.probes = 0
-
-    def connect(self) -> None:
-        self.close()
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(30)
-        self.sock.connect(str(self.path))
-        self.reader = self.sock.makefile("rb")
-        self.sock.sendall(encode(client_hello()))
-        assert self.frame()[0]["type"] == Hello.TYPE
-
-    def close(self) -> None:
-        if self.sock is not None:
-            self.reader.close()
-            self.sock.close()
-            self.sock = None
-
-    def send(self, data: bytes) -> None:
-        if self.sock is None:
-            self.connect()
-        assert self.sock is not None
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it refused an earlier part and hung
-            self.sock.sendall(data)  # up: what it said before is read next
-
-    def frame(self) -> tuple[dict[str, Any], bytes]:
-        """The next frame, or ({}, b"") when the daemon has hung up."""
-        try:
-            line = self.reader.readline()
-        except ConnectionResetError:
-            line = b""
-        if not line:
-            return {}, b""
-        header = json.loads(line)
-        return header, self.reader.read(header.get("size", 0))
-
-    def replies(self, data: bytes) -> list[dict[str, Any]]:
-        """Send `data` (a request, maybe hostile), then a probe that no other request is answered like; the
-        frames answering the first, up to the probe's answer or the daemon hanging up (which it does after
-        a malformed frame)."""
-        self.probes += 1
-        probe = f"probe-{self.probes}"
-        self.send(data + header_line({"type": "get", "job": probe}))
-        got = []
-        while True:
-            header, _ = self.frame()
-            if not header:
-                self.close()
-                return got
-            if header.get("message") == f"no job {probe!r}":
-                return got
-            got.append(header)
-
-
-def header_line(fields: dict[str, Any]) -> bytes:
-    """A frame header as a hostile peer may write it: NaN, surrogates, numbers of any size."""
-    return json.dumps(fields, ensure_ascii=True, allow_nan=True).encode() + b"\n"
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +44,6 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tfrun]:
     tf.ok("wait", str(job))
     yield tf
     tf.cleanup()
-
-
-def socket_path(tf: Tfrun) -> Path:
-    return tf.home / "run" / "tfrund.sock"
 
 
 def daemon_log(tf: Tfrun) -> str:
@@ -184,8 +110,8 @@ def shaped(tp: Any, name: str, chaos: bool) -> st.SearchStrategy[Any]:
         small = st.integers(max(low, -3), min(high, 300))
         return small | small | st.integers(low, high) | st.sampled_from([low, high])
     if tp is float:
-        low, high = (bounds.low, bounds.high) if bounds else (-1e12, 1e12)
-        return st.floats(low, min(high, 1e12))
+        least, most = (bounds.low, bounds.high) if bounds else (-1e12, 1e12)
+        return st.floats(least, min(most, 1e12))
     if tp is str:
         return SOUND.get(name, st.nothing()) | (st.text(max_size=40) if UTF8 in extras else any_text)
     if dataclasses.is_dataclass(tp):
@@ -231,7 +157,7 @@ def requests(draw: st.DrawFn) -> tuple[str, bytes]:
     cls = draw(st.sampled_from(REQUESTS))
     mode = draw(st.sampled_from(["one", "one", "all", "none", "missing"]))
     fields = draw(record(cls, chaos=mode == "all"))
-    names = [f.name for f in dataclasses.fields(cls) if f.type != "bytes"]
+    names = [f.name for f in dataclasses.fields(typing.cast(Any, cls)) if f.type != "bytes"]
     if mode == "one" and names:
         fields[draw(st.sampled_from(names))] = draw(hostile)
     if mode == "missing" and fields:
@@ -245,7 +171,7 @@ def requests(draw: st.DrawFn) -> tuple[str, bytes]:
     if cls.TYPE in ("remove", "prune"):  # the box's job stays, for the requests that find it
         fields["dry_run"] = True
     payload = b""
-    if any(f.type == "bytes" for f in dataclasses.fields(cls)):
+    if any(f.type == "bytes" for f in dataclasses.fields(typing.cast(Any, cls))):
         payload = draw(st.binary(max_size=64))
         fields["size"] = draw(st.sampled_from([len(payload)] * 4 + [-1, 2**40, "x"]))
     return cls.TYPE, header_line({"type": cls.TYPE, **fields}) + payload
@@ -364,19 +290,6 @@ def test_reading_a_folder_as_a_file_is_refused_and_leaks_nothing(box: Tfrun) -> 
 # -- one client must not stall the others ----------------------------------------------------------------------
 
 
-def abusive_requests() -> list[tuple[bytes, str]]:
-    """(frame, what the daemon must answer) for requests that once held the event loop for seconds."""
-    many = [f"n{i:06d}" for i in range(100_000)]
-    dear = [f"{i:04d}[a-z]+{'q' * 54}" for i in range(MAX_PATTERNS)]
-    return [
-        (header_line({"type": "read_log", "job": "1", "patterns": many}), "bad_request"),  # 1 MB of patterns
-        (header_line({"type": "cancel", "jobs": many}), "bad_request"),
-        # The most a request may ask: a thousand long patterns, dear to compile and to match every line with.
-        (header_line({"type": "read_log", "job": "1", "patterns": dear}), ""),
-        (header_line({"type": "cancel", "jobs": many[:MAX_CANCEL_JOBS]}), ""),
-    ]
-
-
 def test_an_abusive_client_is_bounded_and_others_keep_being_answered(box: Tfrun) -> None:
     stop = threading.Event()
     answers: Counter[str] = Counter()
@@ -402,27 +315,3 @@ def test_an_abusive_client_is_bounded_and_others_keep_being_answered(box: Tfrun)
     assert not failures, failures[:3]
     assert answers["bad_request"] >= 2 and answers["served"] >= 2, answers
     print(f"\nps under abuse: {describe(latencies)}; abusive requests answered: {dict(answers)}")
-
-
-def describe(latencies: list[float]) -> str:
-    p99 = statistics.quantiles(latencies, n=100)[98]
-    return (
-        f"{len(latencies)} answers, p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, "
-        f"max {max(latencies) * 1000:.1f} ms"
-    )
-
-
-def ps_latencies(tf: Tfrun, seconds: float) -> list[float]:
-    """Round trips of `ps` (ListJobs) from another client, for `seconds`."""
-    raw = Raw(socket_path(tf))
-    raw.connect()
-    latencies = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        started = time.monotonic()
-        assert raw.sock is not None
-        raw.sock.sendall(b'{"type": "list"}\n')
-        assert raw.frame()[0]["type"] == "jobs"
-        latencies.append(time.monotonic() - started)
-        time.sleep(0.01)
-    return latencies

@@ -4,7 +4,7 @@ with SIGKILL (its shim and its daemon) frees its GPU for the other daemon's queu
 
 The box's GPUs are the stand-in's (TFRUN_GPU_STANDIN, two of them, with UUIDs), in a folder both users reach,
 so their leases are in `<stand-in>.leases/` there, not in the box's /tmp/tfrun-gpus. The victim is the test
-itself (root, through the `tf` fixture); the other user runs the same tfrun as themself (tests/otheruser.py).
+itself (root, through the `tf` fixture); the other user runs the same tfrun as themself (tests/harness/otheruser.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TFRUN, TFRUND, Tfrun, wait_for, write_script
-from otheruser import OtherUser, other_user
+from harness import TFRUN, TFRUND, Tfrun, wait_for, write_script
+from harness.otheruser import OtherUser, other_user
 
 pytestmark = [pytest.mark.root]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from conftest import TFRUND, Tfrun, alive, gated_job, wait_for, write_script
+from harness import TFRUND, Tfrun, alive, gated_job, wait_for, write_script
 
 STOPS_WITHIN_S = 15.0  # the daemon looks every 2 s; a loaded machine may take longer to wake it
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TFRUN, Mailbox, Tfrun, gated_job, wait_for, write_script
+from harness import TFRUN, Mailbox, Tfrun, gated_job, wait_for, write_script
 
 from tfrun.client.diskspace import should_ask
 from tfrun.paths import Layout

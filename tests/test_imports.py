@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun, write_script
+from harness import Tfrun, write_script
 
 # Never in a local verb: the SSH stack (0.3-0.5 s to import), the daemon's own code and its dependencies, and
 # the job side's frameworks.

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Sshd, Tfrun, write_script
+from harness import Sshd, Tfrun, write_script
 
 from tfrun import __version__
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TFRUN, Tfrun, gated_job, wait_for, write_script
+from harness import TFRUN, Tfrun, gated_job, wait_for, write_script
 
 # Every verb, on the local daemon and on a daemon reached through a real sshd: the same results.
 pytestmark = [

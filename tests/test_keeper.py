@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import TFRUN, Sshd, Tfrun, alive, keepers_of, wait_for
+from harness import TFRUN, Sshd, Tfrun, alive, keepers_of, wait_for
 
 pytestmark = [pytest.mark.ssh]
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun, alive, gated_job, wait_for, write_script
+from harness import Tfrun, alive, gated_job, wait_for, write_script
 
 from tfrun.runner.faults import CRASH_AT_ENV, END_OF_JOB
 

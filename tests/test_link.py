@@ -1,6 +1,6 @@
 """A link that dies without closing (issue 26): a laptop that sleeps, a Wi-Fi change, a NAT that forgets.
 
-Between tfrun and the test's sshd stands a relay of the test's own (tests/relay.py) that freezes the connections
+Between tfrun and the test's sshd stands a relay of the test's own (tests/harness/relay.py) that freezes the connections
 it holds (nothing passes, nothing closes) or everything, then resumes. A `logs -f` that follows a job printing
 twice a second must print again within 30 s of a freeze, with no line lost or repeated; a new verb must answer
 within 30 s; while everything is frozen a verb must end within 60 s with one line (exit 125); and 40 s later,
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import TFRUN, Sshd, Tfrun, free_port, remote_client, wait_for, write_script
-from relay import Relay
+from harness import TFRUN, Sshd, Tfrun, free_port, remote_client, wait_for, write_script
+from harness.relay import Relay
 
 pytestmark = [pytest.mark.slow]
 

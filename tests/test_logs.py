@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TFRUN, Tfrun, wait_for, write_script
+from harness import TFRUN, Tfrun, wait_for, write_script
 
 from tfrun.client.timespec import Since, parse_since
 from tfrun.duration import parse_duration

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TFRUN, Sshd, Tfrun
+from harness import TFRUN, Sshd, Tfrun
 from test_install import box_python, start_bare_box, trust, wheelhouse
 
 if sys.version_info >= (3, 11):

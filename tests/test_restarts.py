@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun, alive, gated_job, wait_for, write_script
+from harness import Tfrun, alive, gated_job, wait_for, write_script
 from test_alerts import _memory_cgroup
 
 from tfrun import restarts

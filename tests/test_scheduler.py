@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun, wait_for, write_script
+from harness import Tfrun, wait_for, write_script
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TFRUN, Sshd, Tfrun, remote_client, wait_for, write_script
+from harness import TFRUN, Sshd, Tfrun, remote_client, wait_for, write_script
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 

@@ -23,10 +23,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import otheruser
 import pytest
-from conftest import TFRUN, TFRUND, Sshd, Tfrun, keeper_socket, wait_for
-from otheruser import OtherUser, other_user
+from harness import TFRUN, TFRUND, Sshd, Tfrun, keeper_socket, otheruser, wait_for
+from harness.otheruser import OtherUser, other_user
 
 from tfrun.client.syncchannel import SyncChannel
 from tfrun.private import NotPrivate

@@ -18,8 +18,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import Receiver, Sshd, Tfrun, no_internet, remote_client, write_script
-from otheruser import OtherUser, mallory  # noqa: F401
+from harness import Receiver, Sshd, Tfrun, no_internet, remote_client, write_script
+from harness.otheruser import OtherUser, mallory  # noqa: F401
 
 from tfrun.runner.alerts.outbox import masked
 

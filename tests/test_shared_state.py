@@ -1,6 +1,6 @@
 """A box shared by a team (issue 27): tfrund's state, a job's work files and its checkpoints are its user's alone.
 
-Each attack is tried by a second real user, `mallory` (tests/otheruser.py), where it would really reach: the
+Each attack is tried by a second real user, `mallory` (tests/harness/otheruser.py), where it would really reach: the
 victim's TFRUN_HOME lies in a folder anyone may enter (as TFRUN_HOME=/data/tfrun would, or a volume made 0755),
 and a checkpoint root shared by all is mode 1777 under /tmp. pytest's own tmp_path (0700) is used only for
 what the attacker need not reach: the client's home and the work dir sent.
@@ -17,10 +17,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import otheruser
 import pytest
-from conftest import Tfrun, wait_for, write_script
-from otheruser import OtherUser
+from harness import Tfrun, otheruser, wait_for, write_script
+from harness.otheruser import OtherUser
 from test_install import start_bare_box, trust
 
 mallory = otheruser.mallory  # the fixture: another user of the box, who tries each attack

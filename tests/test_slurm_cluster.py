@@ -1,4 +1,4 @@
-"""The test cluster of tests/slurmcluster.py works the way tfrund's Slurm executor uses Slurm (issue 19): submit
+"""The test cluster of tests/harness/slurmcluster.py works the way tfrund's Slurm executor uses Slurm (issue 19): submit
 with `sbatch --parsable --gres`, watch in squeue, read the final state and exit code from sacct once the job
 has left squeue, cancel with scancel, detect versions."""
 
@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
-from slurmcluster import FINAL_STATES, SlurmCluster, slurm_fixture  # noqa: F401 - the fixture slurm
+from harness import wait_for
+from harness.slurmcluster import FINAL_STATES, SlurmCluster, slurm_fixture  # noqa: F401 - the fixture slurm
 
 pytestmark = [pytest.mark.slurm]
 

@@ -1,5 +1,5 @@
 """The Slurm executor (issue 19, first slice): its pure parts (state mapping, sbatch's options, the [slurm]
-table), then a real tfrund with `executor = "slurm"` on the real single-node cluster (tests/slurmcluster.py):
+table), then a real tfrund with `executor = "slurm"` on the real single-node cluster (tests/harness/slurmcluster.py):
 submit, wait and its exit code, logs, cancel, ps while pending and running, GPUs from Slurm."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun, wait_for, write_script
-from slurmcluster import SlurmCluster, on_slurm_fixture, slurm_fixture, slurm_id_of  # noqa: F401 (fixtures)
+from harness import Tfrun, wait_for, write_script
+from harness.slurmcluster import SlurmCluster, on_slurm_fixture, slurm_fixture, slurm_id_of  # noqa: F401 (fixtures)
 
 from tfrun.constants import EXIT_LOST
 from tfrun.paths import Layout
@@ -122,7 +122,7 @@ def test_a_jobs_own_slurm_options_win_over_the_configs(tmp_path: Path) -> None:
         (None, None, 0),
     ):
         with pytest.raises(SettingsError):
-            job_options(*bad)  # type: ignore[arg-type]
+            job_options(*bad)
 
 
 def test_the_allocations_variables_are_the_allocations() -> None:

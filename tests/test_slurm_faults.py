@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TFRUN, Sshd, Tfrun, remote_client, wait_for, write_script
-from slurmcluster import SlurmCluster, Unavailable, slurm_fixture, slurm_id_of, use_cluster  # noqa: F401 (a fixture)
+from harness import TFRUN, Sshd, Tfrun, remote_client, wait_for, write_script
+from harness.slurmcluster import SlurmCluster, Unavailable, slurm_fixture, slurm_id_of, use_cluster  # noqa: F401 (a fixture)
 
 from tfrun.protocol.logs import LogChunk, LogEnd, ReadLog
 from tfrun.protocol.wire import Message

@@ -3,7 +3,7 @@ the step's SLURM_* variables and its reserved ports (runner/executors/slurm/task
 trains across them; tfrun.jobs writes metrics and checkpoints on the chief alone.
 
 First the pure parts (Slurm's notations, TF_CONFIG, sbatch's options, the chief), then a real tfrund with
-`executor = "slurm"` on a real two-node cluster (tests/slurmcluster.py, `nodes=2`: two slurmds on this machine):
+`executor = "slurm"` on a real two-node cluster (tests/harness/slurmcluster.py, `nodes=2`: two slurmds on this machine):
 a tf-keras job trained by two workers that end with the same weights, a failing task, a cancel, task 1's output
 through `logs --task 1`, `pull` and the API, and the failed alert quoting the task that failed."""
 
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from conftest import Receiver, Tfrun, no_internet, wait_for, write_script
-from slurmcluster import SlurmCluster, Unavailable, use_cluster
+from harness import Receiver, Tfrun, no_internet, wait_for, write_script
+from harness.slurmcluster import SlurmCluster, Unavailable, use_cluster
 
 from tfrun.constants import MAX_NODES
 from tfrun.jobs import cluster

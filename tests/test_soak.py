@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import (
+from harness import (
     TFRUN,
     Sshd,
     Tfrun,

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import (
+from harness import (
     TFRUN,
     Sshd,
     Tfrun,

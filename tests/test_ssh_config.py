@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Sshd, Tfrun, remote_client
+from harness import Sshd, Tfrun, remote_client
 
 KEEPALIVE = "    ServerAliveInterval 30\n    ServerAliveCountMax 4\n    TCPKeepAlive yes\n"
 BOX_BLOCK = (

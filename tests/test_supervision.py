@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
+from harness import (
     TFRUN,
     TFRUND,
     Tfrun,

@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun, write_script
+from harness import Tfrun, write_script
 
 from tfrun.runner.logs import lines, logstream
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun, wait_for
+from harness import Tfrun, wait_for
 
 pytestmark = [pytest.mark.slow]
 

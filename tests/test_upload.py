@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Tfrun, wait_for, write_script
+from harness import Tfrun, wait_for, write_script
 
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel, RemoteError

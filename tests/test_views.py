@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TFRUN, Tfrun, wait_for, write_script
+from harness import TFRUN, Tfrun, wait_for, write_script
 
 LOSSES = """\
 import time

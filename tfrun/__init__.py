@@ -10,6 +10,20 @@ newer, with only the standard library), and importing it imports this file first
 
 __version__ = "0.1.0"
 
+TYPE_CHECKING = False  # typing's, without importing typing: type checkers take the block below as run
+if TYPE_CHECKING:  # the API's names as types (`def f(c: tfrun.Client)`), which __getattr__ alone cannot give
+    from tfrun.client.api import Client, JobHandle
+    from tfrun.client.asyncclient import AsyncClient, NoSuchJob
+    from tfrun.client.calls import Call
+    from tfrun.client.errors import TfrunError
+    from tfrun.client.follow import LogQuery
+    from tfrun.protocol.channel import RemoteError
+    from tfrun.protocol.submit import JobOptions
+    from tfrun.protocol.wire import ProtocolError
+
+    __all__ = ["AsyncClient", "Call", "Client", "JobHandle", "JobOptions", "LogQuery", "NoSuchJob"]
+    __all__ += ["ProtocolError", "RemoteError", "TfrunError"]
+
 # The Python API (client/api.py, its async core in client/asyncclient.py), imported on first use only: a
 # training process imports this package too.
 _API = {

@@ -7,7 +7,7 @@ Two layouts, chosen by parametrizing `fleet` (indirect) with "direct" (also what
 or "jump":
 
 - direct: the three sshd listen on 127.0.0.1 of the test's own network namespace (the machine's).
-- jump (issue 18): network namespaces of the fleet's own (tests/netns.py). box1's and box2's sshd listen on
+- jump (issue 18): network namespaces of the fleet's own (tests/harness/netns.py). box1's and box2's sshd listen on
   127.0.0.1 of the client's namespace, where every tfrun command of the fleet runs (`Tfrun.prefix`); box3's
   sshd is in a box namespace that only the bastion's namespace is linked to, with no routing or forwarding:
   from the client, box3 is reachable only through a fourth sshd, the bastion's, named by `hosts add box3
@@ -29,8 +29,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from conftest import TFRUN, Sshd, Tfrun, wait_for, write_script
-from netns import Namespace, Network, Unavailable
+
+from .home import TFRUN, Tfrun, write_script
+from .netns import Namespace, Network, Unavailable
+from .processes import wait_for
+from .sshd import Sshd
 
 BOXES = ("box1", "box2", "box3")
 JUMPED = "box3"  # the box behind the bastion in the jump layout

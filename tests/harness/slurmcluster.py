@@ -76,7 +76,9 @@ from pathlib import Path
 from typing import Optional, Union
 
 import pytest
-from conftest import Tfrun, alive, wait_for
+
+from .home import Tfrun
+from .processes import alive, wait_for
 
 # The programs a cluster needs: Debian's slurm-wlm slurmctld slurmd munge slurm-client (+ mariadb-server slurmdbd
 # for accounting), which .ci/run installs.
@@ -238,7 +240,7 @@ class SlurmCluster:
                 (folder / "spool" / name).mkdir(exist_ok=True)
         node_list = ",".join(self.nodes)
         self.conf.write_text(
-            f"""# A single-node cluster for tfrun's tests (tests/slurmcluster.py).
+            f"""# A single-node cluster for tfrun's tests (tests/harness/slurmcluster.py).
 ClusterName={self.cluster_name}
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={self.ctld_port}
@@ -545,7 +547,9 @@ def slurm_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
             shutil.rmtree(cluster.folder, ignore_errors=True)
 
 
-if __name__ == "__main__":  # a cluster by hand: python tests/slurmcluster.py [FOLDER]; Ctrl-C stops it
+if (
+    __name__ == "__main__"
+):  # a cluster by hand, from the checkout: python -m tests.harness.slurmcluster [FOLDER]; Ctrl-C stops it
     import sys
     import tempfile
 
