@@ -133,7 +133,7 @@ def _hosts(incomplete: str, pools: bool) -> list[CompletionItem]:
     names = {config.LOCAL: "this machine", **{n: h.destination for n, h in cfg.hosts.items()}}
     if pools:
         named = {pool: "pool: " + " ".join(h.label for h in members) for pool, members in config.pools(cfg).items()}
-        names.update({**named, config.ALL: "every host"})
+        names.update({**named, config.ALL_HOSTS: "every host"})
     return [CompletionItem(name, help=where) for name, where in sorted(names.items()) if name.startswith(incomplete)]
 
 

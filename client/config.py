@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 LOCAL = "local"  # `--host local` picks the daemon on this machine even when a default host is set
-ALL = "all"  # `--host all`: every configured host, as a pool (client/fleet.py)
+ALL_HOSTS = "all"  # `--host all`: every configured host, as a pool (client/fleet.py)
 RECONNECT_ENV = "TFRUN_RECONNECT_TIMEOUT"
 _DESTINATION = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@/]+)@)?(?P<host>\[[^\]]+\]|[^:/@]+)(?::(?P<port>\d+))?/?$")
 
@@ -288,7 +288,7 @@ def pools(config: ClientConfig) -> dict[str, list[Host]]:
 
 def pool_members(name: Optional[str], config: ClientConfig) -> Optional[list[Host]]:
     """The members of pool `name` (`all`: every configured host), or None when `name` names no pool."""
-    if name == ALL:
+    if name == ALL_HOSTS:
         return [host for _, host in sorted(config.hosts.items())]
     if name is None or name in config.hosts:
         return None

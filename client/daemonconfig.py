@@ -13,9 +13,8 @@ from typing import Any
 import click
 
 from tfrun.client import render
+from tfrun.constants import CONFIG_FILE
 from tfrun.protocol.admin import ConfigReply
-
-FILE = "config.toml"
 
 
 def values(reply: ConfigReply) -> dict[str, Any]:
@@ -49,7 +48,7 @@ def show(reply: ConfigReply) -> None:
             table = here
         # JSON's strings, numbers and arrays are TOML's too
         line = f"{leaf} = {json.dumps(json.loads(setting.value), ensure_ascii=False)}"
-        click.echo(line if setting.source == FILE else f"{line}  # {setting.source}")
+        click.echo(line if setting.source == CONFIG_FILE else f"{line}  # {setting.source}")
 
 
 def changed(reply: ConfigReply, what: str) -> None:

@@ -117,7 +117,7 @@ def check_names(name: str, pools: Sequence[str], cfg: ClientConfig) -> None:
     a host (`--host X` must mean one thing)."""
     from tfrun.protocol.fields import validate_name
 
-    reserved = (config.ALL, config.LOCAL)
+    reserved = (config.ALL_HOSTS, config.LOCAL)
     if name in reserved or validate_name(name) or ":" in name:  # the ':' of an address ends a host's name
         raise TfrunError(f"{name!r} cannot name a host", EXIT_USAGE)
     if name in config.pools(cfg):

@@ -323,6 +323,27 @@ def test_the_marker_check_sees_a_missing_marker() -> None:
     assert _bare_ssh_cases(ast.parse(both.replace('"ssh"]', 'pytest.param("ssh", marks=pytest.mark.ssh)]'))) == []
 
 
+def test_each_constant_name_is_defined_in_one_module() -> None:
+    """A constant's name means one thing: the values both sides share are in tfrun/constants.py, a module's
+    own tuning values beside the code they tune, and no two modules define the same name (three
+    `TAIL_BYTES` of three meanings, or one value written twice, as `config.toml`'s name was)."""
+    where: dict[str, list[str]] = {}
+    for name, path in sorted(_modules().items()):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+                continue
+            targets, value = (node.targets if isinstance(node, ast.Assign) else [node.target]), node.value
+            if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "TypeVar":
+                continue  # T, M: a type's placeholder, not a constant
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id.isupper() and not target.id.startswith("_"):
+                    where.setdefault(target.id, []).append(name)
+    twice = {
+        constant: modules for constant, modules in where.items() if len(modules) > 1 and constant != "TYPE_CHECKING"
+    }
+    assert twice == {}
+
+
 def test_no_module_is_over_400_lines() -> None:
     """A module a newcomer reads whole: past 400 lines it holds more than one thing, and is split where they
     part (the published training scripts of tests/data/real are kept as their authors wrote them)."""

@@ -39,7 +39,7 @@ def test_the_tail_starts_where_the_last_lines_begin(
 
 
 def test_a_filtered_tail_holds_at_most_its_byte_cap_and_says_what_it_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lines, "TAIL_BYTES", 10 * (10 + lines._LINE_COST))
+    monkeypatch.setattr(lines, "FILTERED_TAIL_BYTES", 10 * (10 + lines._LINE_COST))
     tail = lines.Tail(2**63 - 1)
     for i in range(50):
         tail.add([b"%010d" % i, b"%010d" % (i + 1000)])  # ten bytes a line
@@ -94,14 +94,15 @@ def test_a_huge_tail_of_a_big_log_holds_none_of_it(tf: Tfrun, project: Path) -> 
 
 
 def test_a_filtered_tail_of_a_big_log_holds_at_most_its_cap(tf: Tfrun, project: Path) -> None:
-    """Every line passes `-e line`: the tail holds at most TAIL_BYTES of them, and says how many it left out."""
+    """Every line passes `-e line`: the tail holds at most FILTERED_TAIL_BYTES of them, and says how many it left
+    out."""
     write_script(project, "many.py", "import sys\nsys.stdout.write('line\\n' * 2_000_000)\n")
     job = tf.submit(str(project / "many.py"))
     assert tf.run("wait", str(job)).returncode == 0
     pid = tf.daemon_pid()
     before = vm_peak_mb(pid)
     out = tf.ok("logs", str(job), "--tail", str(2**63 - 1), "-e", "line").splitlines()
-    kept = lines.TAIL_BYTES // (len("line") + lines._LINE_COST)
+    kept = lines.FILTERED_TAIL_BYTES // (len("line") + lines._LINE_COST)
     assert out[0] == f"[tfrun: {2_000_000 - kept} earlier lines of the tail left out: it holds at most 64 MB]"
     assert len(out) == kept + 1 and set(out[1:]) == {"line"}
-    assert vm_peak_mb(pid) - before < (lines.TAIL_BYTES >> 20) + 60
+    assert vm_peak_mb(pid) - before < (lines.FILTERED_TAIL_BYTES >> 20) + 60

@@ -28,6 +28,10 @@ UPLOAD_WARN_BYTES = 100 << 20  # a work dir snapshot above this gets a warning n
 MONITOR_INTERVAL_S = 0.2
 FOLLOW_POLL_S = 0.1  # a follower looks anyway after this long without a file event
 
+# The daemon's config file in its home (tfrun/paths.py), and a setting's source when that file set it (`tfrun
+# config` shows it; runner/box/config.py, client/daemonconfig.py).
+CONFIG_FILE = "config.toml"
+
 # Limits on what a request may carry. Lists are bounded by the header size too: a work dir of about
 # 100,000 files still fits in one submit.
 MAX_LIST_ITEMS = 1 << 20

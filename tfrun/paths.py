@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfrun.constants import CONFIG_FILE
+
 # sockaddr_un.sun_path holds 108 bytes on Linux, including the terminating NUL.
 _MAX_SOCKET_PATH = 107
 
@@ -96,7 +98,7 @@ class Layout:
 
     @property
     def config_file(self) -> Path:
-        return self.home / "config.toml"
+        return self.home / CONFIG_FILE
 
     @property
     def default_checkpoint_root(self) -> Path:

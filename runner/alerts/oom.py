@@ -109,15 +109,15 @@ def killed_by_oom_killer(job_dir: Path) -> bool:
     return isinstance(before, int) and now is not None and now > before
 
 
-TAIL_BYTES = 64 << 10  # where a failed job's last words are: its traceback
+LAST_WORDS_BYTES = 64 << 10  # where a failed job's last words are: its traceback
 
 
 def log_ends_in_oom(log_path: Path) -> bool:
-    """Whether the last TAIL_BYTES of a failed job's log hold a fatal out-of-memory line (the framework's
+    """Whether the last LAST_WORDS_BYTES of a failed job's log hold a fatal out-of-memory line (the framework's
     traceback, as the oom alert reads it): the job failed for want of memory, not for a bug of its own."""
     try:
         with open(log_path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+            f.seek(max(0, f.seek(0, os.SEEK_END) - LAST_WORDS_BYTES))
             tail = f.read()
     except OSError:
         return False

@@ -70,7 +70,7 @@ RULES: dict[str, Rule] = {
     )
 }
 JOB_RULES = tuple(name for name in RULES if name != "gpu-memory")
-ALL = "all"
+ALL_RULES = "all"
 
 
 def parse(text: str) -> tuple[str, Optional[float]]:
@@ -98,9 +98,9 @@ def combine(daemon: dict[str, Optional[float]], on: list[str], off: list[str]) -
     """A job's rules: the daemon's, less those in `off` ("all" for every one), plus or retuned by `on`."""
     names = [name.strip() for name in off]
     for name in names:
-        if name != ALL and name not in RULES:
+        if name != ALL_RULES and name not in RULES:
             raise RuleError(f"unknown alert rule {name!r}; the rules are: {', '.join(RULES)}")
-    rules = {} if ALL in names else {k: v for k, v in daemon.items() if k not in names}
+    rules = {} if ALL_RULES in names else {k: v for k, v in daemon.items() if k not in names}
     rules.update(parse_all(on))
     return rules
 

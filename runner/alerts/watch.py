@@ -59,7 +59,7 @@ MIN_LOOK_INTERVAL_S = 0.25
 SAVE_EVERY_S = 10.0  # a running job's watch saved this often (and after every alert): what a restart reads again
 KEEP_EVERY_S = 10.0  # the metrics read from a log are appended to its files this often (and at every save,
 # and when a client asks for them: `keep_now`), as one write: TensorBoard sees them that late
-MAX_LINE_BYTES = 64 << 10  # an unfinished line kept for the OOM search; longer ones are searched by their start
+OOM_PENDING_BYTES = 64 << 10  # an unfinished line kept for the OOM search; longer ones are searched by their start
 GPU_INTERVAL_S = 2.0
 _SEGMENTS = re.compile(rb"[\r\n]")
 
@@ -301,7 +301,7 @@ class Alerts:
     def _search_oom(self, row: JobRow, watch: Watch, settings: Settings, data: bytes) -> None:
         text = watch.pending + data
         last_newline = text.rfind(b"\n")
-        complete, watch.pending = text[: last_newline + 1], text[last_newline + 1 :][:MAX_LINE_BYTES]
+        complete, watch.pending = text[: last_newline + 1], text[last_newline + 1 :][:OOM_PENDING_BYTES]
         if not complete or not oom.may_hold_oom(complete):
             return
         for line in _SEGMENTS.split(complete):

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tfrun import tomltext
-from tfrun.constants import BLOB_GRACE_S, DAEMON_ONLY_ENV
+from tfrun.constants import BLOB_GRACE_S, CONFIG_FILE, DAEMON_ONLY_ENV
 from tfrun.duration import parse_duration
 from tfrun.paths import Layout
 from tfrun.runner.alerts import rules
@@ -198,7 +198,7 @@ def _sources(raw: dict[str, Any]) -> dict[str, str]:
         if key.env and os.environ.get(key.env):
             found[name] = key.env
         elif leaf in (raw.get(table, {}) if table else raw):
-            found[name] = "config.toml"
+            found[name] = CONFIG_FILE
     return found
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tfrun import tomltext
-from tfrun.constants import CONFIG_COUNT_DIGITS
+from tfrun.constants import CONFIG_COUNT_DIGITS, CONFIG_FILE
 from tfrun.duration import format_duration
 from tfrun.protocol.admin import Setting
 from tfrun.runner.alerts import rules
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from tfrun.runner.queue.scheduler import Scheduler
 
 log = logging.getLogger("tfrund")
-FILE = "config.toml"
 
 
 class Context(Protocol):
@@ -116,7 +115,7 @@ def set_key(daemon: Context, name: str, words: list[str], unset: bool) -> list[s
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
     changes = reload(daemon, f"tfrun config {'unset' if unset else 'set'} {name}")
     if key.env and os.environ.get(key.env):
-        changes.append(f"{name}: {key.env} in tfrund's environment overrides {FILE}; restart tfrund without it")
+        changes.append(f"{name}: {key.env} in tfrund's environment overrides {CONFIG_FILE}; restart tfrund without it")
     return changes
 
 

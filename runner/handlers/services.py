@@ -55,7 +55,7 @@ async def start_service(daemon: Context, req: StartService, conn: Connection) ->
         _listens(running)  # still its own port: not one another user took since
         await conn.send(_reply(daemon, running, reused=True))
         return
-    watched = {name: value for name, value in daemon.config.rules.items() if name in services.RULES}
+    watched = {name: value for name, value in daemon.config.rules.items() if name in services.SERVICE_RULES}
     with daemon.store.transaction():
         row = daemon.lifecycle.create(_name(daemon, req.kind), spec)
         daemon.store.set_job_alerts(row.id, watched, [], [])

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 MAX_LINE_BYTES = 1 << 20
-TAIL_BYTES = 64 << 20  # the most a filtered --tail holds (Tail)
+FILTERED_TAIL_BYTES = 64 << 20  # the most a filtered --tail holds (Tail)
 _LINE_COST = 48  # what a line takes in memory besides its bytes: its bytes object, its place in the deque
 _CONTROL = re.compile(rb"[\r\n\b]")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -184,7 +184,7 @@ class Selector:
 class Tail:
     """The last `n` lines seen that pass a filter, for --tail with one (without, the log is read from where
     its last `n` lines begin: runner/logs/logstream.py), held until the end of the log. `n` may be any count;
-    what is held is at most the lines that passed, and at most TAIL_BYTES of them: past that the oldest
+    what is held is at most the lines that passed, and at most FILTERED_TAIL_BYTES of them: past that the oldest
     go, and the lines sent start by saying how many were left out. A filter that passes most of a log of
     gigabytes would otherwise hold it all in the daemon's memory."""
 
@@ -192,7 +192,7 @@ class Tail:
         self.n = n
         self.lines: deque[bytes] = deque()
         self.bytes = 0  # the memory `lines` take, each line's object counted
-        self.left_out = 0  # lines of the tail dropped to keep within TAIL_BYTES
+        self.left_out = 0  # lines of the tail dropped to keep within FILTERED_TAIL_BYTES
 
     def add(self, lines: list[bytes]) -> None:
         if len(lines) > self.n:
@@ -201,7 +201,7 @@ class Tail:
             self._drop()
         self.lines.extend(lines)
         self.bytes += sum(map(len, lines)) + _LINE_COST * len(lines)
-        while self.bytes > TAIL_BYTES and len(self.lines) > 1:
+        while self.bytes > FILTERED_TAIL_BYTES and len(self.lines) > 1:
             self._drop()
             self.left_out += 1
 
@@ -210,7 +210,8 @@ class Tail:
 
     def release(self) -> list[bytes]:
         """The lines held, after a note of those left out, if any."""
-        note = f"[tfrun: {self.left_out} earlier lines of the tail left out: it holds at most {TAIL_BYTES >> 20} MB]"
+        most = FILTERED_TAIL_BYTES >> 20
+        note = f"[tfrun: {self.left_out} earlier lines of the tail left out: it holds at most {most} MB]"
         return [note.encode(), *self.lines] if self.left_out else list(self.lines)
 
 

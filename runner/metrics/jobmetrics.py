@@ -24,7 +24,7 @@ from tfrun.runner.metrics.eventfile import PRINTED, ScalarFile
 from tfrun.runner.records import jobdir
 
 READ_LIMIT_BYTES = 8 << 20  # per job and look: a job that writes faster is caught up over several looks
-TAIL_BYTES = 64 << 10  # the end of a metrics file that `tfrun top` reads
+TOP_TAIL_BYTES = 64 << 10  # the end of a metrics file that `tfrun top` reads
 
 
 class LossPoint(NamedTuple):
@@ -131,8 +131,8 @@ def recent_losses(job_dir: Path, n: int) -> list[float]:
         try:
             with open(job_dir / name, "rb") as f:
                 size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - TAIL_BYTES))
-                lines = f.read().splitlines()[1 if size > TAIL_BYTES else 0 :]
+                f.seek(max(0, size - TOP_TAIL_BYTES))
+                lines = f.read().splitlines()[1 if size > TOP_TAIL_BYTES else 0 :]
         except OSError:
             continue
         losses = []

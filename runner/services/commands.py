@@ -22,7 +22,7 @@ from tfrun.runner.records import jobdir
 TENSORBOARD, JUPYTER = "tensorboard", "jupyter"
 # The alert rules that watch a service, of the daemon's: an idle notebook is no stalled job and a server's log
 # holds no loss, but a kernel's OOM is the commonest GPU OOM there is.
-RULES = ("oom", "failed", "lost")
+SERVICE_RULES = ("oom", "failed", "lost")
 READY_TIMEOUT_S = 180.0  # TensorBoard imports TensorFlow when it has it: 6 s here, far more on a busy box
 _FIND_TIMEOUT_S = 60.0
 _RUN_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # --logdir_spec splits runs on "," and a run's name on ":"

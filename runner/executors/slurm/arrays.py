@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("tfrund")
 
 ARRAYS = "slurm-arrays"  # under TFRUN_HOME
-RECORD = "array.json"
-TASK_RECORD = "slurm-array.json"  # in a task's folder: its array folder
+ARRAY_RECORD = "array.json"
+ARRAY_LINK = "slurm-array.json"  # in a task's folder: its array folder
 _OWN = ("--job-name=", "--output=", "--chdir=")  # sbatch_args' per-job options, set here per array
 
 
@@ -112,14 +112,14 @@ async def launch(executor: Submitter, rows: list[JobRow], envs: list[dict[str, s
     for row, env in zip(rows, envs):
         job_dir = Path(row.job_dir)
         launch = launch_record(row, env, grace)
-        _write_json(job_dir / TASK_RECORD, {"folder": str(folder)})  # first: a task with a launch record has it
+        _write_json(job_dir / ARRAY_LINK, {"folder": str(folder)})  # first: a task with a launch record has it
         jobdir.write_json(job_dir / jobdir.LAUNCH, launch)
         output = folder / f"output-{row.array_index}"
         output.unlink(missing_ok=True)  # one left by a launch that a dead daemon began
         output.symlink_to(job_dir / f"slurm-{row.id}.out")
     tasks = {int(row.array_index or 0): Path(row.job_dir) for row in rows}
     (folder / SCRIPT).write_text(batch_script(tasks))
-    _write_json(folder / RECORD, {"tasks": {str(i): str(d) for i, d in tasks.items()}})
+    _write_json(folder / ARRAY_RECORD, {"tasks": {str(i): str(d) for i, d in tasks.items()}})
     crash_point("array-recorded")
     await _submit(executor, rows[0], folder, tasks, grace)
 
@@ -146,7 +146,7 @@ async def _submit(executor: Submitter, first: JobRow, folder: Path, tasks: dict[
 def _recorded(records: Records, folder: Path, tasks: dict[int, Path], slurm_id: str) -> None:
     """The array's Slurm id in its record, and each task's own (ARRAYID_INDEX) in its folder."""
     record: ArrayRecord = {"tasks": {str(i): str(d) for i, d in tasks.items()}, "slurm_id": slurm_id}
-    _write_json(folder / RECORD, dict(record))
+    _write_json(folder / ARRAY_RECORD, dict(record))
     now = time.time()
     for index, job_dir in tasks.items():
         records.write(job_dir, {"slurm_id": f"{slurm_id}_{index}", "submitted_at": now})
@@ -163,7 +163,7 @@ def _submitted(executor: Submitter, folder: Path) -> Optional[str]:
 
 def submitted_with(job_dir: Path) -> Optional[Path]:
     """The array folder a task was (or was about to be) submitted from; None for a job that is no task."""
-    folder = _read_json(job_dir / TASK_RECORD).get("folder")
+    folder = _read_json(job_dir / ARRAY_LINK).get("folder")
     return Path(folder) if isinstance(folder, str) else None
 
 
@@ -171,7 +171,7 @@ async def resume(executor: Submitter, row: JobRow, folder: Path) -> bool:
     """A task whose launch a dead daemon recorded and whose Slurm id it did not: its array found in squeue
     (its id recorded for every task of that submission), or submitted now, less the tasks cancelled since.
     False if the array's record is unreadable (the task is handed over again)."""
-    record = _read_json(folder / RECORD)
+    record = _read_json(folder / ARRAY_RECORD)
     try:
         tasks = {int(i): Path(d) for i, d in record["tasks"].items()}
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -203,7 +203,7 @@ def remove_unused(home: Path) -> None:
     except OSError:  # no Slurm arrays here
         return
     for folder in folders:
-        tasks = _read_json(folder / RECORD).get("tasks")
+        tasks = _read_json(folder / ARRAY_RECORD).get("tasks")
         if isinstance(tasks, dict) and not any(Path(str(job_dir)).exists() for job_dir in tasks.values()):
             shutil.rmtree(folder, ignore_errors=True)
 

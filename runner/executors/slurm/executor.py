@@ -242,7 +242,7 @@ class SlurmExecutor:
             changes.append(Started(None, None, None, None, started_at or time.time()))
         if phase == "final":
             slurm_exit = states.exit_code(acct.exit_code) if acct else (None, None)
-            if states.normal(state or "") not in states.FAILED and _killed_for_memory(job_dir, row.id):
+            if states.normal(state or "") not in states.FAILED_STATES and _killed_for_memory(job_dir, row.id):
                 state, slurm_exit = "OUT_OF_MEMORY", slurm_exit if slurm_exit[0] is not None else (137, 9)
             ran = shim is not None or row.state != JobState.QUEUED
             why = listed.reason if listed else ""

@@ -25,15 +25,15 @@ RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING
 # Final states that are not the job's doing: run it again (--max-restarts) if it may.
 LOST = {"NODE_FAIL": "its node failed", "PREEMPTED": "it was preempted", "BOOT_FAIL": "its node failed to boot"}
 # Final states that fail the job whatever it exited with, and why.
-FAILED = {
+FAILED_STATES = {
     "OUT_OF_MEMORY": OUT_OF_MEMORY,
     "TIMEOUT": "its time limit was reached",
     "DEADLINE": "its deadline was reached",
     "REVOKED": "Slurm revoked it",
 }
-FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", *LOST, *FAILED, "SPECIAL_EXIT"})
+FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", *LOST, *FAILED_STATES, "SPECIAL_EXIT"})
 # What a failed state says of the cause (--restart-on) beyond the job's signal and code: lost is LOST's.
-CAUSES: dict[str, Cause] = {"OUT_OF_MEMORY": "oom"}
+SLURM_CAUSES: dict[str, Cause] = {"OUT_OF_MEMORY": "oom"}
 
 
 def normal(state: str) -> str:
@@ -86,18 +86,18 @@ def end_of(
         return from_record(record, started_at)._replace(state=JobState.CANCELLED, reason=by)
     if record is not None:
         ended = from_record(record, started_at)
-        if name in FAILED:
+        if name in FAILED_STATES:
             failed_code = ended.exit_code or 1  # killed for it, whatever the shim saw
-            cause = CAUSES.get(name)
-            return ended._replace(state=JobState.FAILED, exit_code=failed_code, reason=FAILED[name], cause=cause)
+            cause = SLURM_CAUSES.get(name)
+            return ended._replace(state=JobState.FAILED, exit_code=failed_code, reason=FAILED_STATES[name], cause=cause)
         return ended
     code, sig = slurm_exit
     if name == "CANCELLED" or cancel_requested:
         by = None if cancel_requested else "cancelled in Slurm (scancel)"
         return Ended(JobState.CANCELLED, exit_code=code, signal=sig, started_at=started_at, finished_at=now, reason=by)
-    if name in FAILED:
+    if name in FAILED_STATES:
         return Ended(JobState.FAILED, exit_code=code or 1, signal=sig, started_at=started_at, finished_at=now,
-                     reason=FAILED[name], cause=CAUSES.get(name))  # fmt: skip
+                     reason=FAILED_STATES[name], cause=SLURM_CAUSES.get(name))  # fmt: skip
     if not ran and name:  # Slurm took it, then could not run it: no restart would do better
         because = f" ({why})" if why and why != "None" else ""
         return Ended(JobState.FAILED, exit_code=code or 1, signal=sig, finished_at=now,
