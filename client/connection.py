@@ -8,7 +8,7 @@ from typing import Optional
 
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError, cannot_start
-from tfrun.constants import EXIT_DAEMON
+from tfrun.constants import EXIT_DAEMON, SAFE_PATH
 from tfrun.paths import Layout
 from tfrun.private import NotPrivate
 from tfrun.protocol.channel import Channel, RemoteError
@@ -116,6 +116,7 @@ async def start_local_daemon() -> None:
 
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
+        *SAFE_PATH,
         "-m",
         "tfrun.runner",
         "start",

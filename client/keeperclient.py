@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar, Optional
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.client.keepertrust import socket_path
-from tfrun.constants import EXIT_DAEMON
+from tfrun.constants import EXIT_DAEMON, SAFE_PATH
 from tfrun.private import check_private, peer_is_self
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.wire import ConnectionClosed
@@ -163,7 +163,7 @@ def _start(
         boxes = [[dataclasses.asdict(host), str(path)] for host, path in todo]
         params = json.dumps({"boxes": boxes, "accept_new": accept_new, "timeout": timeout})
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tfrun.client.keeper"],
+            [sys.executable, *SAFE_PATH, "-m", "tfrun.client.keeper"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -21,7 +21,7 @@ from typing import Any, NoReturn, Optional
 import click
 
 from tfrun import __version__
-from tfrun.constants import DAEMON_START_TIMEOUT_S, EXIT_FAILURE, EXIT_OK, HELLO_WAIT_S, MAX_HEADER_BYTES
+from tfrun.constants import DAEMON_START_TIMEOUT_S, EXIT_FAILURE, EXIT_OK, HELLO_WAIT_S, MAX_HEADER_BYTES, SAFE_PATH
 from tfrun.paths import Layout
 from tfrun.private import NotPrivate, check_peer
 from tfrun.protocol.admin import DaemonInfo, DaemonStatus, Shutdown
@@ -120,7 +120,7 @@ def ensure_started(layout: Layout) -> int:
         with open(layout.daemon_log, "ab", opener=_private) as daemon_log:
             log_offset = daemon_log.tell()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tfrun.runner", "run"],
+                [sys.executable, *SAFE_PATH, "-m", "tfrun.runner", "run"],
                 stdin=subprocess.DEVNULL,
                 stdout=daemon_log,
                 stderr=daemon_log,

@@ -9,6 +9,7 @@ import os
 import socket
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,18 @@ def test_twenty_submits_from_twenty_processes_get_twenty_jobs_and_one_daemon(tf:
     for job_id in ids:
         assert tf.run("wait", str(job_id)).returncode == 0
         assert tf.log(job_id) == f"job {job_id}\n".encode()
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="Python's -P (it keeps the working folder off sys.path) is 3.11's"
+)
+def test_a_folder_named_tfrun_where_the_user_stands_does_not_stop_the_daemon(tf: Tfrun, project: Path) -> None:
+    """The parent folder of a checkout holds `tfrun/` (without __init__.py): a process started there with `python -m`
+    imported it as tfrun, in front of the editable install the README makes, and tfrund could not start."""
+    here = project.parent / "parent"
+    (here / "tfrun").mkdir(parents=True)
+    result = tf.run("submit", "-f", str(write_script(project, "hi.py", "print('hi there')\n")), cwd=here)
+    assert (result.returncode, result.stdout) == (0, "hi there\n"), result.stderr
 
 
 def test_a_second_daemon_on_the_same_home_refuses_to_start(tf: Tfrun) -> None:

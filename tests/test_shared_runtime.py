@@ -28,6 +28,7 @@ from harness import TFRUN, TFRUND, Sshd, Tfrun, keeper_socket, otheruser, wait_f
 from harness.otheruser import OtherUser, other_user
 
 from tfrun.client.syncchannel import SyncChannel
+from tfrun.constants import SAFE_PATH
 from tfrun.private import NotPrivate
 from tfrun.protocol.channel import Channel, client_hello
 from tfrun.protocol.wire import encode
@@ -268,7 +269,7 @@ def test_the_keeper_command_line_names_no_secret_and_no_socket(alice: OtherUser,
     assert tfrun_as(alice, "ps", "--host", "box").returncode == 0
     [keeper] = keepers_of_user(alice)
     cmdline = Path(f"/proc/{keeper}/cmdline").read_bytes()
-    assert cmdline.split(b"\0")[1:] == [b"-m", b"tfrun.client.keeper", b""]
+    assert cmdline.split(b"\0")[1:] == [*(flag.encode() for flag in SAFE_PATH), b"-m", b"tfrun.client.keeper", b""]
     assert secret.encode() not in cmdline and str(keeper_socket(keeper)).encode() not in cmdline
 
 

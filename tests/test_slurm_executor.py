@@ -14,7 +14,7 @@ import pytest
 from harness import Tfrun, wait_for, write_script
 from harness.slurmcluster import SlurmCluster, on_slurm_fixture, slurm_fixture, slurm_id_of  # noqa: F401 (fixtures)
 
-from tfrun.constants import EXIT_LOST
+from tfrun.constants import EXIT_LOST, SAFE_PATH
 from tfrun.paths import Layout
 from tfrun.protocol.fields import JobState
 from tfrun.runner.alerts.oom import SLURM_OUT_OF_MEMORY
@@ -99,7 +99,10 @@ def test_sbatch_options_put_tfruns_own_first_and_the_extras_last(tmp_path: Path)
                         f"{job_dir}/slurm.sh"]  # fmt: skip
     assert not any(a.startswith("--gres") for a in sbatch_args(_row(tmp_path), SlurmSettings(), 10.0))
     script = batch_script(job_dir)
-    assert script.startswith("#!/bin/sh\n") and f"-S -m tfrun.runner.shim --batch {job_dir}" in script
+    assert (
+        script.startswith("#!/bin/sh\n")
+        and " ".join(["-S", *SAFE_PATH, "-m", "tfrun.runner.shim", "--batch", str(job_dir)]) in script
+    )
     assert "exec " in script  # the shim is the batch script's process: scancel --batch reaches it
 
 

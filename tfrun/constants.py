@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
+# Python's -P (3.11 and newer) for every tfrun process started as `python -m tfrun...` (the daemon, the shim,
+# the keeper): its working folder is not put first on sys.path, where a folder named tfrun (a checkout's
+# parent folder, /tfrun) would hide an editable install of tfrun and the process could not start.
+SAFE_PATH: tuple[str, ...] = ("-P",) if sys.version_info >= (3, 11) else ()
+
 # Exit codes of the `tfrun` and `tfrund` commands. A verb that follows a job (`wait`, `logs -f`,
 # `submit --follow`) exits with the job's own code instead; these are for tfrun's own outcomes.
 EXIT_OK = 0

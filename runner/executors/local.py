@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from tfrun.constants import EXIT_LOST
+from tfrun.constants import EXIT_LOST, SAFE_PATH
 from tfrun.paths import Layout
 from tfrun.protocol.fields import JobState
 from tfrun.runner.alerts import oom
@@ -91,6 +91,7 @@ class LocalExecutor:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-S",  # no site: the shim needs only tfrun (on PYTHONPATH) and starts ~30 ms sooner
+                *SAFE_PATH,
                 "-m",
                 "tfrun.runner.shim",
                 str(job_dir),

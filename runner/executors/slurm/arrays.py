@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypedDict
 
-from tfrun.constants import DEFAULT_GRACE_S
+from tfrun.constants import DEFAULT_GRACE_S, SAFE_PATH
 from tfrun.runner.executors.executor import TFRUN_PARENT
 from tfrun.runner.executors.slurm.batch import SCRIPT, launch_record, sbatch_args
 from tfrun.runner.executors.slurm.commands import Slurm, SlurmError
@@ -76,7 +76,7 @@ def array_folder(row: JobRow) -> Path:
 
 def batch_script(tasks: dict[int, Path]) -> str:
     """The array's batch script: the task's folder by SLURM_ARRAY_TASK_ID, then tfrun's shim in it."""
-    command = shlex.join([sys.executable, "-S", "-m", "tfrun.runner.shim", "--batch"])
+    command = shlex.join([sys.executable, "-S", *SAFE_PATH, "-m", "tfrun.runner.shim", "--batch"])
     cases = "".join(f"{index}) dir={shlex.quote(str(folder))} ;;\n" for index, folder in sorted(tasks.items()))
     return (
         "#!/bin/sh\n"

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tfrun.constants import SAFE_PATH
 from tfrun.runner.executors.executor import TFRUN_PARENT
 from tfrun.runner.executors.slurm import task
 from tfrun.runner.executors.slurm.settings import SlurmSettings, nice
@@ -56,7 +57,7 @@ def sbatch_args(row: JobRow, settings: SlurmSettings, grace: float) -> list[str]
 
 def batch_script(job_dir: Path) -> str:
     """The batch script: tfrun's shim in the foreground, as LocalExecutor starts it (`python -S -m`)."""
-    command = [sys.executable, "-S", "-m", "tfrun.runner.shim", "--batch", str(job_dir)]
+    command = [sys.executable, "-S", *SAFE_PATH, "-m", "tfrun.runner.shim", "--batch", str(job_dir)]
     return (
         "#!/bin/sh\n"
         "# tfrun's shim runs the job, records its end in exit.json and owns the cancel grace (executors/shim.py)\n"
