@@ -44,5 +44,5 @@ def doctor(python: Optional[str] = None) -> Call[DoctorReport, list[Check]]:
 
 
 def daemon_status() -> Call[DaemonInfo, DaemonInfo]:
-    """The daemon's version, pid, Python and home."""
+    """The daemon's pid, version, protocol, home and socket, when it started, and its jobs by state."""
     return Call(DaemonStatus(), whole)
