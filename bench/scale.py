@@ -185,12 +185,14 @@ def history_rows(work: Path, jobs: int, history: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=100)
-    parser.add_argument("--queued", type=int, default=1000)
-    parser.add_argument("--history", type=int, default=10000)
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--only", default="idle,quiet,lines,keras,queued,history")
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--jobs", type=int, default=100, help="running jobs of the quiet and lines rows (100)")
+    parser.add_argument("--queued", type=int, default=1000, help="jobs waiting behind one running job (1000)")
+    parser.add_argument("--history", type=int, default=10000, help="ended jobs of the history rows (10000)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long tfrund's CPU is read, a row (20)")
+    parser.add_argument(
+        "--only", default="idle,quiet,lines,keras,queued,history", help="the rows to run, comma-separated (all)"
+    )
     args = parser.parse_args()
     only = set(args.only.split(","))
     work = Path(tempfile.mkdtemp(prefix="tfrun-scale-"))

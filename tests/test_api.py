@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Tfrun, gated_job, write_script
+from harness import Tfrun, gated_job, local_and_ssh, write_script
 
 import tfrun
 from tfrun.client.api import AsyncClient, NoSuchJob
@@ -30,7 +30,7 @@ def client(tf: Tfrun, monkeypatch: pytest.MonkeyPatch) -> Iterator[tfrun.Client]
         yield c
 
 
-@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
+@local_and_ssh
 def test_submit_wait_logs_and_metrics(tf: Tfrun, client: tfrun.Client, project: Path) -> None:
     script = str(write_script(project, "train.py", LOSSES))
     job = client.submit(script, ["--lr", "0.1"], tfrun.JobOptions(name="lr-0.1"))
@@ -43,7 +43,7 @@ def test_submit_wait_logs_and_metrics(tf: Tfrun, client: tfrun.Client, project: 
     assert tf.job(job.id)["state"] == "succeeded"  # the CLI sees what the API did
 
 
-@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
+@local_and_ssh
 def test_logs_follow_to_the_end_and_cancel(tf: Tfrun, client: tfrun.Client, project: Path, gate: Path) -> None:
     gated = client.submit(str(write_script(project, "gated.py", gated_job(2, 2, 7, gate))))
     lines = client.logs(str(gated.id), follow=True)
@@ -56,7 +56,7 @@ def test_logs_follow_to_the_end_and_cancel(tf: Tfrun, client: tfrun.Client, proj
     assert result.ok and sleeper.wait().state == "cancelled"
 
 
-@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
+@local_and_ssh
 def test_no_such_job_is_typed_and_worded_as_the_cli_says_it(tf: Tfrun, client: tfrun.Client) -> None:
     cli = tf.run("status", "9999").stderr.strip()
     for call in (lambda: client.status("9999"), lambda: client.wait("9999"), lambda: list(client.logs("9999"))):

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from harness import Tfrun, write_script
+from harness import Tfrun, local_and_ssh, write_script
 
 pytestmark = [pytest.mark.slow]
 
@@ -69,7 +69,7 @@ def one_line_error(stderr: str, *expected: str) -> None:
         (["hosts", "add", "box"], 2, "Missing argument 'DESTINATION' (see tfrun hosts add --help)"),
     ],
 )
-@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
+@local_and_ssh
 def test_bad_input_gets_a_clear_message_and_exit_code(tf: Tfrun, args: list[str], code: int, expected: str) -> None:
     result = tf.run(*args)
     assert result.returncode == code, result.stderr

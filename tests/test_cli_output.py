@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 import pytest
-from harness import TFRUN, Tfrun, gated_job, wait_for, write_script
+from harness import TFRUN, Tfrun, gated_job, local_and_ssh, wait_for, write_script
 
 from tfrun.client.calls import jobs as job_calls
 from tfrun.protocol.jobs import Job, JobList
@@ -30,7 +30,7 @@ def where(tf: Tfrun) -> str:
     return "box" if tf.remote else "this machine"
 
 
-@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
+@local_and_ssh
 def test_ps_and_every_no_such_job_error_name_the_host(tf: Tfrun, project: Path) -> None:
     place = f"box ({getpass.getuser()}@127.0.0.1:" if tf.remote else "this machine"
     assert tf.ok("ps").startswith(f"no jobs on {place}")
@@ -250,7 +250,7 @@ def completions(tf: Tfrun, words: str, timeout: float = 30) -> list[tuple[str, s
     return [tuple(line.split(",", 1)) for line in result.stdout.splitlines() if line]  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
+@local_and_ssh
 def test_completion_offers_job_ids_hosts_and_files(tf: Tfrun, project: Path, tmp_path: Path) -> None:
     jobs = [tf.submit(str(write_script(project, "argv.py", ARGV))) for _ in range(2)]
     for job in jobs:

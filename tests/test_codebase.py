@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from harness.paths import DATA, REPO
 
 
 @pytest.mark.parametrize(
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
     ids=["ruff-check", "ruff-format", "mypy", "mypy-tests", "mypy-bench"],
 )
 def test_static_checks_pass(command: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, "-m", *command], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -46,12 +45,12 @@ def test_the_shim_imports_nothing_heavy() -> None:
 
 
 def test_the_ci_script_runs_the_readme_test_command() -> None:
-    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    ci = (REPO / ".ci" / "run").read_text().strip().splitlines()
     command = [line for line in ci if line.strip() and not line.startswith("#")][-1]
-    assert command.strip() in (ROOT / "README.md").read_text()
+    assert command.strip() in (REPO / "README.md").read_text()
 
 
-JOB_SIDE = [ROOT / "jobs", ROOT / "tests" / "data" / "resumable.py"]  # what runs in a training process
+JOB_SIDE = [REPO / "jobs", REPO / "tests" / "data" / "resumable.py"]  # what runs in a training process
 
 
 def test_the_job_side_needs_no_python_newer_than_3_8() -> None:
@@ -66,8 +65,8 @@ def test_the_job_side_imports_only_the_standard_library_and_tensorflow() -> None
     """Nothing is installed into a job's interpreter: tfrun.jobs may use the standard library, TensorFlow
     and numpy (a dependency of TensorFlow), and itself; an example may import its sibling modules."""
     allowed = set(sys.stdlib_module_names) | {"tensorflow", "numpy", "tfrun"}
-    client_side = {ROOT / "jobs" / "examples" / "sweep.py"}  # the Python API's example: it submits jobs
-    for path in set((ROOT / "jobs").rglob("*.py")) - client_side:
+    client_side = {REPO / "jobs" / "examples" / "sweep.py"}  # the Python API's example: it submits jobs
+    for path in set((REPO / "jobs").rglob("*.py")) - client_side:
         siblings = {p.stem for p in path.parent.glob("*.py")}
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
@@ -78,18 +77,18 @@ def test_the_job_side_imports_only_the_standard_library_and_tensorflow() -> None
                 continue
             for name in names:
                 top = name.split(".")[0]
-                assert top in allowed | siblings, f"{path.relative_to(ROOT)} imports {name}"
+                assert top in allowed | siblings, f"{path.relative_to(REPO)} imports {name}"
                 if top == "tfrun":
-                    assert name.startswith("tfrun.jobs"), f"{path.relative_to(ROOT)} imports {name}"
+                    assert name.startswith("tfrun.jobs"), f"{path.relative_to(REPO)} imports {name}"
 
 
 def test_no_code_outside_the_executors_asks_which_executor_runs_the_jobs() -> None:
     """What an executor can do is said by its `capabilities` and methods (runner/executors/executor.py); an
     `isinstance(..., SomethingExecutor)` elsewhere would put the executor's behaviour in its callers."""
-    allowed = set((ROOT / "runner" / "executors").rglob("*.py"))
+    allowed = set((REPO / "runner" / "executors").rglob("*.py"))
     asked = []
     for folder in ("runner", "client", "tfrun/protocol"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
+        for path in sorted((REPO / folder).rglob("*.py")):
             if path in allowed:
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
@@ -98,7 +97,7 @@ def test_no_code_outside_the_executors_asks_which_executor_runs_the_jobs() -> No
                 if len(node.args) == 2:
                     names = {getattr(n, "id", getattr(n, "attr", "")) for n in ast.walk(node.args[1])}
                     if any(name.endswith("Executor") for name in names):
-                        asked.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                        asked.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert asked == [], asked
 
 
@@ -121,11 +120,11 @@ def test_no_verb_sends_a_raw_request() -> None:
 
     from tfrun.protocol.wire import _REGISTRY, Request
 
-    for path in (ROOT / "tfrun" / "protocol").glob("*.py"):  # each registers its messages when imported
+    for path in (REPO / "tfrun" / "protocol").glob("*.py"):  # each registers its messages when imported
         importlib.import_module(f"tfrun.protocol.{path.stem}")
     requests = {cls.__name__ for cls in _REGISTRY.values() if issubclass(cls, Request)}
     assert {"Submit", "ListJobs", "GetConfig"} <= requests
-    raw = [f"{path.relative_to(ROOT)}:{line}" for path in sorted((ROOT / "client" / "verbs").glob("*.py"))
+    raw = [f"{path.relative_to(REPO)}:{line}" for path in sorted((REPO / "client" / "verbs").glob("*.py"))
            for line in _raw_requests(ast.parse(path.read_text()), requests)]  # fmt: skip
     assert raw == []
 
@@ -140,11 +139,11 @@ def test_the_raw_request_check_sees_each_way_of_sending_one() -> None:
 
 
 def _modules() -> dict[str, Path]:
-    """Every module of tfrun by its import name (runner/ and client/ are tfrun.runner and tfrun.client)."""
+    """Every module of tfrun by its import name (runner/, client/ and jobs/ are tfrun.runner, .client and .jobs)."""
     found = {}
-    for folder in ("runner", "client", "tfrun"):
-        for path in (ROOT / folder).rglob("*.py"):
-            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+    for folder in ("runner", "client", "jobs", "tfrun"):
+        for path in (REPO / folder).rglob("*.py"):
+            parts = path.relative_to(REPO / folder).with_suffix("").parts
             if folder == "tfrun" and parts[0] in ("runner", "client", "jobs"):
                 continue  # the symlinks to the folders above
             name = ".".join(["tfrun", *([] if folder == "tfrun" else [folder]), *parts])
@@ -206,7 +205,7 @@ WINGS = ("records", "queue", "executors", "logs", "alerts", "metrics", "box", "s
 
 def _may_touch(wing: str) -> set[str]:
     """The wings a wing's docstring says it may touch: the names in its `May touch:` paragraph."""
-    doc = ast.get_docstring(ast.parse((ROOT / "runner" / wing / "__init__.py").read_text())) or ""
+    doc = ast.get_docstring(ast.parse((REPO / "runner" / wing / "__init__.py").read_text())) or ""
     rules = [part for part in doc.split("\n\n") if part.startswith("May touch:")]
     assert len(rules) == 1, f"runner/{wing}/__init__.py says once what it may touch"
     words = set(rules[0].replace(",", " ").replace("(", " ").replace(")", " ").replace(".", " ").split())
@@ -217,17 +216,17 @@ def test_each_wing_of_the_daemon_touches_only_what_its_docstring_says() -> None:
     """runner/ is in wings (records, queue, executors, ...); each says in its docstring which others it may
     import, so a newcomer who reads one package's first lines knows what a change in it can reach."""
     modules = _modules()
-    assert sorted(p.name for p in (ROOT / "runner").iterdir() if (p / "__init__.py").exists()) == sorted(
+    assert sorted(p.name for p in (REPO / "runner").iterdir() if (p / "__init__.py").exists()) == sorted(
         (*WINGS, "handlers")
     )
     crossings = []
     for wing in WINGS:
         allowed = _may_touch(wing) | {wing}
-        for path in (ROOT / "runner" / wing).rglob("*.py"):
+        for path in (REPO / "runner" / wing).rglob("*.py"):
             for name in _imports(path, modules):
                 parts = name.split(".")
                 if parts[:2] == ["tfrun", "runner"] and len(parts) > 2 and parts[2] not in allowed:
-                    crossings.append(f"{path.relative_to(ROOT)} imports {name}")
+                    crossings.append(f"{path.relative_to(REPO)} imports {name}")
     assert crossings == []
 
 
@@ -295,7 +294,7 @@ def test_every_test_module_says_what_it_needs() -> None:
     """A test module that starts an sshd, the Slurm cluster or needs root carries the marker, so that a slice
     such as `-m "not root and not slurm"` (docs/testing.md) leaves out what this machine cannot do."""
     missing = []
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted((REPO / "tests").glob("test_*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
         needed, carried = _needed_and_carried_markers(tree)
         missing += [
@@ -346,10 +345,12 @@ def test_each_constant_name_is_defined_in_one_module() -> None:
 
 def test_no_module_is_over_400_lines() -> None:
     """A module a newcomer reads whole: past 400 lines it holds more than one thing, and is split where they
-    part (the published training scripts of tests/data/real are kept as their authors wrote them)."""
+    part. The tests and benches too (what several share is in tests/harness/); the published training scripts of
+    tests/data are kept as their authors wrote them."""
+    tests = [path for folder in ("tests", "bench") for path in (REPO / folder).rglob("*.py")]
     long = []
-    for path in sorted(_modules().values()):
+    for path in sorted([*_modules().values(), *(path for path in tests if DATA not in path.parents)]):
         lines = len(path.read_text().splitlines())
         if lines > 400:
-            long.append(f"{path.relative_to(ROOT)}: {lines}")
+            long.append(f"{path.relative_to(REPO)}: {lines}")
     assert long == []

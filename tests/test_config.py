@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Receiver, Tfrun, gated_job, no_internet, wait_for, write_script
+from harness import Receiver, Tfrun, gated_job, local_and_ssh, no_internet, wait_for, write_script
 
 from tfrun import tomltext
 from tfrun.paths import Layout
 from tfrun.runner.box import config as daemon_config
 
 SECRET = "hunter2-secret"
-both = pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 
 
 def secret_url(receiver: Receiver) -> str:
@@ -45,7 +44,7 @@ def one_line_error(result: Any, code: int) -> str:
     return str(result.stderr)
 
 
-@both
+@local_and_ssh
 def test_config_shows_what_the_daemon_uses_with_urls_masked(tf: Tfrun, receiver: Receiver) -> None:
     write_config(tf, f'# my box\nnotify = ["{secret_url(receiver)}"]\nmax_cpu_jobs = 2\n\n[alerts]\ncooldown = "5m"\n')
     record = shown(tf)
@@ -61,7 +60,7 @@ def test_config_shows_what_the_daemon_uses_with_urls_masked(tf: Tfrun, receiver:
     assert SECRET not in (tf.home / "tfrund.log").read_text()
 
 
-@both
+@local_and_ssh
 def test_config_set_notify_reaches_the_receiver_without_a_restart(
     tf: Tfrun, project: Path, gate: Path, receiver: Receiver
 ) -> None:

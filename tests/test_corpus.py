@@ -24,17 +24,16 @@ import random
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+from harness.metriclogs import RECOVERED_SHARE
+from harness.paths import REAL
 
 from tfrun.losses import EVALUATION_PREFIXES, TrainingLoss
 from tfrun.runner.alerts.spikes import Spike, SpikeDetector
 from tfrun.runner.metrics import LogMetrics, Sample
 
-REAL = Path(__file__).parent / "data" / "real"
-RECOVERED_SHARE = 0.95
 # Issue 29's entries: Trainer evaluating each epoch with its bar drawn every 0.1 s, ignite's example, and a loop
 # whose loss is only in a bar drawn again after each tqdm.write.
 ISSUE_29 = ("hf_trainer_eval", "ignite_mnist", "tqdm_write_loop")

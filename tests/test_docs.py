@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness.paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
 README_MAX_BYTES = 25_000
 
 
@@ -36,23 +36,23 @@ def test_the_docs_build_as_a_site_with_no_broken_link(tmp_path: Path) -> None:
     pytest.importorskip("mkdocs", reason="mkdocs is in the test extra (pip install -e '.[test]')")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "slurm" / "index.html").exists()
 
 
 def test_the_readmes_links_into_docs_name_pages_and_headings_that_exist() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     links = re.findall(r"\]\((docs/[^)#]*)(?:#([^)]*))?\)", readme)
     assert len(links) >= 10, links
     for target, anchor in links:
-        page = ROOT / target
+        page = REPO / target
         assert page.exists(), f"README.md links to {target}, which does not exist"
         if anchor:
             assert anchor in _anchors(page), f"README.md links to {target}#{anchor}, a heading it does not have"
     for local in re.findall(r"\]\(#([^)]*)\)", readme):
-        assert local in _anchors(ROOT / "README.md"), f"README.md links to #{local}, a heading it does not have"
+        assert local in _anchors(REPO / "README.md"), f"README.md links to #{local}, a heading it does not have"
 
 
 def test_the_readme_is_short() -> None:
-    assert len((ROOT / "README.md").read_bytes()) <= README_MAX_BYTES
+    assert len((REPO / "README.md").read_bytes()) <= README_MAX_BYTES

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import Tfrun
+from harness import Tfrun, local_and_ssh
 
 pytestmark = [pytest.mark.tensorflow]
 
@@ -45,7 +45,7 @@ def tf_version() -> str:
     return str(tensorflow.__version__)
 
 
-@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
+@local_and_ssh
 def test_doctor_fails_a_job_python_without_tensorflow_and_an_unwritable_checkpoint_root(
     tf: Tfrun, tmp_path: Path
 ) -> None:

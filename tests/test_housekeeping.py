@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import TFRUN, Mailbox, Tfrun, gated_job, wait_for, write_script
+from harness import TFRUN, Mailbox, Tfrun, gated_job, local_and_ssh, wait_for, write_script
 
 from tfrun.client.diskspace import should_ask
 from tfrun.paths import Layout
@@ -25,8 +25,6 @@ from tfrun.protocol.submit import FileEntry, HaveBlobs, MissingBlobs, Submit
 from tfrun.sizes import parse_size
 
 pytestmark = [pytest.mark.slow]
-
-both = pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 
 
 def daemon_config(tf: Tfrun, text: str) -> None:
@@ -62,7 +60,7 @@ def run_job(tf: Tfrun, *args: str) -> int:
     return job
 
 
-@both
+@local_and_ssh
 def test_rm_removes_an_ended_job_its_records_and_the_contents_only_it_needed(tf: Tfrun, project: Path) -> None:
     daemon_config(tf, 'blob_grace = "0s"\n')
     train = write_script(project, "train.py", "import sys\nsys.exit(1)\n")  # fails: a `failed` alert
@@ -156,7 +154,7 @@ def test_prune_picks_by_age_and_rank_and_a_dry_run_removes_nothing(tf: Tfrun, pr
     assert [job["id"] for job in tf.jobs()] == new
 
 
-@both
+@local_and_ssh
 def test_df_figures_match_du(tf: Tfrun, project: Path) -> None:
     checkpoint = "import os\nopen(os.path.join(os.environ['TFRUN_CHECKPOINT_DIR'], 'c'), 'w').write('x' * 30000)\n"
     script = write_script(project, "ckpt.py", checkpoint)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from harness import Sshd, Tfrun, write_script
+from harness.paths import CACHE, REPO
 
 from tfrun import __version__
 
@@ -29,8 +30,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.9 and 3.10
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parent.parent
-CACHE = Path(os.environ.get("TFRUN_TEST_CACHE") or Path.home() / ".cache" / "tfrun-tests")
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow, pytest.mark.timeout(600)]
 

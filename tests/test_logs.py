@@ -1,29 +1,20 @@
-"""`tfrun logs` with filters: terminal lines, grep's options, hostile output, on the box and resumable."""
+"""`tfrun logs` with filters: terminal lines, grep's options, hostile output and patterns, on the box and resumable
+after a daemon's crash; a follower's exit code. Times (`--since`, `--timestamps`) and heavy output are in
+test_logs_live.py, the two ways a filter reads (blocks, lines) in test_log_filters.py.
+"""
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import os
-import random
 import signal
 import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
-from harness import TFRUN, Tfrun, wait_for, write_script
+from harness import TFRUN, Tfrun, local_and_ssh, wait_for, write_script
 
-from tfrun.client.timespec import Since, parse_since
-from tfrun.duration import parse_duration
-from tfrun.runner.logs import logindex
-from tfrun.runner.logs.lines import MAX_LINE_BYTES, BlockMatcher, LineFilter, Selector, TerminalLines, display, plain
-from tfrun.runner.logs.logindex import LogIndex
+from tfrun.runner.logs.lines import MAX_LINE_BYTES, TerminalLines
 
 pytestmark = [pytest.mark.slow]
-
-both = pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 
 # What Keras 2 (tf.keras 2.x) writes without a TTY for two epochs of 3 steps: the bar redrawn in place
 # with \b, the epoch line finished by \n (reproduced from keras/utils/generic_utils.py Progbar).
@@ -39,6 +30,7 @@ KERAS2 = (
     + b"\b" * 81
     + b"\r3/3 [==============================] - 0s 4ms/step - loss: 1.2000 - accuracy: 0.6667\n"
 )
+
 # Keras 3 redraws with \r and colours the bar with ANSI sequences.
 KERAS3 = (
     b"Epoch 1/1\n"
@@ -76,7 +68,7 @@ def test_a_huge_line_keeps_its_start_and_says_what_was_cut() -> None:
     assert line.endswith(f"[tfrun: line cut here, {29 << 20} more bytes in the log]".encode())
 
 
-@both
+@local_and_ssh
 def test_grep_loss_on_keras_output_gives_each_epoch_in_its_final_state(tf: Tfrun, project: Path) -> None:
     job = tf.submit(str(job_printing(project, KERAS2 + KERAS3)))
     tf.ok("wait", str(job))
@@ -92,7 +84,7 @@ def test_grep_loss_on_keras_output_gives_each_epoch_in_its_final_state(tf: Tfrun
     assert len(tf.run("logs", str(job), "-e", "^3/3 ").stdout.splitlines()) == 3
 
 
-@both
+@local_and_ssh
 def test_grep_options_combine_as_in_grep(tf: Tfrun, project: Path) -> None:
     text = b"step 1 loss=0.5\nSTEP 2 LOSS=0.4\nevaluating\nnan detected (a.b)\nacc 0.9\n"
     job = tf.submit(str(job_printing(project, text)))
@@ -113,7 +105,7 @@ def test_grep_options_combine_as_in_grep(tf: Tfrun, project: Path) -> None:
     assert lines("--tail", "1", "-i", "-e", "loss") == ["STEP 2 LOSS=0.4"]
 
 
-@both
+@local_and_ssh
 def test_invalid_utf8_is_shown_escaped_never_dropped(tf: Tfrun, project: Path) -> None:
     job = tf.submit(str(job_printing(project, b"loss \xff\xfe ok\nlast line without newline loss \xc3")))
     tf.ok("wait", str(job))
@@ -167,7 +159,7 @@ def test_a_huge_line_is_delivered_cut_and_the_file_keeps_it_whole(tf: Tfrun, pro
     assert (tf.job_dir(job) / "output.log").stat().st_size == 5 + (20 << 20) + 1 + 10
 
 
-@both
+@local_and_ssh
 def test_a_filtered_follower_resumes_after_a_daemon_crash_without_gap_or_duplicate(
     tf: Tfrun, project: Path, gate: Path
 ) -> None:
@@ -207,256 +199,7 @@ def test_context_lines_are_what_grep_prints(tf: Tfrun, project: Path, tmp_path: 
     assert ours.stdout == theirs.stdout
 
 
-def test_the_index_places_lines_in_time() -> None:
-    index_file = Path(tempfile.mkdtemp()) / "output.idx"
-    fd = os.open(index_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    for offset, when in [(10, 100.0), (25, 100.1), (25, 100.2), (40, 105.0)]:
-        logindex.append(fd, offset, when)
-    index = LogIndex(index_file)
-    assert [index.time_at(end) for end in (1, 10, 11, 25, 40, 41)] == [100.0, 100.0, 100.1, 100.1, 105.0, None]
-    assert [index.offset_since(when) for when in (50.0, 100.0, 100.05, 104.0, 105.0, 200.0)] == [0, 0, 10, 25, 25, 40]
-    logindex.append(fd, 50, 106.0)  # the shim appends while the daemon reads: picked up when needed
-    assert index.time_at(41) == 106.0
-    os.write(fd, b"\x01\x02\x03")  # a torn record, as a shim killed in the middle of a write would leave
-    assert index.time_at(51) is None and index.time_at(50) == 106.0
-    os.close(fd)
-
-
-def test_since_accepts_durations_and_dates() -> None:
-    assert [parse_duration(text) for text in ("90s", "10m", "1h30m", "2d", "500ms", "1.5h")] == [
-        90.0, 600.0, 5400.0, 172800.0, 0.5, 5400.0,
-    ]  # fmt: skip
-    assert [parse_duration(text) for text in ("", "5", "m", "10 m", "1h-5m", "h1")] == [None] * 6
-    assert parse_since("2026-11-30T08:00:00Z") == Since(at=1796025600.0)
-    assert parse_since("2026-11-30T09:00:00+01:00") == Since(at=1796025600.0)
-    assert parse_since("15m") == Since(ago=900.0)
-    with pytest.raises(ValueError, match="neither a duration"):
-        parse_since("yesterday")
-
-
-@both
-def test_since_and_timestamps_place_lines_in_time(tf: Tfrun, project: Path, gate: Path) -> None:
-    write_script(
-        project,
-        "phases.py",
-        "import os, time\n"
-        "for i in range(3):\n"
-        "    print(f'early {i} loss=1', flush=True)\n"
-        f"while not os.path.exists({str(gate)!r}):\n"
-        "    time.sleep(0.01)\n"
-        "for i in range(3):\n"
-        "    print(f'late {i} loss=2', flush=True)\n"
-        "print('no newline', end='')\n",
-    )
-    job = tf.submit(str(project / "phases.py"))
-    wait_for(lambda: tf.log(job).count(b"\n") == 3, what="the early lines")
-    time.sleep(0.5)  # more than the index's 0.1 s between the two phases
-    middle = time.time()
-    time.sleep(0.5)
-    gate.touch()
-    tf.ok("wait", str(job))
-    iso = datetime.datetime.fromtimestamp(middle, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    assert tf.ok("logs", str(job), "--since", iso).splitlines() == ["late 0 loss=2", "late 1 loss=2", "late 2 loss=2",
-                                                                   "no newline"]  # fmt: skip
-    assert tf.ok("logs", str(job), "--since", iso, "-e", "loss", "--tail", "1").splitlines() == ["late 2 loss=2"]
-    assert tf.ok("logs", str(job), "--since", "1h").count("\n") == 7
-    assert tf.ok("logs", str(job), "--since", "2030-01-01T00:00") == ""
-    stamped = tf.ok("logs", str(job), "-t").splitlines()
-    assert [line.split(" ", 1)[1] for line in stamped] == tf.ok("logs", str(job), "--since", "1d").splitlines()
-    times = [
-        datetime.datetime.strptime(line.split(" ", 1)[0], "%Y-%m-%dT%H:%M:%S.%fZ")
-        .replace(tzinfo=datetime.timezone.utc)
-        .timestamp()
-        for line in stamped
-    ]
-    assert times == sorted(times)
-    assert max(times[:3]) < middle < min(times[3:]), (times, middle)
-    matched = tf.ok("logs", str(job), "-t", "-e", "^late 1")
-    assert matched.split(" ", 1)[1] == "late 1 loss=2\n", "a pattern is matched against the line, not its stamp"
-    followed = tf.run("logs", "-f", str(job), "-t", "--since", iso)
-    assert followed.returncode == 0 and followed.stdout.splitlines() == stamped[3:]
-
-
-DATA = Path(__file__).resolve().parent / "data"
-# What a person sees of the captured runs (tests/data/keras_fit.py) once each line is finished.
-KERAS2_LOSS_LINES = [
-    "9/9 [==============================] - 2s 126ms/step - loss: 0.7408 - accuracy: 0.4028 - val_loss: 0.6803 - val_accuracy: 0.5833",  # noqa: E501
-    "9/9 [==============================] - 1s 81ms/step - loss: 0.7290 - accuracy: 0.4306 - val_loss: 0.6806 - val_accuracy: 0.5833",  # noqa: E501
-    "9/9 [==============================] - 1s 79ms/step - loss: 0.7206 - accuracy: 0.4583 - val_loss: 0.6809 - val_accuracy: 0.5417",  # noqa: E501
-    "12/12 [==============================] - 0s 3ms/step - loss: 0.7080 - accuracy: 0.4479",
-]
-KERAS3_LOSS_LINES = [
-    "9/9 ━━━━━━━━━━━━━━━━━━━━ 2s 111ms/step - accuracy: 0.4028 - loss: 0.7408 - val_accuracy: 0.5833 - val_loss: 0.6803",  # noqa: E501
-    "9/9 ━━━━━━━━━━━━━━━━━━━━ 1s 80ms/step - accuracy: 0.4028 - loss: 0.7278 - val_accuracy: 0.5833 - val_loss: 0.6805",
-    "9/9 ━━━━━━━━━━━━━━━━━━━━ 1s 84ms/step - accuracy: 0.4028 - loss: 0.7180 - val_accuracy: 0.5833 - val_loss: 0.6814",
-    "12/12 ━━━━━━━━━━━━━━━━━━━━ 0s 13ms/step - accuracy: 0.4479 - loss: 0.7055",
-]
-
-
-@both
-@pytest.mark.parametrize(
-    ("capture", "expected"), [("keras2_fit.log", KERAS2_LOSS_LINES), ("keras3_fit.log", KERAS3_LOSS_LINES)]
-)
-def test_captured_keras_output_followed_live_gives_each_epoch_once(
-    tf: Tfrun, project: Path, capture: str, expected: list[str]
-) -> None:
-    """Real model.fit output (Keras 2.15 and Keras 3), replayed in small pieces while a filtered follower reads."""
-    (project / "capture.log").write_bytes((DATA / capture).read_bytes())
-    write_script(
-        project,
-        "replay.py",
-        "import sys, time\n"
-        "data = open('capture.log', 'rb').read()\n"
-        "for i in range(0, len(data), 97):\n"
-        "    sys.stdout.buffer.write(data[i:i + 97])\n"
-        "    sys.stdout.flush()\n"
-        "    time.sleep(0.003)\n",
-    )
-    job = tf.submit(str(project / "replay.py"))
-    followed = tf.run("logs", "-f", str(job), "-e", "loss")
-    assert followed.returncode == 0, followed.stderr
-    assert [plain(line) for line in followed.stdout.splitlines()] == expected
-    assert tf.log(job) == (DATA / capture).read_bytes()
-    assert [plain(line) for line in tf.ok("logs", str(job), "-e", "val_loss", "--tail", "1").splitlines()] == [
-        expected[2]
-    ]
-
-
-def _memory_kib(pid: int, field: str) -> int:
-    """VmRSS (now) or VmHWM (the peak so far) of a process, from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} for pid {pid}")
-
-
-def test_following_a_100_mb_line_keeps_the_daemon_small(tf: Tfrun, project: Path, gate: Path, tmp_path: Path) -> None:
-    write_script(
-        project,
-        "huge.py",
-        "import os, sys, time\n"
-        f"while not os.path.exists({str(gate)!r}):\n"
-        "    time.sleep(0.01)\n"
-        "sys.stdout.write('loss ')\n"
-        "for _ in range(100):\n"
-        "    sys.stdout.write('x' * (1 << 20))\n"
-        "    sys.stdout.flush()\n"
-        "print('\\nloss end')\n",
-    )
-    job = tf.submit(str(project / "huge.py"))
-    pid = tf.daemon_pid()
-    before = _memory_kib(pid, "VmRSS")
-    with open(tmp_path / "raw", "wb") as raw:
-        followers = [
-            subprocess.Popen([*TFRUN, "logs", "-f", str(job), "-e", "loss"], env=tf.env, stdout=-1, stderr=-1),
-            subprocess.Popen([*TFRUN, "logs", "-f", str(job)], env=tf.env, stdout=raw, stderr=-1),
-        ]
-        wait_for(lambda: tf.job(job)["state"] == "running", what="the job to run")
-        gate.touch()
-        filtered, _ = followers[0].communicate(timeout=300)
-        followers[1].communicate(timeout=300)
-    assert [follower.returncode for follower in followers] == [0, 0]
-    first, second = filtered.decode().splitlines()
-    cut = 5 + 100 * (1 << 20) - MAX_LINE_BYTES
-    assert first.startswith("loss xxx") and first.endswith(f"{cut} more bytes in the log]")
-    assert second == "loss end"
-    assert (tmp_path / "raw").read_bytes() == (tf.job_dir(job) / "output.log").read_bytes()
-    growth_mib = (_memory_kib(pid, "VmHWM") - before) / 1024
-    assert growth_mib < 32, f"the daemon grew by {growth_mib:.1f} MiB while two clients followed a 100 MB line"
-
-
-@both
-def test_three_followers_of_a_job_writing_20_mb_per_second_get_every_byte(
-    tf: Tfrun, project: Path, gate: Path, tmp_path: Path
-) -> None:
-    write_script(
-        project,
-        "firehose.py",
-        "import os, sys, time\n"
-        f"while not os.path.exists({str(gate)!r}):\n"
-        "    time.sleep(0.01)\n"
-        "start, n, written = time.monotonic(), 0, 0\n"
-        "while written < 60_000_000:\n"  # 3 s at 20 MB/s
-        "    due = int((time.monotonic() - start) * 20_000_000)\n"
-        "    chunk = []\n"
-        "    while written < due:\n"
-        "        line = (f'step {n} loss={n % 97}' if n % 10 == 0 else f'noise {n}').ljust(99, '.') + '\\n'\n"
-        "        chunk.append(line)\n"
-        "        written += len(line)\n"
-        "        n += 1\n"
-        "    sys.stdout.write(''.join(chunk))\n"
-        "    sys.stdout.flush()\n"
-        "    time.sleep(0.005)\n",
-    )
-    job = tf.submit(str(project / "firehose.py"))
-    outputs = [tmp_path / f"follower{i}" for i in range(3)]
-    commands = [["logs", "-f", str(job)], ["logs", "-f", str(job)], ["logs", "-f", str(job), "--grep", "loss"]]
-    followers = []
-    for out, command in zip(outputs, commands):
-        with open(out, "wb") as sink:
-            followers.append(subprocess.Popen([*TFRUN, *command], env=tf.env, stdout=sink, stderr=-1))
-    wait_for(lambda: tf.job(job)["state"] == "running", what="the job to run")
-    gate.touch()
-    for follower in followers:
-        _, err = follower.communicate(timeout=300)
-        assert follower.returncode == 0, err
-    log = (tf.job_dir(job) / "output.log").read_bytes()
-    assert len(log) >= 60_000_000
-    digest = hashlib.sha256(log).hexdigest()
-    assert [hashlib.sha256(out.read_bytes()).hexdigest() for out in outputs[:2]] == [digest, digest]
-    wanted = b"".join(line for line in log.splitlines(keepends=True) if b"loss" in line)
-    assert outputs[2].read_bytes() == wanted
-
-
-# Words that trip case folding: the Kelvin sign folds to k, the long s to s; ß is not SS to RE2.
-BLOCK_WORDS = ["step", "loss=1.5", "LOSS", "a.b", "axb", "Straße", "STRASSE", "\u212a", "k", "\u017f", "s", "\t", "ß"]
-BLOCK_WORDS += ["", "|"]
-
-
-@pytest.mark.parametrize(
-    ("patterns", "ignore_case", "fixed"),
-    [
-        ((), False, False),
-        (("loss",), False, False),
-        (("loss|step",), False, False),
-        (("LOSS", "axb"), True, False),
-        (("a.b",), False, True),
-        (("a.b",), False, False),
-        (("^step", "ß$"), False, False),
-        (("k",), True, False),
-        (("ß",), True, False),
-        (("x|",), False, False),
-        (("[^z]*ß",), True, False),
-        (("|",), False, True),
-    ],
-)
-def test_the_block_path_finds_exactly_the_lines_the_line_path_finds(
-    patterns: tuple[str, ...], ignore_case: bool, fixed: bool
-) -> None:
-    """The fast path over whole blocks must agree with the per-line path, Unicode case folding included."""
-    rng = random.Random(len(patterns) * 7 + ignore_case * 3 + fixed)
-    for ascii_only in (True, False):
-        words = [w for w in BLOCK_WORDS if w.isascii() or not ascii_only]
-        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 4))) for _ in range(3000)]
-        block = ("\n".join(lines) + "\n").encode()
-        line_filter = LineFilter(patterns, ignore_case=ignore_case, fixed=fixed)
-        texts = [display(x) for x in TerminalLines().feed(block)]
-        per_line = Selector(line_filter.compile(), invert=False).select(texts)
-        fast = BlockMatcher(line_filter).lines(block)
-        if fast is None:  # allowed only where the literal search would fold case differently from RE2
-            assert ignore_case and not ascii_only
-            continue
-        assert fast == [text.encode() for text in per_line]
-
-
-def test_the_block_path_leaves_terminal_effects_and_bad_utf8_to_the_line_path() -> None:
-    matcher = BlockMatcher(LineFilter(("loss",)))
-    for block in (b"loss 1\rloss 2\n", b"loss\b\bx\n", b"\x1b[1mloss\x1b[0m\n", b"loss \xff\n"):
-        assert matcher.lines(block) is None
-    assert matcher.lines(b"loss 1\nnoise\nloss 2\n") == [b"loss 1", b"loss 2"]
-
-
-@both
+@local_and_ssh
 def test_follow_exits_with_the_job_code_or_128_plus_its_signal(tf: Tfrun, project: Path) -> None:
     write_script(project, "seven.py", "print('loss 1')\nraise SystemExit(7)\n")
     write_script(project, "term.py", "import os\nprint('loss 2', flush=True)\nos.kill(os.getpid(), 15)\n")
@@ -466,58 +209,3 @@ def test_follow_exits_with_the_job_code_or_128_plus_its_signal(tf: Tfrun, projec
             followed = tf.run("logs", "-f", str(job), *options)
             assert followed.returncode == code, (script, options, followed.stderr)
             assert "loss" in followed.stdout
-
-
-def test_small_reads_matched_on_the_loop_send_what_the_filter_threads_send() -> None:
-    """A follower's small reads are matched on the event loop (no thread hop), big ones or costly filters in
-    the filter threads: both ways must send the same frames, for partial lines and terminal effects too."""
-    import asyncio
-
-    from tfrun.protocol.logs import ReadLog
-    from tfrun.runner.logs import logstream
-
-    reads = [b"step 1 loss=0.5\nno", b"ise 1\nstep 2 lo", b"ss=0.4\r", b"\x1b[2Kstep 3 loss=0.3\n", b"x" * 70 + b"\n"]
-
-    async def frames(inline: bool) -> list[tuple[int, int, bytes]]:
-        req = ReadLog(job="1", patterns=["loss"], follow=True)
-        sent: list[tuple[int, int, bytes]] = []
-
-        async def send(msg: object) -> None:
-            sent.append((msg.offset, msg.next_offset, msg.data))  # type: ignore[attr-defined]
-
-        reader = logstream._line_reader(req, await logstream.selection(req), send, Path("output.log"), None, None)
-        assert reader is not None
-        assert reader.inline_bytes >= max(map(len, reads))  # cheap pattern, small reads: on the loop
-        if not inline:
-            reader.inline_bytes = 0
-        offset = 0
-        for data in reads:
-            await reader.feed(data, offset)
-            offset += len(data)
-        return sent
-
-    on_loop, in_threads = asyncio.run(frames(True)), asyncio.run(frames(False))
-    assert on_loop == in_threads
-    assert on_loop == [(0, 16, b"step 1 loss=0.5\n"), (16, 60, b"\x1b[2Kstep 3 loss=0.3\n")]
-
-
-def test_costly_filters_are_not_matched_on_the_loop() -> None:
-    """A thousand long patterns can cost a third of a second per chunk: even a short read of theirs goes to the
-    filter threads, so no client's filter holds up the daemon's event loop."""
-    import asyncio
-
-    from tfrun.protocol.logs import ReadLog
-    from tfrun.runner.logs import logstream
-
-    async def inline_bytes(patterns: list[str]) -> int:
-        req = ReadLog(job="1", patterns=patterns, follow=True)
-
-        async def send(msg: object) -> None:
-            pass
-
-        reader = logstream._line_reader(req, await logstream.selection(req), send, Path("output.log"), None, None)
-        assert reader is not None
-        return reader.inline_bytes
-
-    assert asyncio.run(inline_bytes([f"pattern{i:04d}-" + "x" * 100 for i in range(1000)])) < 16
-    assert asyncio.run(inline_bytes(["loss"])) >= 4096

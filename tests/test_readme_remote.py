@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from harness import TFRUN, Sshd, Tfrun
+from harness.paths import REPO
 from test_install import box_python, start_bare_box, trust, wheelhouse
 
 if sys.version_info >= (3, 11):
@@ -32,7 +33,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.9 and 3.10
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Remote boxes"
 DESTINATION = re.compile(r"[\w.-]+@[\w.-]+(:\d+)?")
 

@@ -62,4 +62,4 @@ def test_srun_reserves_ports_for_tf_config_only_when_given_a_count(slurm: SlurmC
     assert sorted(bare) == ["0", "1", "ports=", "ports="], bare
     port = counted[0].split("=")[1]
     assert counted == [f"0 ports={port}", f"1 ports={port}"], counted
-    assert slurm.mpi_ports <= int(port) < slurm.mpi_ports + 10
+    assert slurm.ports.mpi <= int(port) < slurm.ports.mpi + 10

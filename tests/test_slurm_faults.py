@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from harness import TFRUN, Sshd, Tfrun, remote_client, wait_for, write_script
-from harness.slurmcluster import SlurmCluster, Unavailable, slurm_fixture, slurm_id_of, use_cluster  # noqa: F401 (a fixture)
+from harness.slurmcluster import SlurmCluster, slurm_fixture, slurm_id_of, use_cluster  # noqa: F401 (a fixture)
+from harness.slurmconf import Unavailable
 
 from tfrun.protocol.logs import LogChunk, LogEnd, ReadLog
 from tfrun.protocol.wire import Message

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 from harness import Receiver, Tfrun, no_internet, wait_for, write_script
-from harness.slurmcluster import SlurmCluster, Unavailable, use_cluster
+from harness.slurmcluster import SlurmCluster, use_cluster
+from harness.slurmconf import Unavailable
 
 from tfrun.constants import MAX_NODES
 from tfrun.jobs import cluster

@@ -20,6 +20,7 @@ from harness import (
     connected,
     gated_job,
     kill_and_await_successor,
+    local_and_ssh,
     own_sockets,
     serving_daemon,
     wait_for,
@@ -107,7 +108,7 @@ wait
 """
 
 
-@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
+@local_and_ssh
 def test_cancel_leaves_no_process_of_the_job_alive(tf: Tfrun, project: Path, tmp_path: Path) -> None:
     pids_file = tmp_path / "pids"
     write_script(project, "tree.sh", CANCEL_JOB.format(pids=pids_file), executable=True)
@@ -148,7 +149,7 @@ def test_cancel_survives_a_daemon_restart_in_the_middle(tf: Tfrun, project: Path
     assert (record["state"], record["exit_code"]) == ("cancelled", 128 + signal.SIGKILL)
 
 
-@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
+@local_and_ssh
 def test_cancel_of_an_ended_or_unknown_job_says_so(tf: Tfrun, project: Path) -> None:
     write_script(project, "ok.py", "pass\n")
     job_id = tf.submit(str(project / "ok.py"))

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 from harness import Tfrun, wait_for
+from harness.paths import REPO
 
 pytestmark = [pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 RESUMABLE = Path(__file__).resolve().parent / "data" / "resumable.py"
 
 
 def _keras2_python() -> str | None:
-    candidate = os.environ.get("TFRUN_KERAS2_PYTHON") or str(ROOT / ".venv-keras2" / "bin" / "python")
+    candidate = os.environ.get("TFRUN_KERAS2_PYTHON") or str(REPO / ".venv-keras2" / "bin" / "python")
     return candidate if os.access(candidate, os.X_OK) else None
 
 

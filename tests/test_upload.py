@@ -13,15 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import Tfrun, wait_for, write_script
+from harness import Tfrun, local_and_ssh, wait_for, write_script
 
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.submit import FileEntry, HaveBlobs, PutBlob, PutBlobs, Submit
 
 pytestmark = [pytest.mark.slow]
-
-both = pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 
 
 def uploaded(stderr: str) -> tuple[int, int]:
@@ -31,7 +29,7 @@ def uploaded(stderr: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-@both
+@local_and_ssh
 def test_a_resubmit_of_an_unchanged_work_dir_sends_no_file_bytes(tf: Tfrun, project: Path) -> None:
     for i in range(1000):
         folder = project / f"pkg{i % 10}"
@@ -49,7 +47,7 @@ def test_a_resubmit_of_an_unchanged_work_dir_sends_no_file_bytes(tf: Tfrun, proj
     assert tf.job(3)["files"] == 1011  # 1001 files and 10 folders
 
 
-@both
+@local_and_ssh
 def test_ignore_files_are_honoured_and_git_state_recorded(tf: Tfrun, project: Path) -> None:
     subprocess.run(["git", "init", "-q", str(project)], check=True)
     write_script(project, ".gitignore", "*.ckpt\n/data/\n!keep.ckpt\n")
@@ -100,7 +98,7 @@ def test_a_large_snapshot_is_announced_with_its_largest_files(tf: Tfrun, project
     assert "weights.bin (125.8 MB)" in result.stderr and ".tfrunignore" in result.stderr
 
 
-@both
+@local_and_ssh
 def test_names_that_are_not_utf8_arrive_as_the_same_bytes(tf: Tfrun, project: Path) -> None:
     name = b"caf\xe9 \xff.txt"
     fd = os.open(os.fsencode(project) + b"/" + name, os.O_WRONLY | os.O_CREAT)
@@ -196,7 +194,7 @@ def test_the_same_content_sent_packed_by_many_clients_at_once_is_kept_for_each(t
     assert not list((Layout(tf.home).blobs_dir / "incoming").iterdir())
 
 
-@both
+@local_and_ssh
 def test_pull_brings_back_checkpoints_and_work_files_and_nothing_else(tf: Tfrun, project: Path, tmp_path: Path) -> None:
     write_script(
         project,

@@ -8,8 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from harness import TFRUN, Tfrun, wait_for, write_script
+from harness import TFRUN, Tfrun, local_and_ssh, wait_for, write_script
 
 LOSSES = """\
 import time
@@ -23,7 +22,7 @@ def screen(server: str) -> str:
     return subprocess.run(["tmux", "-L", server, "capture-pane", "-p"], capture_output=True, text=True).stdout
 
 
-@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
+@local_and_ssh
 def test_top_shows_the_running_jobs_and_quits_on_q(tf: Tfrun, project: Path, tmux: str, tmp_path: Path) -> None:
     tf.home.mkdir(mode=0o700, parents=True)
     (tf.home / "config.toml").write_text('gpus = ["0", "1"]\n')  # the box's daemon reads it, also over SSH
@@ -73,7 +72,7 @@ def _in_tmux(tf: Tfrun, server: str, args: str, exit_file: Path, width: int = 12
 ASKS = "name = input('your name? ')\nprint(f'hello {name}')\n"
 
 
-@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
+@local_and_ssh
 def test_a_tty_job_waiting_at_input_is_answered_through_attach(
     tf: Tfrun, project: Path, tmux: str, tmp_path: Path
 ) -> None:
@@ -89,7 +88,7 @@ def test_a_tty_job_waiting_at_input_is_answered_through_attach(
     assert wait_for(lambda: exit_file.exists() and exit_file.read_text().strip(), what="attach to end") == "0"
 
 
-@pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
+@local_and_ssh
 def test_detaching_leaves_a_tty_job_running(tf: Tfrun, project: Path, tmux: str, tmp_path: Path) -> None:
     job = tf.submit("--tty", str(write_script(project, "ask.py", ASKS)))
     wait_for(lambda: b"your name? " in tf.log(job), what="the prompt")

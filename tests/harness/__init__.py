@@ -23,7 +23,7 @@ from .processes import (
     wait_for,
 )
 from .receivers import Mailbox, Receiver, no_internet
-from .sshd import Sshd, box_sshd, remote_client
+from .sshd import Sshd, box_sshd, local_and_ssh, remote_client
 
 __all__ = [
     "TFRUN",
@@ -40,6 +40,7 @@ __all__ = [
     "keeper_socket",
     "keepers_of",
     "kill_and_await_successor",
+    "local_and_ssh",
     "no_internet",
     "open_fds",
     "own_sockets",

@@ -14,10 +14,10 @@
   with its own port and spool folder, all at NodeAddr 127.0.0.1 (their names resolve to nothing), so that
   multi-node jobs (`srun -N 2`) run for real.
 
-Every config, state, spool and log file lives in `folder` (slurm.conf, slurmdbd.conf, gres.conf; logs in
-`folder/log`); every port is chosen free on 127.0.0.1. Nothing is written to /etc. `start` returns once
-`sinfo -h -o %T` says `idle`. `stop` cancels the cluster's jobs, then ends what it started, by pid: its jobs
-and step daemons (found by their SLURM_CONF, this cluster's own), slurmd, slurmctld, slurmdbd, MariaDB, munged.
+Every config, state, spool and log file lives in `folder` (the configs written by harness/slurmconf.py, logs in
+`folder/log`); every port is chosen free on 127.0.0.1. Nothing is written to /etc. `start` returns once `sinfo -h
+-o %T` says `idle`. `stop` cancels the cluster's jobs, then ends what it started, by pid: its jobs and step daemons
+(found by their SLURM_CONF, this cluster's own), slurmd, slurmctld, slurmdbd, MariaDB, munged.
 
 What a test uses:
 
@@ -25,11 +25,7 @@ What a test uses:
   SLURM_CONF=folder/slurm.conf and PATH with /usr/bin and /usr/sbin. Pass it as `env=` to subprocesses.
 - `partition` ("debug", the default partition), `node` ("localhost"), `nodes` (the node names), `gpus_per_node`
   (2), `cpus`, `accounting` (True: `sacct` works), `cluster_name`, `conf` (the slurm.conf path), `folder`.
-- `memory_mb=M`: the node has M MB (RealMemory), memory is a consumable resource (CR_Core_Memory) and a job
-  over its `--mem` is killed (JobAcctGatherParams=OverMemoryKill, sampled every second): with
-  TaskPlugin=task/none there are no cgroups, so Slurm's state is FAILED (ExitCode 0:9, Reason
-  JobLaunchFailure) and slurmstepd writes "StepId=N.batch exceeded memory limit (...), being killed" and
-  "Exceeded job memory limit" to the job's output. With CR_Core alone, `--mem` is not enforced at all.
+- `memory_mb=M`: the node has M MB and a job over its `--mem` is killed (harness/slurmconf.py says how).
 - `run(cmd)`: a command (a list of arguments, or one string run by bash) with `env`; returns the
   CompletedProcess (text); `ok(cmd)` asserts it succeeded and returns its stdout.
 - `sbatch(*args)` → the job id (`sbatch --parsable ARGS`); `squeue_state(id)` → Slurm's state while the job
@@ -40,18 +36,14 @@ What a test uses:
 Facts about this setup (measured on a 2-core Debian 12 machine):
 
 - A finished job stays in `squeue -t all` (state COMPLETED/FAILED/CANCELLED...) until MinJobAge has passed and
-  slurmctld's purge, every 10 s or so, has run: with MinJobAge=2 (`MIN_JOB_AGE`) it leaves squeue 4 to 12 s
+  slurmctld's purge, every 10 s or so, has run: with MinJobAge=2 (`slurmconf.MIN_JOB_AGE`) it leaves squeue 4 to 12 s
   after its end (measured). Plain `squeue` (no -t) hides finished jobs at once: an empty answer is no proof.
 - `sacct` has no record of a job while it is pending (sbatch returns before the record reaches slurmdbd):
   absence from both squeue and sacct is not "gone" either. Once ended, sacct -X gives e.g. FAILED 3:0.
-- `srun --resv-ports=N` sets SLURM_STEP_RESV_PORTS from MpiParams=ports (`mpi_ports`, 10 free ports); a bare
-  `--resv-ports` (no count) reserves none on 22.05.
 - A cancelled job's allocation reads State "CANCELLED by 0", ExitCode 0:0; its batch step CANCELLED 0:15.
 - Bring-up with accounting: about 2.2 s (mariadb-install-db 0.7-1.4 s, slurmctld 1.1 s; `startup_seconds`).
-- AuthInfo cred_expire=10 and SchedulerParameters bf_interval=1,sched_interval=2: a requeued job runs again
-  in about 12 s instead of 2 minutes.
 
-The pytest fixture: `from slurmcluster import slurm_fixture` in a test module gives its tests `slurm`, a
+The pytest fixture: `from harness.slurmcluster import slurm_fixture` in a test module gives its tests `slurm`, a
 `SlurmCluster` shared by every module of the session that imports it (started once, stopped at the
 session's end). Where Slurm is not installed, tests that use it are skipped, saying that .ci/run installs
 it (the convention of tests/ for sshd, tmux and chromium).
@@ -65,7 +57,6 @@ import functools
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import socket
@@ -79,57 +70,12 @@ import pytest
 
 from .home import Tfrun
 from .processes import alive, wait_for
+from .slurmconf import PATH, Shape, Unavailable, missing, write_config
 
-# The programs a cluster needs: Debian's slurm-wlm slurmctld slurmd munge slurm-client (+ mariadb-server slurmdbd
-# for accounting), which .ci/run installs.
-DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
-COMMANDS = ("sbatch", "squeue", "sinfo", "scancel", "srun", "sacct", "scontrol")
-ACCOUNTING = ("/usr/sbin/mariadbd", "/usr/bin/mariadb-install-db", "/usr/sbin/slurmdbd", "/usr/bin/sacctmgr")
-PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-MIN_JOB_AGE = 2  # seconds a finished job stays before the purge may take it out of squeue
 FINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
      "DEADLINE", "REVOKED"}
 )  # fmt: skip
-
-
-class Unavailable(Exception):
-    """Slurm (or, for accounting, MariaDB and slurmdbd) is not installed here."""
-
-
-def missing(accounting: bool = True) -> list[str]:
-    """The programs a cluster needs that are not installed; empty when it can start."""
-    needed = [*DAEMONS, *(shutil.which(c, path=PATH) or c for c in COMMANDS)]
-    if accounting:
-        needed += ACCOUNTING
-    return [program for program in needed if not os.access(program, os.X_OK)]
-
-
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct ports free on 127.0.0.1 now (held open together while chosen, so no two are equal)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _port_block(size: int) -> int:
-    """The first port of `size` consecutive ports free on 127.0.0.1 (for MpiParams=ports, srun --resv-ports)."""
-    for _ in range(200):
-        first = 20000 + secrets.randbelow(20000)
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(first, first + size):
-                    sock = held.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return first
-    raise RuntimeError(f"no {size} consecutive free ports on 127.0.0.1")
 
 
 def _die_with_parent() -> None:
@@ -179,6 +125,7 @@ class SlurmCluster:
         self.nodes = [self.node] if nodes == 1 else [f"node{index}" for index in range(1, nodes + 1)]
         self.cpus = os.cpu_count() or 1
         self.conf = self.folder / "slurm.conf"
+        self.munge_socket = self.folder / "munge" / "munge.socket"
         self.env = dict(os.environ)
         for name in [name for name in self.env if name.startswith(("SLURM_", "SBATCH_", "SRUN_", "SQUEUE_"))]:
             del self.env[name]  # e.g. a test session that itself runs inside a Slurm job
@@ -190,118 +137,6 @@ class SlurmCluster:
             self.start()
 
     # -- bring-up --------------------------------------------------------------------------------------------
-
-    def _write_config(self) -> None:
-        folder = self.folder
-        for sub in ("munge", "log", "state", "spool", "dev", "tmp", "run"):
-            (folder / sub).mkdir(parents=True, exist_ok=True)
-        (folder / "munge").chmod(0o700)
-        self.ctld_port, self.slurmd_port, self.dbd_port, self.db_port, *node_ports = _free_ports(4 + len(self.nodes))
-        self.mpi_ports = _port_block(10)
-        self.munge_socket = folder / "munge" / "munge.socket"
-        key = folder / "munge" / "munge.key"
-        key.write_bytes(secrets.token_bytes(1024))
-        key.chmod(0o600)
-        gpus = []
-        for index in range(self.gpus_per_node):
-            device = folder / "dev" / f"gpu{index}"
-            if not device.exists():
-                os.mknod(device, 0o666 | 0o020000, os.makedev(1, 3))  # a character device (/dev/null's numbers)
-            gpus.append(device)
-        auth = f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket},cred_expire=10\n"
-        accounting = (
-            f"AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=127.0.0.1\n"
-            f"AccountingStoragePort={self.dbd_port}\nAccountingStorageTRES=gres/gpu\n"
-            f"AccountingStoragePass={self.munge_socket}\n"  # the munge socket for talking to slurmdbd
-            if self.accounting
-            else "AccountingStorageType=accounting_storage/none\n"
-        )
-        gres = f"Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
-        # memory_mb: the node's memory, and a job over its --mem killed by slurmstepd (sampled each second; no
-        # cgroups here, so Slurm says FAILED, not OUT_OF_MEMORY); memory is then a resource each job asks for
-        memory = f"RealMemory={self.memory_mb}" if self.memory_mb else ""
-        select = "CR_Core_Memory" if self.memory_mb else "CR_Core"  # a job's --mem is its step's limit
-        gather = (
-            "JobAcctGatherFrequency=1\nJobAcctGatherParams=OverMemoryKill"
-            if self.memory_mb
-            else "JobAcctGatherFrequency=5"
-        )
-        slurmd_port = f"SlurmdPort={self.slurmd_port}\n"  # several nodes: a Port= each, on its NodeName line
-        if len(self.nodes) == 1:
-            node_lines = f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} {memory} {gres} State=UNKNOWN\n"
-        else:
-            node_lines = "".join(
-                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} {memory} "
-                f"{gres} State=UNKNOWN\n"
-                for name, port in zip(self.nodes, node_ports)
-            )
-            slurmd_port = ""
-            for name in self.nodes:
-                (folder / "spool" / name).mkdir(exist_ok=True)
-        node_list = ",".join(self.nodes)
-        self.conf.write_text(
-            f"""# A single-node cluster for tfrun's tests (tests/harness/slurmcluster.py).
-ClusterName={self.cluster_name}
-SlurmctldHost=localhost(127.0.0.1)
-SlurmctldPort={self.ctld_port}
-{slurmd_port}SlurmUser=root
-SlurmdUser=root
-{auth}CryptoType=crypto/munge
-StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/spool{"/%n" if len(self.nodes) > 1 else ""}
-SlurmctldPidFile={folder}/run/slurmctld.pid
-SlurmdPidFile={folder}/run/slurmd-%n.pid
-SlurmctldLogFile={folder}/log/slurmctld.log
-SlurmdLogFile={folder}/log/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-TmpFS={folder}/tmp
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SwitchType=switch/none
-MpiDefault=none
-MailProg=/bin/true
-MpiParams=ports={self.mpi_ports}-{self.mpi_ports + 9}
-SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,sched_interval=2
-SelectType=select/cons_tres
-SelectTypeParameters={select}
-ReturnToService=2
-MinJobAge={MIN_JOB_AGE}
-KillWait=5
-InactiveLimit=0
-Waittime=0
-SlurmctldTimeout=30
-SlurmdTimeout=30
-GresTypes=gpu
-JobCompType=jobcomp/none
-JobAcctGatherType=jobacct_gather/linux
-{gather}
-{accounting}{node_lines}PartitionName={self.partition} Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
-"""
-        )
-        device_list = ",".join(str(gpu) for gpu in gpus)
-        (folder / "gres.conf").write_text(
-            "AutoDetect=off\n" + (f"NodeName={','.join(self.nodes)} Name=gpu File={device_list}\n" if gpus else "")
-        )
-        if self.accounting:
-            dbd = folder / "slurmdbd.conf"
-            dbd.write_text(
-                f"""{auth}DbdHost=localhost
-DbdAddr=127.0.0.1
-DbdPort={self.dbd_port}
-SlurmUser=root
-PidFile={folder}/run/slurmdbd.pid
-LogFile={folder}/log/slurmdbd.log
-DebugLevel=info
-StorageType=accounting_storage/mysql
-StorageHost=127.0.0.1
-StoragePort={self.db_port}
-StorageUser=root
-StorageLoc=slurm_acct_db
-"""
-            )
-            dbd.chmod(0o600)  # slurmdbd refuses a config others may read
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.folder / "log" / f"{name}.out", "ab")  # noqa: SIM115 (the child holds it)
@@ -353,7 +188,9 @@ StorageLoc=slurm_acct_db
 
     def _start(self) -> None:
         began = t = time.monotonic()
-        self._write_config()
+        shape = Shape(self.nodes, self.cpus, self.gpus_per_node, self.memory_mb, self.accounting, self.cluster_name,
+                      self.partition)  # fmt: skip
+        self.ports = write_config(self.folder, shape)
         folder = self.folder
         munge = folder / "munge"
         self._spawn("munged", ["/usr/sbin/munged", "--foreground", "--force", f"--socket={self.munge_socket}",
@@ -373,19 +210,19 @@ StorageLoc=slurm_acct_db
                 raise RuntimeError(f"mariadb-install-db failed:\n{install.stdout}{install.stderr}")
             t = self._timed("mariadb-install-db", t)
             self._spawn("mariadbd", ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={data}", "--user=root",
-                                     f"--socket={folder / 'run' / 'mysqld.sock'}", f"--port={self.db_port}",
+                                     f"--socket={folder / 'run' / 'mysqld.sock'}", f"--port={self.ports.db}",
                                      "--bind-address=127.0.0.1", f"--pid-file={folder / 'run' / 'mariadbd.pid'}",
                                      f"--log-error={folder / 'log' / 'mariadbd.log'}", "--skip-grant-tables",
                                      "--skip-name-resolve", "--skip-log-bin", "--innodb-buffer-pool-size=32M",
                                      "--innodb-flush-log-at-trx-commit=0", "--innodb-doublewrite=0",
                                      "--innodb-flush-method=nosync", "--innodb-log-file-size=16M"])  # fmt: skip
-            self._wait("mariadbd", lambda: self._listening(self.db_port))
+            self._wait("mariadbd", lambda: self._listening(self.ports.db))
             t = self._timed("mariadbd", t)
             self._spawn("slurmdbd", ["/usr/sbin/slurmdbd", "-D"])
-            self._wait("slurmdbd", lambda: self._listening(self.dbd_port))
+            self._wait("slurmdbd", lambda: self._listening(self.ports.dbd))
             t = self._timed("slurmdbd", t)
         self._spawn("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i"])
-        self._wait("slurmctld", lambda: self._listening(self.ctld_port))
+        self._wait("slurmctld", lambda: self._listening(self.ports.ctld))
         t = self._timed("slurmctld", t)
         for name in self.nodes:
             self._spawn(self._slurmd(name), ["/usr/sbin/slurmd", "-D", "-N", name])

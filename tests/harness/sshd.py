@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import pytest
+
 from .home import Tfrun, write_script
 from .processes import alive, free_port, wait_for
 
@@ -128,6 +130,11 @@ LogLevel ERROR
 
 def _gone(pid: int) -> bool:
     return not alive(pid)
+
+
+# A test run on a local daemon and on one reached through a real sshd (the tf fixture's two kinds); the ssh case
+# carries the ssh marker.
+local_and_ssh = pytest.mark.parametrize("tf", ["local", pytest.param("ssh", marks=pytest.mark.ssh)], indirect=True)
 
 
 def box_sshd(folder: Path, home: Path, address: str, netns: str) -> Sshd:
