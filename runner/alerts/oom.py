@@ -109,6 +109,28 @@ def killed_by_oom_killer(job_dir: Path) -> bool:
     return isinstance(before, int) and now is not None and now > before
 
 
+OOM_PENDING_BYTES = 64 << 10  # an unfinished line kept for the OOM search; longer ones are searched by their start
+_SEGMENTS = re.compile(rb"[\r\n]")
+
+
+def first_oom(pending: bytes, data: bytes) -> tuple[bytes, Optional[tuple[str, str]]]:
+    """The lines `data` completes (after `pending`, the unfinished line the last search kept) searched for a fatal
+    out-of-memory message: the unfinished line to keep for the next search, and the first message's (kind, line
+    as shown), or None. The alert watch's OOM rule, on each read of a log."""
+    text = pending + data
+    last_newline = text.rfind(b"\n")
+    complete, rest = text[: last_newline + 1], text[last_newline + 1 :][:OOM_PENDING_BYTES]
+    if complete and may_hold_oom(complete):
+        for line in _SEGMENTS.split(complete):
+            if not may_hold_oom(line):
+                continue
+            shown = plain(display(line)).strip()
+            kind = oom_kind(shown)
+            if kind is not None:
+                return rest, (kind, shown)
+    return rest, None
+
+
 LAST_WORDS_BYTES = 64 << 10  # where a failed job's last words are: its traceback
 
 
@@ -123,4 +145,4 @@ def log_ends_in_oom(log_path: Path) -> bool:
         return False
     if not may_hold_oom(tail):
         return False
-    return any(oom_kind(plain(display(line)).strip()) for line in re.split(rb"[\r\n]", tail) if may_hold_oom(line))
+    return any(oom_kind(plain(display(line)).strip()) for line in _SEGMENTS.split(tail) if may_hold_oom(line))

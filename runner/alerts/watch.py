@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import socket
 import time
 from collections.abc import Iterator
@@ -34,7 +33,6 @@ from tfrun.runner.alerts.jobwatch import Settings, Watch, keep
 from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.alerts.spikes import DEFAULT_FACTOR, SpikeDetector
 from tfrun.runner.box.config import Config
-from tfrun.runner.logs.lines import display, plain
 from tfrun.runner.logs.loggrowth import LogGrowth, Subscription
 from tfrun.runner.metrics import LogMetrics, PatternError
 from tfrun.runner.metrics.jobmetrics import (
@@ -56,12 +54,11 @@ WATCH_INTERVAL_S = 0.5
 # `logs -f` follower never does). The second turn is free: a line often comes in two writes, its text and then
 # its newline, and the turn woken by the first would otherwise leave an OOM line unread for the whole pause.
 MIN_LOOK_INTERVAL_S = 0.25
-SAVE_EVERY_S = 10.0  # a running job's watch saved this often (and after every alert): what a restart reads again
+SAVE_EVERY_S = 10.0  # a running job's watch saved this often (and after every alert): what a restart reads again;
+# the saves that came due are made together every WATCH_INTERVAL_S, as one commit
 KEEP_EVERY_S = 10.0  # the metrics read from a log are appended to its files this often (and at every save,
 # and when a client asks for them: `keep_now`), as one write: TensorBoard sees them that late
-OOM_PENDING_BYTES = 64 << 10  # an unfinished line kept for the OOM search; longer ones are searched by their start
 GPU_INTERVAL_S = 2.0
-_SEGMENTS = re.compile(rb"[\r\n]")
 
 
 class Alerts:
@@ -77,6 +74,7 @@ class Alerts:
         # machine, into a shared folder whose changes no inotify of this one sees.
         self.poll_logs = False
         self._behind: set[int] = set()  # jobs whose last look did not read all their log
+        self._unsaved: set[int] = set()  # jobs looked at since their watch was last saved
 
     @property
     def host(self) -> str:
@@ -131,6 +129,7 @@ class Alerts:
                     due, whole = due | polled, whole | polled
                     self._check_stalls(rows)
                     self._keep_metrics()
+                    self._save_due(rows)
                 for job_id in sorted(due & set(rows)):
                     try:
                         if self._look(rows[job_id], job_id in whole):  # its end alerts are stored: not watched
@@ -189,8 +188,7 @@ class Alerts:
         if not caught_up:  # more than a look reads: the next look goes on
             self._behind.add(job_id)
         if not row.final:
-            if time.monotonic() - watch.saved_at >= SAVE_EVERY_S:
-                self._save(watch)
+            self._unsaved.add(job_id)  # saved with the others due, in one commit (_save_due)
             return False
         if not caught_up:
             return False
@@ -253,12 +251,32 @@ class Alerts:
         self._watches[row.id] = watch
         return watch
 
-    def _save(self, watch: Watch) -> None:
-        """Save where the watch stands, its samples kept first: a restart reads on from the offset saved, so
-        no sample before it may be still unwritten."""
-        keep(watch)
-        self.store.save_watch_state(watch.job_id, watch.state())
-        watch.saved_at = time.monotonic()
+    def _save(self, *watches: Watch) -> None:
+        """Save where the watches stand, their samples kept first (a restart reads on from the offset saved, so
+        no sample before it may be still unwritten), in one commit."""
+        for watch in watches:
+            keep(watch)
+            watch.saved_at = time.monotonic()
+        self.store.save_watch_states({watch.job_id: watch.state() for watch in watches})
+
+    def _save_due(self, rows: dict[int, JobRow]) -> None:
+        """Save the watches of running jobs looked at since their last save, SAVE_EVERY_S ago or more (a quiet
+        job's watch has nothing new to save; an ended job's watch row is deleted once its end alerts are stored)."""
+        self._unsaved &= self._watches.keys()  # a watch dropped (its job's end alerts stored) has nothing to save
+        now = time.monotonic()
+        due = [
+            self._watches[job_id]
+            for job_id in self._unsaved
+            if job_id in rows and not rows[job_id].final and now - self._watches[job_id].saved_at >= SAVE_EVERY_S
+        ]
+        if not due:
+            return
+        try:
+            self._save(*due)
+        except Exception:  # kept in _unsaved: the next pass tries again, and the watch goes on meanwhile
+            log.exception("alert watch: %d watches not saved", len(due))
+            return
+        self._unsaved -= {watch.job_id for watch in due}
 
     def settings(self, job_id: int) -> Settings:
         stored = self.store.job_alerts(job_id)
@@ -293,27 +311,14 @@ class Alerts:
                 for point in log_losses(samples, watch.log_loss):
                     self._loss(row, watch, settings, watch.spikes, point)
         if "oom" in settings.rules:
-            self._search_oom(row, watch, settings, data)
+            watch.pending, found = oom.first_oom(watch.pending, data)
+            if found is not None:  # one incident: the rest of its traceback says the same
+                kind, shown = found
+                summary = f"out of memory ({kind}): {alertmessage.cut(oom.message(shown), 160)}"
+                self._fire(row, watch, settings, "oom", summary)
         else:
             watch.pending = b""
         return watch.offset >= size
-
-    def _search_oom(self, row: JobRow, watch: Watch, settings: Settings, data: bytes) -> None:
-        text = watch.pending + data
-        last_newline = text.rfind(b"\n")
-        complete, watch.pending = text[: last_newline + 1], text[last_newline + 1 :][:OOM_PENDING_BYTES]
-        if not complete or not oom.may_hold_oom(complete):
-            return
-        for line in _SEGMENTS.split(complete):
-            if not oom.may_hold_oom(line):
-                continue
-            shown = plain(display(line)).strip()
-            kind = oom.oom_kind(shown)
-            if kind is not None:
-                self._fire(
-                    row, watch, settings, "oom", f"out of memory ({kind}): {alertmessage.cut(oom.message(shown), 160)}"
-                )
-                return  # one incident: the rest of the traceback says the same
 
     def _read_callback_metrics(self, row: JobRow, watch: Watch, settings: Settings) -> None:
         """Follow the losses tfrun.jobs appended to metrics.jsonl."""

@@ -55,8 +55,8 @@ def keep_log_metrics(job_dir: Path, samples: list[Sample], printed: ScalarFile) 
         record["time"] = now
         record.update(sample.values)
         lines.append(json.dumps(record, separators=(",", ":")) + "\n")
-    with open(job_dir / jobdir.LOG_METRICS, "a") as f:
-        f.write("".join(lines))
+    with open(job_dir / jobdir.LOG_METRICS, "ab") as f:  # bytes: no text layer to build for one write
+        f.write("".join(lines).encode())
     printed.append([(s.step, s.values) for s in samples])
 
 

@@ -89,8 +89,12 @@ class AlertRows:
         row = self.db.execute("SELECT state FROM watches WHERE job_id=?", (job_id,)).fetchone()
         return json.loads(row[0]) if row else None
 
-    def save_watch_state(self, job_id: int, state: dict[str, Any]) -> None:
-        self.db.execute("INSERT OR REPLACE INTO watches (job_id, state) VALUES (?,?)", (job_id, json.dumps(state)))
+    def save_watch_states(self, states: dict[int, dict[str, Any]]) -> None:
+        """Where the watches of these jobs stand, in one statement: one commit for all the jobs whose save came
+        due in a turn of the watch (a commit each cost a busy box a tenth of the watch's time)."""
+        rows = [(job_id, json.dumps(state)) for job_id, state in states.items()]
+        with self.transaction():
+            self.db.executemany("INSERT OR REPLACE INTO watches (job_id, state) VALUES (?,?)", rows)
 
     def finish_watch(self, job_id: int) -> None:
         """The job has ended and its end alerts are stored: nothing more to watch."""
