@@ -5,6 +5,7 @@ which bench/ imports too."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -12,6 +13,12 @@ from pathlib import Path
 
 import pytest
 from harness import Mailbox, Receiver, Sshd, Tfrun, remote_client
+
+# A suite started in the background (`nohup pytest &`) has SIGINT ignored, and every command it starts would
+# inherit that: `tfrun forward` and services, which tests stop with SIGINT as a person does with Ctrl-C, would
+# never stop. A handler of pytest's own is reset to the default in each command it starts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
