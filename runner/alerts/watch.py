@@ -256,8 +256,10 @@ class Alerts:
         no sample before it may be still unwritten), in one commit."""
         for watch in watches:
             keep(watch)
-            watch.saved_at = time.monotonic()
         self.store.save_watch_states({watch.job_id: watch.state() for watch in watches})
+        now = time.monotonic()
+        for watch in watches:  # only once stored: a save that failed is due again at the next pass
+            watch.saved_at = now
 
     def _save_due(self, rows: dict[int, JobRow]) -> None:
         """Save the watches of running jobs looked at since their last save, SAVE_EVERY_S ago or more (a quiet
