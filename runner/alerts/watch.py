@@ -257,9 +257,8 @@ class Alerts:
         for watch in watches:
             keep(watch)
         self.store.save_watch_states({watch.job_id: watch.state() for watch in watches})
-        now = time.monotonic()
         for watch in watches:  # only once stored: a save that failed is due again at the next pass
-            watch.saved_at = now
+            watch.saved_at = time.monotonic()
 
     def _save_due(self, rows: dict[int, JobRow]) -> None:
         """Save the watches of running jobs looked at since their last save, SAVE_EVERY_S ago or more (a quiet
