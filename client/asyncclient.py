@@ -22,7 +22,7 @@ from tfrun.client.calls import watching as watch_calls
 from tfrun.client.connection import Target
 from tfrun.client.errors import TfrunError
 from tfrun.client.follow import LogCursor, LogQuery, follow_log, read_log, resilient
-from tfrun.client.submission import Submitted
+from tfrun.client.submission import Submission, Submitted
 from tfrun.constants import EXIT_NO_SUCH_JOB, MAX_CANCEL_JOBS
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
@@ -248,8 +248,11 @@ class AsyncClient:
         their values, all in `Submitted.tasks`. `on_snapshot` sees the snapshot before it is hashed;
         `confirm(files, bytes)` hears what the upload will send and may stop it by raising. Runs its job once:
         a daemon that goes away before answering gets the same submit again."""
-        wanted = submission.checked(options or JobOptions(), self.target)
-        snap, relative = submission.snapshot(script, workdir, self.target.local, on_snapshot)
-        asked = submission.request(snap, relative, args, wanted, array)
+        ready = submission.prepare(self.target, script, args, options or JobOptions(), workdir, array, on_snapshot)
+        return await self.send(ready, confirm)
+
+    async def send(self, ready: Submission, confirm: Optional[Callable[[int, int], None]] = None) -> Submitted:
+        """A submit made ready by `submission.prepare`, sent as `submit` sends it: `tfrun submit`'s way where
+        its plain socket would not do (client/submission.py's `send_here`)."""
         with self._where():  # a job named by `after` that does not exist
-            return await submission.send(self.target, self.connect, self.link_notice, snap, asked, confirm)
+            return await submission.send(self.target, self.connect, self.link_notice, ready, confirm)

@@ -135,9 +135,9 @@ def call(asked: Call[M, T]) -> T:
     machine is asked over a plain socket (client/syncchannel.py: no asyncio to import); else the API asks,
     starting the local daemon or crossing SSH."""
     where = target()
-    channel = guarded(_running_daemon) if where.local else None
+    channel = guarded(running_daemon) if where.local else None
     if channel is not None:
-        return guarded(lambda: _on_running_daemon(channel, where, lambda: asked.result(channel.ask(asked.request))))
+        return guarded(lambda: on_running_daemon(channel, where, lambda: asked.result(channel.ask(asked.request))))
     return run(client().call(asked))
 
 
@@ -149,14 +149,14 @@ def each(asked: Call[M, T], take: Callable[[T], bool]) -> None:
         return take(asked.result(reply))
 
     where = target()
-    channel = guarded(_running_daemon) if where.local else None
+    channel = guarded(running_daemon) if where.local else None
     if channel is not None:
-        guarded(lambda: _on_running_daemon(channel, where, lambda: channel.each(asked.request, part)))
+        guarded(lambda: on_running_daemon(channel, where, lambda: channel.each(asked.request, part)))
     else:
         run(client().each(asked, take))
 
 
-def _running_daemon() -> Optional[SyncChannel]:
+def running_daemon() -> Optional[SyncChannel]:
     """A plain-socket channel to the daemon up on this machine, or None when none is (the API's way starts one)."""
     from tfrun.client.syncchannel import SyncChannel
     from tfrun.paths import Layout
@@ -168,7 +168,7 @@ def _running_daemon() -> Optional[SyncChannel]:
         return None
 
 
-def _on_running_daemon(channel: SyncChannel, where: Target, action: Callable[[], T]) -> T:
+def on_running_daemon(channel: SyncChannel, where: Target, action: Callable[[], T]) -> T:
     """`action()`'s conversation on `channel`, closed after; a "no job" error says where, as client/api.py's
     NoSuchJob does."""
     from tfrun.protocol.channel import RemoteError

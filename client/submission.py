@@ -16,16 +16,25 @@ from typing import TYPE_CHECKING, Callable, Optional, Union
 from tfrun import restarts
 from tfrun.client.connection import Target
 from tfrun.client.errors import TfrunError
-from tfrun.client.follow import Connect, Notice, resilient
 from tfrun.constants import EXIT_DAEMON, EXIT_USAGE
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.jobs import Job
 from tfrun.protocol.submit import ArrayAxis, JobOptions, Submit, SubmitArray
-from tfrun.protocol.wire import ProtocolError
+from tfrun.protocol.wire import ConnectionClosed, ProtocolError
 
 if TYPE_CHECKING:
+    from tfrun.client.follow import Connect, Notice
     from tfrun.client.snapshot import Snapshot
+    from tfrun.client.syncchannel import SyncChannel
+
+
+@dataclass
+class Submission:
+    """A submit ready to go: the work dir's snapshot, hashed, and the request that names its files."""
+
+    snapshot: Snapshot
+    request: Union[Submit, SubmitArray]
 
 
 @dataclass
@@ -90,27 +99,37 @@ def request(
     return SubmitArray(submit, axes) if axes else submit
 
 
-async def send(
+def prepare(
     target: Target,
-    connect: Connect,
-    notice: Notice,
-    snap: Snapshot,
-    asked: Union[Submit, SubmitArray],
-    confirm: Optional[Callable[[int, int], None]],
+    script: str,
+    args: Sequence[str],
+    options: JobOptions,
+    workdir: Optional[Path],
+    array: Sequence[tuple[str, Sequence[str]]],
+    on_snapshot: Callable[[Snapshot], None],
+) -> Submission:
+    """The submit of `script` to `target`, ready to send: options checked, then the work dir's snapshot."""
+    wanted = checked(options, target)
+    snap, relative = snapshot(script, workdir, target.local, on_snapshot)
+    return Submission(snap, request(snap, relative, args, wanted, array))
+
+
+async def send(
+    target: Target, connect: Connect, notice: Notice, ready: Submission, confirm: Optional[Callable[[int, int], None]]
 ) -> Submitted:
     """Upload what the daemon lacks, then submit, again on a new connection if the daemon goes away."""
+    from tfrun.client.follow import resilient
     from tfrun.client.transfer import upload
 
     sent_request = False  # whether the submit went out: from then on, a failure leaves its outcome unknown
 
     async def submitted(channel: Channel) -> Submitted:
         nonlocal sent_request
-        sent, sent_bytes = await upload(channel, snap, confirm)
+        sent, sent_bytes = await upload(channel, ready.snapshot, confirm)
         sent_request = True
-        if isinstance(asked, SubmitArray):
-            tasks = (await channel.ask(asked)).jobs
-            return Submitted(tasks[0], len(snap.sources), sent, sent_bytes, tasks)
-        return Submitted((await channel.ask(asked)).job, len(snap.sources), sent, sent_bytes)
+        if isinstance(ready.request, SubmitArray):
+            return _made(ready, (await channel.ask(ready.request)).jobs, sent, sent_bytes)
+        return _made(ready, [(await channel.ask(ready.request)).job], sent, sent_bytes)
 
     try:
         return await resilient(submitted, connect, hello_answers=False, notice=notice)
@@ -118,15 +137,53 @@ async def send(
         code = exc.exit_code if isinstance(exc, TfrunError) else EXIT_DAEMON
         raise TfrunError(_unsubmitted(exc, sent_request), code) from None
     except RemoteError as exc:
-        if exc.code == ErrorCode.BAD_REQUEST and f"{SubmitArray.TYPE!r}" in exc.message:  # it knows no arrays
-            host = target.host
-            how = f"tfrun hosts install {host.label}" if host else "tfrund stop: the next verb starts this tfrun's"
-            raise TfrunError(
-                f"tfrund on {target.place()} is older than this tfrun and has no --array: upgrade it ({how}); "
-                "nothing was submitted",
-                EXIT_DAEMON,
-            ) from None
-        raise
+        raise _refused(exc, target) from None
+
+
+def send_here(
+    channel: SyncChannel, target: Target, ready: Submission, confirm: Optional[Callable[[int, int], None]]
+) -> Optional[Submitted]:
+    """`send`, over the CLI's plain socket to a daemon up on this machine (client/syncchannel.py: a submit that
+    imports no asyncio), when the upload is small (transfer.upload_here). None when it is not, or when the
+    daemon went away meanwhile: `send` then does it all again, which is safe, since a daemon that took the
+    submit answers its `submission_id` with the job it made."""
+    from tfrun.client.transfer import upload_here
+
+    sent_request = False
+    try:
+        uploaded = upload_here(channel, ready.snapshot, confirm)
+        if uploaded is None:
+            return None
+        sent_request = True
+        if isinstance(ready.request, SubmitArray):
+            return _made(ready, channel.ask(ready.request).jobs, *uploaded)
+        return _made(ready, [channel.ask(ready.request).job], *uploaded)
+    except (ConnectionError, ConnectionClosed):
+        return None
+    except (TfrunError, ProtocolError) as exc:
+        code = exc.exit_code if isinstance(exc, TfrunError) else EXIT_DAEMON
+        raise TfrunError(_unsubmitted(exc, sent_request), code) from None
+    except RemoteError as exc:
+        raise _refused(exc, target) from None
+
+
+def _made(ready: Submission, jobs: list[Job], sent: int, sent_bytes: int) -> Submitted:
+    """What a submit did: of an array, its first task stands for it, with every task in `tasks`."""
+    tasks = jobs if isinstance(ready.request, SubmitArray) else []
+    return Submitted(jobs[0], len(ready.snapshot.sources), sent, sent_bytes, tasks)
+
+
+def _refused(exc: RemoteError, target: Target) -> Exception:
+    """The daemon's refusal, in the words of what to do where it is a daemon too old for --array."""
+    if exc.code == ErrorCode.BAD_REQUEST and f"{SubmitArray.TYPE!r}" in exc.message:  # it knows no arrays
+        host = target.host
+        how = f"tfrun hosts install {host.label}" if host else "tfrund stop: the next verb starts this tfrun's"
+        return TfrunError(
+            f"tfrund on {target.place()} is older than this tfrun and has no --array: upgrade it ({how}); "
+            "nothing was submitted",
+            EXIT_DAEMON,
+        )
+    return exc
 
 
 def _unsubmitted(exc: Exception, asked: bool) -> str:

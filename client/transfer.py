@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import sys
@@ -23,8 +22,14 @@ from tfrun.protocol.wire import ProtocolError
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
+    from tfrun.client.syncchannel import SyncChannel
+
 _PROGRESS_AFTER_S = 1.0  # a transfer shorter than this shows no bar
 _PACK_BELOW = 256 << 10  # contents up to this size travel packed several to a frame
+# The most an upload sends over the CLI's plain socket (`upload_here`), in contents of up to _PACK_BELOW each: a
+# few frames, sent one after the other, where a bigger upload streams its frames while their acknowledgements
+# come back, and shows its progress.
+PLAIN_UPLOAD_BYTES = 4 << 20
 
 
 class LazyProgress:
@@ -65,27 +70,20 @@ async def upload(
 ) -> tuple[int, int]:
     """Send the contents the daemon lacks; return (files sent, bytes sent). `confirm(files, bytes)` is told
     what will be sent before anything is, and may stop it by raising."""
-    digests = sorted(snapshot.sources)
-    missing = (await channel.ask(HaveBlobs(digests))).digests
-    sizes = {e.digest: e.size for e in snapshot.entries if e.digest}
+    import asyncio
+
+    missing = (await channel.ask(HaveBlobs(sorted(snapshot.sources)))).digests
+    sizes, small, large = _sorted_by_size(snapshot, missing)
     if confirm is not None:
         confirm(len(missing), sum(sizes.get(d, 0) for d in missing))
     progress = LazyProgress(sum(sizes.get(d, 0) for d in missing), "uploading")
 
-    small = [d for d in missing if sizes.get(d, 0) <= _PACK_BELOW]
-    large = [d for d in missing if sizes.get(d, 0) > _PACK_BELOW]
-    frames = 0
-
     async def send() -> int:
-        nonlocal frames
         sent = 0
-        for batch in _packs(small, sizes):
-            contents = [_checked(snapshot, digest, _read(snapshot, digest)) for digest in batch]
-            data = b"".join(contents)
-            await channel.send(PutBlobs(batch, [len(c) for c in contents], data))
-            frames += 1
-            sent += len(data)
-            progress.advance(len(data))
+        for frame in _pack_frames(snapshot, small, sizes):
+            await channel.send(frame)
+            sent += len(frame.data)
+            progress.advance(len(frame.data))
         for digest in large:
             with open(_source(snapshot, digest), "rb") as f:
                 offset = 0
@@ -101,7 +99,6 @@ async def upload(
                     sent += len(data)
                     progress.advance(len(data))
                     if last:
-                        frames += 1
                         break
         return sent
 
@@ -115,6 +112,38 @@ async def upload(
     finally:
         progress.close()
     return len(missing), sent
+
+
+def upload_here(
+    channel: SyncChannel, snapshot: Snapshot, confirm: Optional[Callable[[int, int], None]] = None
+) -> Optional[tuple[int, int]]:
+    """`upload`, over the CLI's plain socket to a daemon up on this machine, when what the daemon lacks is
+    small files of PLAIN_UPLOAD_BYTES in all at most; None, having sent nothing, when it is more."""
+    missing = channel.ask(HaveBlobs(sorted(snapshot.sources))).digests
+    sizes, small, large = _sorted_by_size(snapshot, missing)
+    total = sum(sizes.get(d, 0) for d in missing)
+    if large or total > PLAIN_UPLOAD_BYTES:
+        return None
+    if confirm is not None:
+        confirm(len(missing), total)
+    for frame in _pack_frames(snapshot, small, sizes):
+        channel.ask(frame)
+    return len(missing), total
+
+
+def _sorted_by_size(snapshot: Snapshot, missing: list[str]) -> tuple[dict[str, int], list[str], list[str]]:
+    """Each content's size, and the `missing` ones that travel packed (small) and those sent in chunks."""
+    sizes = {e.digest: e.size for e in snapshot.entries if e.digest}
+    small = [d for d in missing if sizes.get(d, 0) <= _PACK_BELOW]
+    large = [d for d in missing if sizes.get(d, 0) > _PACK_BELOW]
+    return sizes, small, large
+
+
+def _pack_frames(snapshot: Snapshot, small: list[str], sizes: dict[str, int]) -> Iterator[PutBlobs]:
+    """The small contents as frames of several, each read (and checked against its digest) when its turn comes."""
+    for batch in _packs(small, sizes):
+        contents = [_checked(snapshot, digest, _read(snapshot, digest)) for digest in batch]
+        yield PutBlobs(batch, [len(c) for c in contents], b"".join(contents))
 
 
 def _packs(digests: list[str], sizes: dict[str, int]) -> Iterator[list[str]]:

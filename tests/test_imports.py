@@ -3,6 +3,7 @@ measures the time). Read from `python -X importtime`, which lists every module a
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,27 @@ def test_a_local_request_to_a_running_daemon_needs_no_event_loop(tf: Tfrun, proj
     assert not found & RICH_CONSOLE, sorted(found & RICH_CONSOLE)
     if argv in (["ps", "-a"], ["status"]):  # a row was drawn: through the light writer
         assert "tfrun.client.styled" in found
+
+
+def test_a_small_submit_to_a_running_daemon_needs_no_event_loop(tf: Tfrun, project: Path) -> None:
+    """A submit whose upload is small files goes over the plain socket (client/submission.py's send_here), so
+    the job starts sooner (issue 28: Slurm submit until running); a bigger one, sent in chunks while their
+    acknowledgements come back, takes the API's way. Both jobs run on exactly what was sent."""
+    from tfrun.client.transfer import PLAIN_UPLOAD_BYTES
+
+    write_script(
+        project, "job.py", "import hashlib; print(hashlib.sha256(open('data.bin', 'rb').read()).hexdigest())\n"
+    )
+    tf.ok("ps")  # the daemon up
+    for size, event_loop in ((100_000, False), (PLAIN_UPLOAD_BYTES + 1, True)):
+        content = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        (project / "data.bin").write_bytes(content)
+        found = imported(tf, "submit", str(project / "job.py"))
+        assert ("asyncio" in found) is event_loop, size
+        assert ("tfrun.client.api" in found) is event_loop, size
+        job = str(max(row["id"] for row in tf.jobs()))
+        tf.ok("wait", job)  # succeeded
+        assert tf.ok("logs", job).strip() == hashlib.sha256(content).hexdigest()
 
 
 def test_the_verb_table_says_what_each_verb_says() -> None:

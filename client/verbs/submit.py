@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import click
 
-from tfrun.client import cli, config, hostoptions, render
+from tfrun.client import cli, config, hostoptions, render, submission
 from tfrun.constants import (
     EXIT_OK,
     MAX_PRIORITY,
@@ -21,6 +21,7 @@ from tfrun.protocol.fields import validate_name
 
 if TYPE_CHECKING:
     from tfrun.client.snapshot import Snapshot
+    from tfrun.client.submission import Submission, Submitted
     from tfrun.protocol.fields import Cause
     from tfrun.protocol.jobs import Job
 
@@ -177,7 +178,6 @@ def submit(
       tfrun submit --array lr=0.1,0.01,0.001 train.py  3 jobs: train.py --lr=0.1 (LR=0.1), ...
     """
     from tfrun.client.diskspace import UploadQuestion
-    from tfrun.client.verbs.logs import follow_job
     from tfrun.protocol.submit import JobOptions
 
     if name is not None and validate_name(name):
@@ -201,7 +201,6 @@ def submit(
         click.get_current_context().obj = Target(chosen, cli.target().accept_new_host_key)
     target = cli.target()
     where = target.host.label if target.host else "the local tfrund"
-    client = cli.client()
     options = JobOptions(
         name=name,
         env=env,
@@ -221,38 +220,42 @@ def submit(
         nodes=nodes,
     )
 
-    async def conversation() -> int:
-        done = await client.submit(
-            script,
-            args,
-            options,
-            workdir=workdir,
-            array=axes,
-            on_snapshot=_snapshot_notes,
-            confirm=UploadQuestion(config.confirm_upload_bytes(config.load()), yes, where),
-        )
-        job = done.job
-        click.echo(
-            f"tfrun: uploaded {done.files_sent} of {done.files} files ({render.size(done.bytes_sent)})", err=True
-        )
-        # Named by address where the host was chosen for the user: placed on a pool's member, or by --after HOST:ID.
-        host = f"{target.host.label}:" if target.host and (pool is not None or hostoptions.addressed()) else ""
-        address = f"{host}{job.id}"
-        if done.tasks:
-            _print_array(done.tasks, as_json, host)
-            return EXIT_OK
-        if as_json:
-            click.echo(render.to_json({**dataclasses.asdict(job), "host": target.host.label, "address": address}
-                                      if host and target.host else job))  # fmt: skip
-        elif follow:
-            click.echo(f"job {address} submitted" + (f", {job.waiting}" if job.waiting else ""), err=True)
-        else:
-            click.echo(address)
-        if not follow:
-            return EXIT_OK
-        return await follow_job(client, str(job.id))
+    confirm = UploadQuestion(config.confirm_upload_bytes(config.load()), yes, where)
+    ready = cli.guarded(lambda: submission.prepare(target, script, args, options, workdir, axes, _snapshot_notes))
+    done = _sent_here(ready, confirm) if target.local else None
+    if done is None:
+        done = cli.run(cli.client().send(ready, confirm))
+    job = done.job
+    click.echo(f"tfrun: uploaded {done.files_sent} of {done.files} files ({render.size(done.bytes_sent)})", err=True)
+    # Named by address where the host was chosen for the user: placed on a pool's member, or by --after HOST:ID.
+    host = f"{target.host.label}:" if target.host and (pool is not None or hostoptions.addressed()) else ""
+    address = f"{host}{job.id}"
+    if done.tasks:
+        _print_array(done.tasks, as_json, host)
+    elif as_json:
+        click.echo(render.to_json({**dataclasses.asdict(job), "host": target.host.label, "address": address}
+                                  if host and target.host else job))  # fmt: skip
+    elif follow:
+        from tfrun.client.verbs.logs import follow_job
 
-    sys.exit(cli.run(conversation()))
+        click.echo(f"job {address} submitted" + (f", {job.waiting}" if job.waiting else ""), err=True)
+        sys.exit(cli.run(follow_job(cli.client(), str(job.id))))
+    else:
+        click.echo(address)
+    sys.exit(EXIT_OK)
+
+
+def _sent_here(ready: Submission, confirm: Callable[[int, int], None]) -> Optional[Submitted]:
+    """The submit over a plain socket, to a daemon up on this machine (client/submission.py's `send_here`):
+    no asyncio and no API to import, a third of a submit's start. None where the API's way is needed: no
+    daemon up (it starts one), a big upload, a daemon that went away meanwhile."""
+    channel = cli.guarded(cli.running_daemon)
+    if channel is None:
+        return None
+    where = cli.target()
+    return cli.guarded(
+        lambda: cli.on_running_daemon(channel, where, lambda: submission.send_here(channel, where, ready, confirm))
+    )
 
 
 def _array(options: tuple[str, ...], env: dict[str, str]) -> list[tuple[str, list[str]]]:
