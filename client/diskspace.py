@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from tfrun.client import render
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_FAILURE, EXIT_NO_SUCH_JOB, EXIT_OK
-from tfrun.protocol.housekeeping import DiskReport, Removal, RemoveReply
+
+if TYPE_CHECKING:  # a submit asks its upload question here, and needs none of housekeeping's messages
+    from tfrun.protocol.housekeeping import DiskReport, Removal, RemoveReply
 
 
 def should_ask(upload_bytes: int, threshold: int, yes: bool, interactive: bool) -> bool:

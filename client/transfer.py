@@ -15,7 +15,6 @@ from tfrun.client.snapshot import Snapshot
 from tfrun.constants import EXIT_USAGE, FILE_CHUNK_BYTES
 from tfrun.content import ManifestError, check_manifest
 from tfrun.protocol.channel import Channel
-from tfrun.protocol.files import ListFiles, ReadFile
 from tfrun.protocol.submit import FileEntry, HaveBlobs, PutBlob, PutBlobs
 from tfrun.protocol.wire import ProtocolError
 
@@ -190,6 +189,8 @@ def _changed(snapshot: Snapshot, digest: str) -> TfrunError:
 
 async def pull(channel: Channel, job: str, paths: list[str], dest: Path) -> tuple[int, int]:
     """Copy `paths` of the job's folder into `dest`; return (files, bytes). Never writes outside `dest`."""
+    from tfrun.protocol.files import ListFiles  # here: a submit, which imports this module too, never pulls
+
     entries: list[FileEntry] = []
     remote: dict[str, str] = {}  # local relative path -> the path to ask the daemon for
     for path in paths:
@@ -237,6 +238,8 @@ def _with_parents(entries: list[FileEntry]) -> list[FileEntry]:
 
 async def _fetch(channel: Channel, job: str, path: str, entry: FileEntry, target: Path, progress: LazyProgress) -> int:
     """Stream one file into a temporary sibling of `target`, then rename it over (never through a link)."""
+    from tfrun.protocol.files import ReadFile
+
     tmp = target.with_name(f".{target.name}.tfrun-pull")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     size = 0
