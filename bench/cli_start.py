@@ -5,14 +5,16 @@
 
 Measures, in one run on one machine (the SSH rows need openssh-server and root for the test sshd):
   - `python3 -c pass` with the same interpreter: the floor any Python CLI pays;
-  - `tfrun --help`;
+  - `tfrun --help`, and beside it the `--help` of a click CLI that does nothing: what click alone costs;
   - `tfrun ps` and `tfrun status J` against the local daemon (started once before, as any first use does);
   - `tfrun ps --host box` over a loopback sshd, warm: through the connection keeper, which holds the SSH
     connection between commands (like OpenSSH's ControlPersist), against `ssh box true` on a fresh connection.
 Prints a Markdown table of medians (p50) and p90, and each as a multiple of the floor (or of ssh's time).
 
 Python runs as an installed tfrun runs: from compiled bytecode (pip compiles on install), so the source is
-compiled once here and PYTHONDONTWRITEBYTECODE is dropped from the commands' environment.
+compiled once here and PYTHONDONTWRITEBYTECODE is dropped from the commands' environment. It times the tfrun
+of the interpreter it runs with: `VENV/bin/python -m bench.cli_start` (from the repository) times the tfrun
+installed in VENV (from the wheel: no editable-install hook slowing the floor down).
 """
 
 from __future__ import annotations
@@ -26,6 +28,21 @@ from pathlib import Path
 
 from bench.timing import stats, timed
 from tests.harness import TFRUN, Sshd, Tfrun, remote_client
+
+# The least a click CLI does: a group and one command, asked for its --help.
+CLICK_ALONE = '''
+import click
+
+@click.group()
+def cli():
+    """A click CLI that does nothing."""
+
+@cli.command()
+def ps():
+    """List nothing."""
+
+cli()
+'''
 
 
 def main() -> None:
@@ -44,14 +61,21 @@ def main() -> None:
     (project / "job.py").write_text("print('done')\n")
     job = str(local.submit(str(project / "job.py")))  # starts the daemon; `status` then has a job to show
     local.ok("wait", job)
-    verbs = {"tfrun --help": ["--help"], "tfrun ps (local)": ["ps"], "tfrun status J": ["status", job]}
+    (work / "click_alone.py").write_text(CLICK_ALONE)
+    click_alone = [sys.executable, str(work / "click_alone.py"), "--help"]
+    commands = {
+        "tfrun --help": [*TFRUN, "--help"],
+        "click alone: --help of a CLI that does nothing": click_alone,
+        "tfrun ps (local)": [*TFRUN, "ps"],
+        "tfrun status J": [*TFRUN, "status", job],
+    }
     floor: list[float] = []
-    samples: dict[str, list[float]] = {what: [] for what in verbs}
+    samples: dict[str, list[float]] = {what: [] for what in commands}
     for _ in range(args.runs):  # each round times the floor too: a machine whose load changes skews both alike
         floor.append(timed([sys.executable, "-c", "pass"], local.env))
-        for what, argv in verbs.items():
-            samples[what].append(timed([*TFRUN, *argv], local.env))
-    rows = [(what, samples[what], "python3 -c pass", floor) for what in verbs]
+        for what, command in commands.items():
+            samples[what].append(timed(command, local.env))
+    rows = [(what, samples[what], "python3 -c pass", floor) for what in commands]
     local.cleanup()
     if not args.no_ssh:
         sshd = Sshd(work / "sshd")
