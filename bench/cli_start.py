@@ -62,10 +62,9 @@ def main() -> None:
     job = str(local.submit(str(project / "job.py")))  # starts the daemon; `status` then has a job to show
     local.ok("wait", job)
     (work / "click_alone.py").write_text(CLICK_ALONE)
-    click_alone = [sys.executable, str(work / "click_alone.py"), "--help"]
     commands = {
         "tfrun --help": [*TFRUN, "--help"],
-        "click alone: --help of a CLI that does nothing": click_alone,
+        "click alone: --help of a CLI that does nothing": [sys.executable, str(work / "click_alone.py"), "--help"],
         "tfrun ps (local)": [*TFRUN, "ps"],
         "tfrun status J": [*TFRUN, "status", job],
     }
@@ -91,7 +90,7 @@ def main() -> None:
             sshd.stop()
 
     print(f"\n{args.runs} runs each, {os.cpu_count()} CPUs; seconds, p50 (p90)\n")
-    print("| what | tfrun | baseline | ratio (p50) |")
+    print("| what | p50 (p90) | baseline | ratio (p50) |")
     print("| --- | --- | --- | --- |")
     for what, ours, name, theirs in rows:
         (o50, o90), (t50, t90) = stats(ours), stats(theirs)
