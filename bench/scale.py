@@ -3,7 +3,7 @@
 CLI. Run by hand (a few minutes; --history 10000 adds about as many again).
 
     .venv/bin/python -m bench.scale [--jobs 100] [--queued 1000] [--history 10000] [--seconds 20]
-                                    [--only idle,quiet,lines,keras,queued,history]
+                                    [--only idle,quiet,lines,keras,flood,queued,history]
 
 Each row starts a real local tfrund in a home of its own, starts its jobs as arrays (`submit --array`),
 waits until they run, and reads the daemon's CPU time (utime + stime of /proc/PID/stat, all its threads)
@@ -13,6 +13,8 @@ over --seconds; the jobs are then cancelled and the daemon stopped. Rows:
   - lines: --jobs jobs printing `step N loss=x` once a second each;
   - keras: 10 jobs redrawing a Keras 3 progress bar (the bytes Keras writes: backspaces, a carriage
     return, colours) 20 times a second each, its rate with verbose=1 (no TensorFlow is loaded);
+  - flood: one job printing `step N loss=x` in a tight loop (faster than tfrund parses lines), with `tfrun ps`
+    timed meanwhile against `ps` before it started, and tfrund's RSS;
   - queued: --queued jobs waiting (`--after`) for one running job;
   - history: `tfrun ps -a` and `ps -a --json` with no jobs and with --history ended ones, `tfrun submit`
     with no job and with --queued queued, and tfrund's RSS with --jobs and with --history ended jobs.
@@ -48,6 +50,18 @@ while True:
     step += 1
     print(f"step {step} loss={random.random():.4f}", flush=True)
     time.sleep(1.0)
+"""
+# A loop that prints a loss a step with nothing else to do: hundreds of thousands of lines a second, for a minute
+# (the row reads it for less; a minute of it is hundreds of MB of log).
+FLOOD = """
+import random, sys, time
+end = time.monotonic() + 60
+step = 0
+while time.monotonic() < end:
+    step += 1
+    sys.stdout.write(f"step {step} loss={random.random():.4f}\\n")
+sys.stdout.flush()
+time.sleep(3600)
 """
 # A Keras 3 progress bar's redraw as it lands in a file (captured from keras.utils.Progbar, verbose=1):
 # the previous bar erased with backspaces, a carriage return, the bar in colours, the running means.
@@ -141,6 +155,21 @@ def cpu_row(work: Path, name: str, script: Optional[str], count: int, seconds: f
         return daemon_cpu_per_minute(tf, seconds)
 
 
+def flood_row(work: Path, seconds: float) -> tuple[float, float, float, float]:
+    """tfrund's CPU per minute and RSS (MB) while one job prints metric lines nonstop, and `ps`'s time then and
+    before the job started (medians of 9 each)."""
+    project = work / "flood" / "project"
+    project.mkdir(parents=True)
+    with home(work, "flood") as tf:
+        before = [timed([*TFRUN, "ps"], tf.env) for _ in range(9)]
+        submit_array(tf, project, "flood.py", FLOOD, 1)
+        wait_running(tf, 1)
+        cpu = daemon_cpu_per_minute(tf, seconds)
+        during = [timed([*TFRUN, "ps"], tf.env) for _ in range(9)]
+        rss = rss_mb(tf.daemon_pid())
+    return cpu, rss, stats(during)[0], stats(before)[0]
+
+
 def queued_row(work: Path, queued: int, seconds: float) -> tuple[float, float, float]:
     """tfrund CPU with `queued` jobs waiting for one running job; submit's time with them there and with
     none (medians of 9, the floor's beside them in the same rounds)."""
@@ -191,7 +220,7 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=10000, help="ended jobs of the history rows (10000)")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long tfrund's CPU is read, a row (20)")
     parser.add_argument(
-        "--only", default="idle,quiet,lines,keras,queued,history", help="the rows to run, comma-separated (all)"
+        "--only", default="idle,quiet,lines,keras,flood,queued,history", help="the rows to run, comma-separated (all)"
     )
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -229,6 +258,12 @@ def main() -> None:
                 cpu <= 2,
             )
         )
+    if "flood" in only:
+        cpu, rss, during, before = flood_row(work, args.seconds)
+        rows.append(("tfrund CPU and RSS, 1 job printing metric lines nonstop", f"{cpu:.1f} {per_min}, {rss:.0f} MB",
+                     "", None))  # fmt: skip
+        rows.append(("`ps` meanwhile / before the job", f"{during * 1000:.0f} / {before * 1000:.0f} ms = "
+                     f"{during / before:.2f}x", "", None))  # fmt: skip
     if "queued" in only:
         cpu, empty, full = queued_row(work, args.queued, args.seconds)
         rows.append((f"tfrund CPU, {args.queued} queued jobs", f"{cpu:.2f} {per_min}", "<= 0.5", cpu <= 0.5))

@@ -21,6 +21,14 @@ from harness import Mailbox, Receiver, Tfrun, alive, local_and_ssh, wait_for, wr
 from harness.alerting import PYTORCH_OOM, configure, printing, settled
 from harness.paths import DATA, REPO
 
+from tfrun.runner.alerts.jobwatch import LOOK_READ_BYTES, keep
+from tfrun.runner.alerts.outbox import Outbox
+from tfrun.runner.alerts.watch import Alerts
+from tfrun.runner.box.config import Config
+from tfrun.runner.records.job import JobSpec
+from tfrun.runner.records.lifecycle import Lifecycle
+from tfrun.runner.records.store import Store
+
 pytestmark = [pytest.mark.slow]
 
 
@@ -292,3 +300,36 @@ def test_a_job_lost_while_the_daemon_was_down_alerts_at_the_next_start(
     found = settled(tf, job, 1)
     assert [a["rule"] for a in found] == ["lost"]
     wait_for(lambda: len(receiver.posts) >= 1, what="post")
+
+
+def test_a_look_at_a_backlog_reads_a_budget_of_it_and_the_looks_after_it_read_every_line(tmp_path: Path) -> None:
+    """One look of the alert watch reads at most LOOK_READ_BYTES of a job's log and leaves the job behind (the watch
+    gives the event loop back between looks); the looks after it read the rest, and each line is one sample in
+    order, wherever a piece of a look cut it. Before, a look read up to 8 MB in one go: seconds for a log written
+    in a tight loop, with no request answered meanwhile."""
+    store = Store(tmp_path / "tfrun.db")
+    try:
+        lifecycle = Lifecycle(store, tmp_path / "jobs", lambda: tmp_path / "checkpoints")
+        spec = JobSpec(script="x.py", args=(), command=("python3", "x.py"), env={})
+        row = lifecycle.start(lifecycle.create("flood", spec), pid=None, shim_pid=None, shim_start=None,
+                              boot_id=None, started_at=1.0)  # fmt: skip
+        lines = 60_000  # 1.6 MB: several looks' worth
+        Path(row.job_dir, "output.log").write_bytes(
+            b"".join(b"step %d loss=%.6f\n" % (i, 1 / (i + 1)) for i in range(lines))
+        )
+        config = Config(checkpoint_root=tmp_path / "checkpoints")
+        watch = Alerts(config, store, Outbox(store, config.cooldown, config.expire))
+        watch._look(row, whole=False)
+        assert 0 < watch._watches[row.id].offset <= LOOK_READ_BYTES and row.id in watch._behind
+        looks = 1
+        while row.id in watch._behind:
+            watch._behind.clear()
+            watch._look(row, whole=False)
+            looks += 1
+        assert looks >= 1.6e6 / LOOK_READ_BYTES
+        keep(watch._watches[row.id])
+        kept = [json.loads(line) for line in Path(row.job_dir, "logmetrics.jsonl").read_text().splitlines()]
+        assert [sample["step"] for sample in kept] == list(range(lines))
+        assert [sample["loss"] for sample in kept[-2:]] == [round(1 / (lines - 1), 6), round(1 / lines, 6)]
+    finally:
+        store.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from harness import Receiver, Tfrun, local_and_ssh, wait_for, write_script
-from harness.alerting import configure, printing, settled
+from harness.alerting import PYTORCH_OOM, configure, printing, settled
 from harness.paths import DATA
 
 from tfrun.runner.alerts.watch import KEEP_EVERY_S
@@ -144,6 +144,38 @@ with open(metrics, "a") as f:
     assert [s["step"] for s in samples] == [2, 3], samples
     assert samples[0]["epoch"] is None and samples[0]["time"] is None
     assert "Traceback" not in (tf.home / "tfrund.log").read_text()
+
+
+def test_a_flood_of_metric_lines_leaves_the_daemon_answering_and_every_line_read(
+    tf: Tfrun, project: Path, receiver: Receiver, gate: Path
+) -> None:
+    """A tight loop that prints a loss a step writes lines faster than the watch parses them (tens of microseconds
+    each): its backlog is read a budget at a time (runner/alerts/jobwatch.py LOOK_BUDGET_S), so the daemon answers
+    meanwhile. Before, a look read 8 MB in one go: `tfrun ps` waited 17-37 s behind a job printing so nonstop,
+    and tfrund held the samples of those 8 MB (400 MB of RSS). Every line is still read, in order, whatever piece
+    of a look cut it, and the OOM line printed after the flood alerts (test_alerts.py has one look's budget)."""
+    configure(tf, receiver.url)
+    lines = 100_000  # 3 MB: seconds of parsing on any machine
+    flood = (
+        "import os, sys, time\n"
+        f"for i in range({lines}):\n    sys.stdout.write(f'step {{i}} loss={{1 / (i + 1):.6f}}\\n')\n"
+        f"sys.stdout.flush()\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.05)\n"
+        f"print({PYTORCH_OOM!r}, flush=True)\nsys.exit(1)\n"
+    )
+    write_script(project, "flood.py", flood)
+    job = tf.submit(str(project / "flood.py"))
+    log = tf.job_dir(job) / "output.log"
+    wait_for(lambda: log.read_bytes().endswith(f"step {lines - 1} loss={1 / lines:.6f}\n".encode()), timeout=60,
+             what="the flood in the log")  # fmt: skip
+    for _ in range(3):  # while the watch reads the backlog; a hung daemon would leave each for the deadline
+        listed = tf.run("ps", timeout=10)
+        assert listed.returncode == 0 and f"{job} " in listed.stdout, listed.stderr
+    gate.touch()
+    found = settled(tf, job, 2)
+    assert [a["rule"] for a in found] == ["oom", "failed"]
+    kept = [json.loads(line) for line in (tf.job_dir(job) / "logmetrics.jsonl").read_text().splitlines()]
+    assert [sample["step"] for sample in kept] == list(range(lines))
+    assert kept[-1]["loss"] == round(1 / lines, 6) and kept[12345]["loss"] == round(1 / 12346, 6)
 
 
 def test_metrics_show_every_line_read_though_the_files_take_them_every_few_seconds(

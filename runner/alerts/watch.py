@@ -29,14 +29,13 @@ from typing import Optional
 from tfrun.protocol.fields import JobState
 from tfrun.runner.alerts import alertmessage, oom
 from tfrun.runner.alerts.gpumemory import GpuMemory
-from tfrun.runner.alerts.jobwatch import Settings, Watch, keep
+from tfrun.runner.alerts.jobwatch import KEEP_MAX_SAMPLES, Settings, Watch, keep, read_log
 from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.alerts.spikes import DEFAULT_FACTOR, SpikeDetector
 from tfrun.runner.box.config import Config
 from tfrun.runner.logs.loggrowth import LogGrowth, Subscription
 from tfrun.runner.metrics import LogMetrics, PatternError
 from tfrun.runner.metrics.jobmetrics import (
-    READ_LIMIT_BYTES,
     LossPoint,
     callback_losses,
     log_losses,
@@ -130,6 +129,7 @@ class Alerts:
                     self._check_stalls(rows)
                     self._keep_metrics()
                     self._save_due(rows)
+                began = time.perf_counter()
                 for job_id in sorted(due & set(rows)):
                     try:
                         if self._look(rows[job_id], job_id in whole):  # its end alerts are stored: not watched
@@ -140,6 +140,9 @@ class Alerts:
                 if time.monotonic() >= gpu_next and "gpu-memory" in self.config.rules:
                     gpu_next = time.monotonic() + GPU_INTERVAL_S
                     await self._gpu_memory.look(self.config, self.host, self.store, self.outbox)
+                if self._behind:  # a look ran out of its budget (jobwatch.LOOK_BUDGET_S): the rest of the loop's for
+                    await asyncio.sleep(time.perf_counter() - began)  # as long, so a backlog costs half a core at most
+                    continue
                 if woken:  # a log written nonstop wakes us about this often; after a quiet while, twice at once
                     busy, woken_at = time.monotonic() - woken_at < MIN_LOOK_INTERVAL_S, time.monotonic()
                     if busy:
@@ -289,24 +292,15 @@ class Alerts:
     # -- the log ------------------------------------------------------------------------------------------
 
     def _read_log(self, row: JobRow, watch: Watch, settings: Settings) -> bool:
-        """Read what the log gained; True once all of it is read."""
-        try:
-            fd = os.open(watch.output_path, os.O_RDONLY | os.O_CLOEXEC)  # no file object: a look is a few syscalls
-        except FileNotFoundError:
-            return True
-        try:
-            size = os.fstat(fd).st_size
-            if size <= watch.offset:
-                return True
-            data = os.pread(fd, min(size - watch.offset, READ_LIMIT_BYTES), watch.offset)
-        finally:
-            os.close(fd)
-        watch.offset += len(data)
-        watch.stalled, watch.active_at = False, time.time()
+        """Read what the log gained, for a look's budget (jobwatch.read_log); True once all of it is read."""
+        return read_log(watch, lambda piece: self._read_piece(row, watch, settings, piece))
+
+    def _read_piece(self, row: JobRow, watch: Watch, settings: Settings, data: bytes) -> None:
+        """The next bytes of the log through the metric reader, the spike rule and the OOM search."""
         samples = watch.metrics.feed(data)  # before the OOM search: an OOM alert quotes the losses before it
         if samples:
             watch.unkept.extend(samples)
-            if time.monotonic() - watch.kept_at >= KEEP_EVERY_S:
+            if len(watch.unkept) >= KEEP_MAX_SAMPLES or time.monotonic() - watch.kept_at >= KEEP_EVERY_S:
                 keep(watch)
             if not watch.from_callback:
                 for point in log_losses(samples, watch.log_loss):
@@ -319,7 +313,6 @@ class Alerts:
                 self._fire(row, watch, settings, "oom", summary)
         else:
             watch.pending = b""
-        return watch.offset >= size
 
     def _read_callback_metrics(self, row: JobRow, watch: Watch, settings: Settings) -> None:
         """Follow the losses tfrun.jobs appended to metrics.jsonl."""
