@@ -21,6 +21,7 @@ from harness import Mailbox, Receiver, Tfrun, alive, local_and_ssh, wait_for, wr
 from harness.alerting import PYTORCH_OOM, configure, printing, settled
 from harness.paths import DATA, REPO
 
+from tfrun.protocol.fields import JobState
 from tfrun.runner.alerts.jobwatch import LOOK_READ_BYTES, keep
 from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.alerts.watch import Alerts
@@ -331,5 +332,34 @@ def test_a_look_at_a_backlog_reads_a_budget_of_it_and_the_looks_after_it_read_ev
         kept = [json.loads(line) for line in Path(row.job_dir, "logmetrics.jsonl").read_text().splitlines()]
         assert [sample["step"] for sample in kept] == list(range(lines))
         assert [sample["loss"] for sample in kept[-2:]] == [round(1 / (lines - 1), 6), round(1 / lines, 6)]
+    finally:
+        store.close()
+
+
+def test_an_ended_jobs_metrics_file_longer_than_a_look_is_read_whole_before_its_end_alerts(tmp_path: Path) -> None:
+    """The metrics.jsonl tfrun.jobs writes is read LOOK_READ_BYTES a look too, and an ended job's end alerts wait
+    until all of it is read: its last loss, a NaN 1 MB in, is a spike. Before, an ended job's file was read once,
+    8 MB at most, and its end came after that whatever was left."""
+    store = Store(tmp_path / "tfrun.db")
+    try:
+        lifecycle = Lifecycle(store, tmp_path / "jobs", lambda: tmp_path / "checkpoints")
+        spec = JobSpec(script="x.py", args=(), command=("python3", "x.py"), env={})
+        row = lifecycle.start(lifecycle.create("fit", spec), pid=None, shim_pid=None, shim_start=None,
+                              boot_id=None, started_at=1.0)  # fmt: skip
+        records = [json.dumps({"step": i, "loss": 1 / (i + 1)}) for i in range(1, 30_000)] + [
+            '{"step": 30000, "loss": NaN}'
+        ]
+        Path(row.job_dir, "metrics.jsonl").write_text("\n".join(records) + "\n")
+        assert len(records[0]) * len(records) > 2 * LOOK_READ_BYTES
+        Path(row.job_dir, "output.log").write_text("training\n")
+        ended, _ = lifecycle.end(row, JobState.SUCCEEDED, exit_code=0, finished_at=2.0)
+        config = Config(checkpoint_root=tmp_path / "checkpoints")
+        watch = Alerts(config, store, Outbox(store, config.cooldown, config.expire))
+        looks = 1
+        while not watch._look(ended, whole=True):
+            looks += 1
+            assert looks < 100
+        assert looks > 2
+        assert [alert.rule for alert in store.alerts(row.id, 10)] == ["spike", "done"]
     finally:
         store.close()

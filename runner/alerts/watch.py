@@ -29,7 +29,7 @@ from typing import Optional
 from tfrun.protocol.fields import JobState
 from tfrun.runner.alerts import alertmessage, oom
 from tfrun.runner.alerts.gpumemory import GpuMemory
-from tfrun.runner.alerts.jobwatch import KEEP_MAX_SAMPLES, Settings, Watch, keep, read_log
+from tfrun.runner.alerts.jobwatch import KEEP_MAX_SAMPLES, LOOK_READ_BYTES, Settings, Watch, keep, read_log
 from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.alerts.spikes import DEFAULT_FACTOR, SpikeDetector
 from tfrun.runner.box.config import Config
@@ -187,7 +187,7 @@ class Alerts:
         watch = self._watches.get(job_id) or self._load(row, settings)
         caught_up = self._read_log(row, watch, settings)
         if whole or row.final:  # a final job's end alerts come once all of both files is read
-            self._read_callback_metrics(row, watch, settings)
+            caught_up = self._read_callback_metrics(row, watch, settings) and caught_up
         if not caught_up:  # more than a look reads: the next look goes on
             self._behind.add(job_id)
         if not row.final:
@@ -314,17 +314,18 @@ class Alerts:
         else:
             watch.pending = b""
 
-    def _read_callback_metrics(self, row: JobRow, watch: Watch, settings: Settings) -> None:
-        """Follow the losses tfrun.jobs appended to metrics.jsonl."""
-        found = callback_losses(watch.metrics_path, watch.metrics_offset)
+    def _read_callback_metrics(self, row: JobRow, watch: Watch, settings: Settings) -> bool:
+        """Follow the losses tfrun.jobs appended to metrics.jsonl, LOOK_READ_BYTES a look; True once all is read."""
+        found = callback_losses(watch.metrics_path, watch.metrics_offset, LOOK_READ_BYTES)
         if found is None:
-            return
-        read, points = found
+            return True
+        read, points, caught_up = found
         watch.metrics_offset += read
         watch.from_callback = True
         watch.stalled, watch.active_at = False, time.time()
         for point in points:
             self._loss(row, watch, settings, watch.callback_spikes, point)
+        return caught_up
 
     # -- the rules ----------------------------------------------------------------------------------------
 

@@ -23,7 +23,6 @@ from tfrun.runner.metrics import Sample, plausible, training_loss
 from tfrun.runner.metrics.eventfile import PRINTED, ScalarFile
 from tfrun.runner.records import jobdir
 
-READ_LIMIT_BYTES = 8 << 20  # per job and look: a job that writes faster is caught up over several looks
 TOP_TAIL_BYTES = 64 << 10  # the end of a metrics file that `tfrun top` reads
 
 
@@ -69,9 +68,11 @@ def log_losses(samples: list[Sample], follow: TrainingLoss) -> Iterator[LossPoin
         yield LossPoint(sample.step, loss, _position(sample), follow.cause)
 
 
-def callback_losses(path: str, offset: int) -> Optional[tuple[int, list[LossPoint]]]:
-    """(the bytes read, the losses in them) from the lines tfrun.jobs appended to metrics.jsonl (at `path`)
-    past `offset`; a last line without its newline waits. None when the file has not grown."""
+def callback_losses(path: str, offset: int, limit: int) -> Optional[tuple[int, list[LossPoint], bool]]:
+    """(the bytes read, the losses in them, whether that was all the file held) from the lines tfrun.jobs appended
+    to metrics.jsonl (at `path`) past `offset`, `limit` bytes at most; a last line without its newline waits,
+    but for one longer than `limit`, which is no record of tfrun.jobs': passed over. None when the file has not
+    grown."""
     try:
         size = os.stat(path).st_size
     except FileNotFoundError:
@@ -80,17 +81,17 @@ def callback_losses(path: str, offset: int) -> Optional[tuple[int, list[LossPoin
         return None
     with open(path, "rb") as f:
         f.seek(offset)
-        data = f.read(min(size - offset, READ_LIMIT_BYTES))
-    data = data[: data.rfind(b"\n") + 1]
+        data = f.read(min(size - offset, limit))
+    lines = data[: data.rfind(b"\n") + 1] or (data if len(data) == limit else b"")  # (its rest fails to parse)
     points = []
-    for line in data.splitlines():
+    for line in lines.splitlines():
         try:
             record = json.loads(line)
         except ValueError:
             continue
         if isinstance(record, dict) and plausible(record.get("step")):
             points.append(LossPoint(record["step"], _loss_of(record)))
-    return len(data), points
+    return len(lines), points, offset + len(data) >= size
 
 
 def read_metrics(job_dir: Path, last: Optional[int]) -> tuple[str, list[MetricSample]]:
