@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from tfrun.runner.alerts.jobwatch import LOOK_READ_BYTES, keep
 from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.alerts.watch import Alerts
 from tfrun.runner.box.config import Config
-from tfrun.runner.records.job import JobSpec
+from tfrun.runner.records.job import JobRow, JobSpec
 from tfrun.runner.records.lifecycle import Lifecycle
 from tfrun.runner.records.store import Store
 
@@ -303,63 +304,70 @@ def test_a_job_lost_while_the_daemon_was_down_alerts_at_the_next_start(
     wait_for(lambda: len(receiver.posts) >= 1, what="post")
 
 
-def test_a_look_at_a_backlog_reads_a_budget_of_it_and_the_looks_after_it_read_every_line(tmp_path: Path) -> None:
+# -- one look at a time (no daemon) -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def looks(tmp_path: Path) -> Iterator[tuple[Lifecycle, Alerts]]:
+    """A database of its own, and an alert watch over it whose looks a test makes one at a time."""
+    store = Store(tmp_path / "tfrun.db")
+    config = Config(checkpoint_root=tmp_path / "checkpoints")
+    try:
+        yield (Lifecycle(store, tmp_path / "jobs", lambda: config.checkpoint_root),
+               Alerts(config, store, Outbox(store, config.cooldown, config.expire)))  # fmt: skip
+    finally:
+        store.close()
+
+
+def _running(lifecycle: Lifecycle, name: str) -> JobRow:
+    spec = JobSpec(script="x.py", args=(), command=("python3", "x.py"), env={})
+    return lifecycle.start(lifecycle.create(name, spec), pid=None, shim_pid=None, shim_start=None, boot_id=None,
+                           started_at=1.0)  # fmt: skip
+
+
+def test_a_look_at_a_backlog_reads_a_budget_of_it_and_the_looks_after_it_read_every_line(
+    looks: tuple[Lifecycle, Alerts],
+) -> None:
     """One look of the alert watch reads at most LOOK_READ_BYTES of a job's log and leaves the job behind (the watch
     gives the event loop back between looks); the looks after it read the rest, and each line is one sample in
     order, wherever a piece of a look cut it. Before, a look read up to 8 MB in one go: seconds for a log written
     in a tight loop, with no request answered meanwhile."""
-    store = Store(tmp_path / "tfrun.db")
-    try:
-        lifecycle = Lifecycle(store, tmp_path / "jobs", lambda: tmp_path / "checkpoints")
-        spec = JobSpec(script="x.py", args=(), command=("python3", "x.py"), env={})
-        row = lifecycle.start(lifecycle.create("flood", spec), pid=None, shim_pid=None, shim_start=None,
-                              boot_id=None, started_at=1.0)  # fmt: skip
-        lines = 60_000  # 1.6 MB: several looks' worth
-        Path(row.job_dir, "output.log").write_bytes(
-            b"".join(b"step %d loss=%.6f\n" % (i, 1 / (i + 1)) for i in range(lines))
-        )
-        config = Config(checkpoint_root=tmp_path / "checkpoints")
-        watch = Alerts(config, store, Outbox(store, config.cooldown, config.expire))
+    lifecycle, watch = looks
+    row = _running(lifecycle, "flood")
+    lines = 60_000  # 1.6 MB: several looks' worth
+    Path(row.job_dir, "output.log").write_bytes(
+        b"".join(b"step %d loss=%.6f\n" % (i, 1 / (i + 1)) for i in range(lines))
+    )
+    watch._look(row, whole=False)
+    assert 0 < watch._watches[row.id].offset <= LOOK_READ_BYTES and row.id in watch._behind
+    made = 1
+    while row.id in watch._behind:
+        watch._behind.clear()
         watch._look(row, whole=False)
-        assert 0 < watch._watches[row.id].offset <= LOOK_READ_BYTES and row.id in watch._behind
-        looks = 1
-        while row.id in watch._behind:
-            watch._behind.clear()
-            watch._look(row, whole=False)
-            looks += 1
-        assert looks >= 1.6e6 / LOOK_READ_BYTES
-        keep(watch._watches[row.id])
-        kept = [json.loads(line) for line in Path(row.job_dir, "logmetrics.jsonl").read_text().splitlines()]
-        assert [sample["step"] for sample in kept] == list(range(lines))
-        assert [sample["loss"] for sample in kept[-2:]] == [round(1 / (lines - 1), 6), round(1 / lines, 6)]
-    finally:
-        store.close()
+        made += 1
+    assert made >= 1.6e6 / LOOK_READ_BYTES
+    keep(watch._watches[row.id])
+    kept = [json.loads(line) for line in Path(row.job_dir, "logmetrics.jsonl").read_text().splitlines()]
+    assert [sample["step"] for sample in kept] == list(range(lines))
+    assert [sample["loss"] for sample in kept[-2:]] == [round(1 / (lines - 1), 6), round(1 / lines, 6)]
 
 
-def test_an_ended_jobs_metrics_file_longer_than_a_look_is_read_whole_before_its_end_alerts(tmp_path: Path) -> None:
+def test_an_ended_jobs_metrics_file_longer_than_a_look_is_read_whole_before_its_end_alerts(
+    looks: tuple[Lifecycle, Alerts],
+) -> None:
     """The metrics.jsonl tfrun.jobs writes is read LOOK_READ_BYTES a look too, and an ended job's end alerts wait
     until all of it is read: its last loss, a NaN 1 MB in, is a spike. Before, an ended job's file was read once,
     8 MB at most, and its end came after that whatever was left."""
-    store = Store(tmp_path / "tfrun.db")
-    try:
-        lifecycle = Lifecycle(store, tmp_path / "jobs", lambda: tmp_path / "checkpoints")
-        spec = JobSpec(script="x.py", args=(), command=("python3", "x.py"), env={})
-        row = lifecycle.start(lifecycle.create("fit", spec), pid=None, shim_pid=None, shim_start=None,
-                              boot_id=None, started_at=1.0)  # fmt: skip
-        records = [json.dumps({"step": i, "loss": 1 / (i + 1)}) for i in range(1, 30_000)] + [
-            '{"step": 30000, "loss": NaN}'
-        ]
-        Path(row.job_dir, "metrics.jsonl").write_text("\n".join(records) + "\n")
-        assert len(records[0]) * len(records) > 2 * LOOK_READ_BYTES
-        Path(row.job_dir, "output.log").write_text("training\n")
-        ended, _ = lifecycle.end(row, JobState.SUCCEEDED, exit_code=0, finished_at=2.0)
-        config = Config(checkpoint_root=tmp_path / "checkpoints")
-        watch = Alerts(config, store, Outbox(store, config.cooldown, config.expire))
-        looks = 1
-        while not watch._look(ended, whole=True):
-            looks += 1
-            assert looks < 100
-        assert looks > 2
-        assert [alert.rule for alert in store.alerts(row.id, 10)] == ["spike", "done"]
-    finally:
-        store.close()
+    lifecycle, watch = looks
+    row = _running(lifecycle, "fit")
+    records = [json.dumps({"step": i, "loss": 1 / (i + 1)}) for i in range(1, 30_000)]
+    Path(row.job_dir, "metrics.jsonl").write_text("\n".join([*records, '{"step": 30000, "loss": NaN}']) + "\n")
+    assert len(records[0]) * len(records) > 2 * LOOK_READ_BYTES
+    Path(row.job_dir, "output.log").write_text("training\n")
+    ended, _ = lifecycle.end(row, JobState.SUCCEEDED, exit_code=0, finished_at=2.0)
+    made = 1
+    while not watch._look(ended, whole=True):
+        made += 1
+        assert made < 100
+    assert made > 2
+    assert [alert.rule for alert in watch.store.alerts(row.id, 10)] == ["spike", "done"]
