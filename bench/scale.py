@@ -13,8 +13,8 @@ over --seconds; the jobs are then cancelled and the daemon stopped. Rows:
   - lines: --jobs jobs printing `step N loss=x` once a second each;
   - keras: 10 jobs redrawing a Keras 3 progress bar (the bytes Keras writes: backspaces, a carriage
     return, colours) 20 times a second each, its rate with verbose=1 (no TensorFlow is loaded);
-  - flood: one job printing `step N loss=x` in a tight loop (faster than tfrund parses lines), with `tfrun ps`
-    timed meanwhile against `ps` before it started, and tfrund's RSS;
+  - flood: one job printing `step N loss=x` in a tight loop (faster than tfrund parses lines): tfrund's RSS, the
+    lines it reads a second against those printed, and `tfrun ps` timed meanwhile against `ps` before;
   - queued: --queued jobs waiting (`--after`) for one running job;
   - history: `tfrun ps -a` and `ps -a --json` with no jobs and with --history ended ones, `tfrun submit`
     with no job and with --queued queued, and tfrund's RSS with --jobs and with --history ended jobs.
@@ -155,19 +155,35 @@ def cpu_row(work: Path, name: str, script: Optional[str], count: int, seconds: f
         return daemon_cpu_per_minute(tf, seconds)
 
 
-def flood_row(work: Path, seconds: float) -> tuple[float, float, float, float]:
-    """tfrund's CPU per minute and RSS (MB) while one job prints metric lines nonstop, and `ps`'s time then and
-    before the job started (medians of 9 each)."""
+def flood_row(work: Path, seconds: float) -> tuple[float, float, float, float, float, float]:
+    """While one job prints metric lines nonstop: tfrund's CPU per minute and RSS (MB), the lines the job
+    printed and the watch read a second, and `ps`'s time then and before the job started (medians of 9)."""
     project = work / "flood" / "project"
     project.mkdir(parents=True)
     with home(work, "flood") as tf:
         before = [timed([*TFRUN, "ps"], tf.env) for _ in range(9)]
-        submit_array(tf, project, "flood.py", FLOOD, 1)
+        (job,) = submit_array(tf, project, "flood.py", FLOOD, 1)
         wait_running(tf, 1)
+        log, kept = tf.job_dir(job) / "output.log", tf.job_dir(job) / "logmetrics.jsonl"
+        began, printed_at_start, read_at_start = time.monotonic(), lines_in(log), lines_in(kept)
         cpu = daemon_cpu_per_minute(tf, seconds)
+        elapsed = time.monotonic() - began
+        printed, read = (lines_in(log) - printed_at_start) / elapsed, (lines_in(kept) - read_at_start) / elapsed
         during = [timed([*TFRUN, "ps"], tf.env) for _ in range(9)]
         rss = rss_mb(tf.daemon_pid())
-    return cpu, rss, stats(during)[0], stats(before)[0]
+    return cpu, rss, printed, read, stats(during)[0], stats(before)[0]
+
+
+def lines_in(path: Path) -> int:
+    """The lines a file holds so far (0 if there is none yet), counted in blocks: a flood's log is hundreds of MB."""
+    count = 0
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                count += block.count(b"\n")
+    except FileNotFoundError:
+        pass
+    return count
 
 
 def queued_row(work: Path, queued: int, seconds: float) -> tuple[float, float, float]:
@@ -259,9 +275,10 @@ def main() -> None:
             )
         )
     if "flood" in only:
-        cpu, rss, during, before = flood_row(work, args.seconds)
+        cpu, rss, printed, read, during, before = flood_row(work, args.seconds)
         rows.append(("tfrund CPU and RSS, 1 job printing metric lines nonstop", f"{cpu:.1f} {per_min}, {rss:.0f} MB",
                      "", None))  # fmt: skip
+        rows.append(("its lines read a second / printed", f"{read:,.0f} / {printed:,.0f}", "", None))
         rows.append(("`ps` meanwhile / before the job", f"{during * 1000:.0f} / {before * 1000:.0f} ms = "
                      f"{during / before:.2f}x", "", None))  # fmt: skip
     if "queued" in only:

@@ -23,6 +23,7 @@ TQDM = re.compile(
 # Lightning's RichProgressBar (rich's bar, its count, elapsed • remaining, rate, metrics), ANSI codes removed:
 # `Epoch 0/3  ━━━━╺━━━━ 4/20 0:00:01 • 0:00:07 2.35it/s v_num: 0.000`; the metrics that do not fit follow on
 # lines of their own (`          train_loss: 5.692`), before the next redraw.
+RICH_CHARS = ("\u2501", "\u2578", "\u257a")  # the bar's own: RICH matches no segment without one
 RICH = re.compile(
     r"(?P<desc>[^\u2501\u2578\u257a]*?)\s*[\u2501\u2578\u257a]+\s+(?P<n>\d+)/(?P<total>\d+|\?)\s+"
     r"[\d:-]+\s+\u2022\s+[\d:-]+\s*(?P<rest>.*)"

@@ -38,28 +38,35 @@ def _crc32c_table() -> list[int]:
 
 
 _TABLE = _crc32c_table()
+_U32, _U64 = struct.Struct("<I").pack, struct.Struct("<Q").pack
+_FLOAT, _DOUBLE = struct.Struct("<f").pack, struct.Struct("<d").pack
+_SMALL = [bytes((value,)) for value in range(0x80)]  # the varint of each number below 128: one byte, itself
+_TAGS: dict[str, bytes] = {}  # a scalar's tag as its Value's first field and the key of its simple_value
+MAX_TAGS = 1024  # tags remembered: a job prints a few metrics, and one that prints ever new names costs no memory
 
 
 def crc32c(data: bytes) -> int:
-    crc = 0xFFFFFFFF
+    crc, table = 0xFFFFFFFF, _TABLE  # the table as a local: a global's lookup for every byte was a fifth of it
     for byte in data:
-        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
     return crc ^ 0xFFFFFFFF
 
 
 def _masked(data: bytes) -> bytes:
     """The TFRecord checksum: CRC-32C, rotated and offset (so a CRC of data holding CRCs stays useful)."""
     crc = crc32c(data)
-    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF)
+    return _U32((((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF)
 
 
 def record(data: bytes) -> bytes:
     """One TFRecord around `data`."""
-    length = struct.pack("<Q", len(data))
+    length = _U64(len(data))
     return length + _masked(length) + data + _masked(data)
 
 
 def _varint(value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return _SMALL[value]  # a field's key, a step below 128, a short field's length: most varints here
     out = bytearray()
     value &= (1 << 64) - 1  # protobuf's int64: a negative one takes ten bytes
     while True:
@@ -74,19 +81,26 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
+def _tag(tag: str) -> bytes:
+    """A Value's tag field (1) and the key of its simple_value (2, a float: wire type 5)."""
+    found = _TAGS.get(tag)
+    if found is None:
+        found = _field(1, tag.encode()) + b"\x15"
+        if len(_TAGS) < MAX_TAGS:
+            _TAGS[tag] = found
+    return found
+
+
 def event(wall_time: float, step: int = 0, version: bytes = b"", scalars: dict[str, float] | None = None) -> bytes:
     """An Event: wall_time (1, double), step (2, int64), and file_version (3) or summary (5) with a Value
     (1) for each scalar: tag (1), simple_value (2, float)."""
-    out = b"\x09" + struct.pack("<d", wall_time)
+    out = b"\x09" + _DOUBLE(wall_time)
     if step:
         out += b"\x10" + _varint(step)
     if version:
         out += _field(3, version)
     if scalars:
-        values = b"".join(
-            _field(1, _field(1, tag.encode()) + b"\x15" + struct.pack("<f", value)) for tag, value in scalars.items()
-        )
-        out += _field(5, values)
+        out += _field(5, b"".join(_field(1, _tag(tag) + _FLOAT(value)) for tag, value in scalars.items()))
     return out
 
 

@@ -9,7 +9,16 @@ from dataclasses import fields, replace
 from itertools import islice
 from typing import Any, Optional
 
-from tfrun.runner.metrics.bars import KERAS_BAR, KERAS_HEADER, KERAS_PAIR, RICH, RICH_MORE, TQDM, ProgressBars
+from tfrun.runner.metrics.bars import (
+    KERAS_BAR,
+    KERAS_HEADER,
+    KERAS_PAIR,
+    RICH,
+    RICH_CHARS,
+    RICH_MORE,
+    TQDM,
+    ProgressBars,
+)
 from tfrun.runner.metrics.prints import Prints
 from tfrun.runner.metrics.state import Counters, Keras, PatternError, Sample, plausible
 from tfrun.runner.metrics.text import NUMBER, json_float, parse_float
@@ -151,7 +160,9 @@ class LogMetrics(ProgressBars, Prints):
                 return
             if line_end and segment.strip():
                 self.counters.table = None  # a line that is no row: the table is over
-        rich = RICH.match(segment)
+        # Each bar's regex only where the characters it cannot match without are in the segment: a plain print
+        # (most metric lines) skips all three, a third of its parse.
+        rich = RICH.match(segment) if any(char in segment for char in RICH_CHARS) else None
         if rich:
             yield from self._rich(rich)
             return
@@ -166,11 +177,12 @@ class LogMetrics(ProgressBars, Prints):
             yield from released
             yield from self._parse(segment, line_end)
             return
-        header = KERAS_HEADER.fullmatch(segment)
+        slash = "/" in segment  # in every Keras header and bar, and in a tqdm bar's rate
+        header = KERAS_HEADER.fullmatch(segment) if slash else None
         if header:
             self._keras_epoch(int(header.group(1)))
             return
-        bar = KERAS_BAR.match(segment)
+        bar = KERAS_BAR.match(segment) if slash else None
         sample: Optional[Sample]
         if bar:
             pairs = {name: parse_float(value) for name, value in KERAS_PAIR.findall(segment, bar.end())}
@@ -180,7 +192,7 @@ class LogMetrics(ProgressBars, Prints):
                 if sample is not None:
                     yield sample
                 return
-        tqdm = TQDM.match(segment)
+        tqdm = TQDM.match(segment) if slash and "[" in segment else None
         if tqdm:
             count = self._bar_count(int(tqdm.group("n")), tqdm.group("total"))
             self.counters.bar_live, self.counters.bar_quiet = not line_end, False
