@@ -145,6 +145,13 @@ def test_lightning_bar_without_a_total() -> None:
         (b"adversarial loss at step 0: 0.69", 0, {"adversarial_loss": 0.69}, None),
         # pytorch/examples mnist/main.py: 'Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}', counted in samples.
         (b"Train Epoch: 1 [22400/60000 (37%)]\tLoss: 0.230000", 22400, {"loss": 0.23}, 1),
+        # XGBoost's EvaluationMonitor (xgb.train with evals): the round, then each evaluation set's metric.
+        (
+            b"[3]\ttrain-logloss:0.30000\teval-logloss:0.31000",
+            3,
+            {"train_logloss": 0.3, "eval_logloss": 0.31},
+            None,
+        ),
     ],
 )
 def test_plain_prints(line: bytes, step: int, values: dict[str, float], epoch: Optional[int]) -> None:

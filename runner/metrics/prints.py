@@ -37,6 +37,8 @@ _SEEN = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\(\s*\d+(?:\.\d*)?%\)\s*\]")  # Py
 # `Iter(train) [ 100/1000]`, the run's iteration.
 _MM_EPOCH = re.compile(r"\bEpoch\(train\)\s*\[\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 _MM_ITER = re.compile(r"\bIter\(train\)\s*\[\s*(\d+)\s*/\s*\d+\s*\]")
+# A boosting round at the line's start, as XGBoost and LightGBM print each: `[3]\ttrain-logloss:0.30000`.
+_ROUND = re.compile(r"\[(\d+)\]\t")
 
 
 class Prints(Reader):
@@ -83,6 +85,9 @@ class Prints(Reader):
         for counted in (_SEEN.search(segment), _COUNTED.search(segment)) if printed is None else ():
             if printed is None and counted and len(counted.group(1)) <= MAX_COUNTER_DIGITS:
                 printed, total = int(counted.group(1)), counted.group(2)
+        boosting = _ROUND.match(segment) if printed is None else None
+        if boosting is not None and len(boosting.group(1)) <= MAX_COUNTER_DIGITS:
+            printed = int(boosting.group(1))
         if printed is not None:
             last_epoch = counters.print_epoch
             step = self._print_step(printed, total, epoch)

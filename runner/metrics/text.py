@@ -36,9 +36,10 @@ _EVAL_KINDS = {
 _EVAL_WORD = re.compile(rf"(?i)(?<![a-z])({'|'.join(_EVAL_KINDS)})(?![a-z])")
 _PLAIN_QUALIFIERS = frozenset({"avg", "average", "mean", "total", "running"})  # dropped where the line names a kind
 # `name: value`, `name=value`, `name value`, `'name': value` (dict reprs, JSON), `name │ value` (rich tables),
-# and `name (anything) at step N: value` (keras-io's custom-loop guide).
+# and `name (anything) at step N: value` (keras-io's custom-loop guide); the qualifier joined by a space or, as
+# XGBoost names its evaluation sets' metrics, a hyphen (`train-logloss:0.48018`).
 PRINT_PAIR = re.compile(
-    r"(?i)(?<![\w./])(?:([a-z]+) )?"
+    r"(?i)(?<![\w./])(?:([a-z]+)[ -])?"
     r"((?:[a-z_]+/)*[a-z_]*(?:loss|accuracy|acc)(?:_\w*)?|lr|learning_rate|[a-z_]*grad_norm\w*)['\"]?"
     r"(?:\s*\([^()]*\))?(?:\s+at\s+(?:step|iteration|iter|batch|epoch)\s+\d+)?"
     rf"\s*(?:[:=\u2502|]\s*|\s)['\"]?({NUM}){PRINT_END}"
