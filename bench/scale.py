@@ -28,6 +28,7 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -171,6 +172,7 @@ def flood_row(work: Path, seconds: float) -> tuple[float, float, float, float, f
         printed, read = (lines_in(log) - printed_at_start) / elapsed, (lines_in(kept) - read_at_start) / elapsed
         during = [timed([*TFRUN, "ps"], tf.env) for _ in range(9)]
         rss = rss_mb(tf.daemon_pid())
+    shutil.rmtree(work / "flood", ignore_errors=True)  # its log: hundreds of MB, which no later row reads
     return cpu, rss, printed, read, stats(during)[0], stats(before)[0]
 
 

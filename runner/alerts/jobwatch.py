@@ -27,7 +27,6 @@ from tfrun.runner.metrics.jobmetrics import keep_log_metrics
 LOOK_BUDGET_S = 0.02
 LOOK_READ_BYTES = 256 << 10  # read from the log per look, and parsed in pieces of
 LOOK_PIECE_BYTES = 32 << 10  # about 1,000 metric lines, 20 ms: the grain of the budget
-KEEP_MAX_SAMPLES = 2000  # samples read and not kept yet that are kept at once, whatever KEEP_EVERY_S says (~15 ms)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Optional
 from tfrun.protocol.fields import JobState
 from tfrun.runner.alerts import alertmessage, oom
 from tfrun.runner.alerts.gpumemory import GpuMemory
-from tfrun.runner.alerts.jobwatch import KEEP_MAX_SAMPLES, LOOK_READ_BYTES, Settings, Watch, keep, read_log
+from tfrun.runner.alerts.jobwatch import LOOK_READ_BYTES, Settings, Watch, keep, read_log
 from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.alerts.spikes import DEFAULT_FACTOR, SpikeDetector
 from tfrun.runner.box.config import Config
@@ -57,6 +57,7 @@ SAVE_EVERY_S = 10.0  # a running job's watch saved this often (and after every a
 # the saves that came due are made together every WATCH_INTERVAL_S, as one commit
 KEEP_EVERY_S = 10.0  # the metrics read from a log are appended to its files this often (and at every save,
 # and when a client asks for them: `keep_now`), as one write: TensorBoard sees them that late
+KEEP_MAX_SAMPLES = 2000  # samples read and not kept yet that are kept at once, whatever KEEP_EVERY_S says (~15 ms)
 GPU_INTERVAL_S = 2.0
 
 
@@ -137,11 +138,12 @@ class Alerts:
                             del rows[job_id]
                     except Exception:  # one odd job must not stop the watch over the others
                         log.exception("job %d: alert watch failed", job_id)
+                looked = time.perf_counter() - began  # the looks' own time, not the GPU look's wait below
                 if time.monotonic() >= gpu_next and "gpu-memory" in self.config.rules:
                     gpu_next = time.monotonic() + GPU_INTERVAL_S
                     await self._gpu_memory.look(self.config, self.host, self.store, self.outbox)
                 if self._behind:  # a look ran out of its budget (jobwatch.LOOK_BUDGET_S): the rest of the loop's for
-                    await asyncio.sleep(time.perf_counter() - began)  # as long, so a backlog costs half a core at most
+                    await asyncio.sleep(looked)  # as long, so a backlog costs half a core at most
                     continue
                 if woken:  # a log written nonstop wakes us about this often; after a quiet while, twice at once
                     busy, woken_at = time.monotonic() - woken_at < MIN_LOOK_INTERVAL_S, time.monotonic()

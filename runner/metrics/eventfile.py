@@ -43,6 +43,7 @@ _FLOAT, _DOUBLE = struct.Struct("<f").pack, struct.Struct("<d").pack
 _SMALL = [bytes((value,)) for value in range(0x80)]  # the varint of each number below 128: one byte, itself
 _TAGS: dict[str, bytes] = {}  # a scalar's tag as its Value's first field and the key of its simple_value
 MAX_TAGS = 1024  # tags remembered: a job prints a few metrics, and one that prints ever new names costs no memory
+MAX_TAG_CHARS = 128  # nor one that prints long ones (a name may run to a segment's 64 kB)
 
 
 def crc32c(data: bytes) -> int:
@@ -86,7 +87,7 @@ def _tag(tag: str) -> bytes:
     found = _TAGS.get(tag)
     if found is None:
         found = _field(1, tag.encode()) + b"\x15"
-        if len(_TAGS) < MAX_TAGS:
+        if len(_TAGS) < MAX_TAGS and len(tag) <= MAX_TAG_CHARS:
             _TAGS[tag] = found
     return found
 
