@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from harness import Tfrun, local_and_ssh
+from harness import TFRUND, Tfrun, local_and_ssh
+from harness.otheruser import OtherUser, mallory  # noqa: F401
 
 pytestmark = [pytest.mark.tensorflow]
 
@@ -110,3 +113,46 @@ def test_hosts_check_and_doctor_use_the_hosts_python_and_name_one_with_tensorflo
     checks = _checks(doctor.stdout)
     assert checks["job python"]["detail"] == str(bare / "bin" / "python")
     assert str(with_tf / "bin" / "python") in checks["tensorflow"]["advice"]
+
+
+_PLANTED = '#!/bin/sh\ntouch {marker}\nexec {python} "$@"\n'  # a Python with TensorFlow, that leaves a mark
+
+
+@pytest.mark.root
+def test_doctor_runs_no_interpreter_another_user_planted(tf: Tfrun, tmp_path: Path, mallory: OtherUser) -> None:  # noqa: F811
+    """Mallory plants a Python (this one, with TensorFlow, behind a script that leaves a mark) in a conda envs
+    folder the team may write and in a folder of hers on the user's PATH: the doctor's search, run because the
+    job interpreter lacks TensorFlow, names both as not run, with why, and runs neither; a venv of the user's
+    is still found."""
+    bare = tmp_path / "bare-python"
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    bare.chmod(0o755)
+    box_home = Path(tempfile.mkdtemp(prefix="tfrun-doctor-home-"))  # under /tmp, where mallory can reach it
+    try:
+        envs = box_home / "miniconda3" / "envs"
+        envs.mkdir(parents=True)
+        envs.chmod(0o777)  # the team's envs folder: anyone may add one
+        (box_home / ".venv-tf").symlink_to(sys.prefix)  # the user's own, with TensorFlow
+        box_home.chmod(0o755)
+        marks = {where: tmp_path / f"ran-{where}" for where in ("conda", "path")}
+        plant = "import os, sys\nos.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)\n" \
+            "open(sys.argv[1], 'w').write(sys.argv[2])\nos.chmod(sys.argv[1], 0o755)\n"  # fmt: skip
+        conda = envs / "evil" / "bin" / "python"
+        on_path = mallory.home / "bin" / "python3"
+        for where, planted in (("conda", conda), ("path", on_path)):
+            script = _PLANTED.format(marker=marks[where], python=sys.executable)
+            result = mallory.python(plant, str(planted), script)
+            assert result.returncode == 0, result.stderr
+        env = {**tf.env, "HOME": str(box_home), "PATH": f"{on_path.parent}:{tf.env['PATH']}"}
+        result = subprocess.run([*TFRUND, "doctor", "--json", "--python", str(bare)], env=env, capture_output=True,
+                                text=True, timeout=300)  # fmt: skip
+    finally:
+        shutil.rmtree(box_home, ignore_errors=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    checks = _checks(result.stdout)
+    assert [path for path, mark in marks.items() if mark.exists()] == [], "a planted interpreter was run"
+    skipped = checks["interpreters not run"]
+    assert skipped["status"] == "warn", skipped
+    assert f"{on_path} ({mallory.home} is owned by uid {mallory.uid})" in skipped["detail"], skipped
+    assert f"{conda} ({envs} may be written by others (mode 0777))" in skipped["detail"], skipped
+    assert str(box_home / ".venv-tf" / "bin" / "python") in checks["tensorflow"]["advice"], checks["tensorflow"]

@@ -7,6 +7,11 @@ none. When the job interpreter cannot import it, the interpreters on the box tha
 short search (`pythons_with_tensorflow`), with how to choose one. No GPU at all is a warning, not a failure:
 CPU boxes are allowed; a GPU that nvidia-smi sees and TensorFlow does not is a failure, since that job would
 silently train on the CPU.
+
+The search runs what it finds, with the user's rights: on a shared box a conda folder the team may write, or a
+PATH entry of someone else's, would have the doctor run another user's program. So an interpreter is run only
+if no one but root and the user could have put it there or changed it (`changeable_by_others`: the file, each
+folder on the way to it, each link followed); the others are named as not run, with the reason.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import glob
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -69,14 +75,19 @@ print(json.dumps({"prefix": sys.prefix, "tensorflow": found, "version": version}
 def run_checks(checkpoint_root: Path, python: str) -> list[Check]:
     """Every check, in the order a person would fix things."""
     checks: list[Check] = []
-    interpreter = _interpreter(python)
+    search = Search()
+    interpreter = _interpreter(python, search)
     checks.append(interpreter[0])
     smi = _nvidia_smi()
     checks.extend(smi[0])
     if interpreter[1] is not None:
-        checks.extend(_tensorflow(interpreter[1], gpus_by_driver=smi[1]))
+        checks.extend(_tensorflow(interpreter[1], search, gpus_by_driver=smi[1]))
     checks.append(_growth_default())
     checks.append(_checkpoint_root(checkpoint_root))
+    if search.skipped:
+        checks.append(Check("interpreters not run", WARN, "; ".join(search.skipped),
+                            "another user could have put or changed them: fix their owner or mode to have them "
+                            "looked at"))  # fmt: skip
     return checks
 
 
@@ -86,14 +97,18 @@ def job_python(configured: Optional[str]) -> str:
     return configured or shutil.which("python3") or sys.executable
 
 
-def _interpreter(python: str) -> tuple[Check, Optional[str]]:
+def _interpreter(python: str, search: Search) -> tuple[Check, Optional[str]]:
     found = python if os.sep in python else shutil.which(python)
     if found is None or not os.access(found, os.X_OK):
-        return Check("job python", FAIL, f"{python} is not an executable", _choose_another(python)), None
+        return Check("job python", FAIL, f"{python} is not an executable", search.advice(python)), None
+    why = changeable_by_others(found)
+    if why is not None:  # jobs would run it too: named, never run here
+        return Check("job python", FAIL, f"{found} could be changed by another user ({why}): not run",
+                     search.advice(found)), None  # fmt: skip
     return Check("job python", OK, found), found
 
 
-def _tensorflow(python: str, gpus_by_driver: int) -> list[Check]:
+def _tensorflow(python: str, search: Search, gpus_by_driver: int) -> list[Check]:
     try:
         result = subprocess.run(
             [python, str(_PROBE)], capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL
@@ -102,7 +117,7 @@ def _tensorflow(python: str, gpus_by_driver: int) -> list[Check]:
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
         return [Check("tensorflow", FAIL, f"could not run the probe in {python}: {exc}")]
     if "error" in found:
-        return [Check("tensorflow", FAIL, f"not importable ({found['error']})", _choose_another(python))]
+        return [Check("tensorflow", FAIL, f"not importable ({found['error']})", search.advice(python))]
     checks = [Check("tensorflow", OK, f"{found['tensorflow']} on Python {found['python']}")]
     cuda = found.get("cuda_build")
     versions = ", ".join(f"{k} {found[k]}" for k in ("cuda", "cudnn") if found.get(k)) or "no CUDA"
@@ -135,26 +150,37 @@ class Interpreter:
     version: Optional[str]
 
 
-def _choose_another(python: str) -> str:
-    """What to do about a job interpreter without TensorFlow: the ones on this box that have it, and the two
-    ways jobs get one (per host from the client, or for every client in tfrund's config)."""
-    choose = "`tfrun hosts add NAME DEST --python PATH` (or job_python in tfrund's config.toml)"
-    found = [other for other in pythons_with_tensorflow() if other.path != python]
-    if not found:
-        return (
-            f"install TensorFlow for {python}; no other interpreter here has it (looked at python3 on PATH, conda "
-            f"envs, venvs under ~), then choose one with {choose}"
-        )
-    named = ", ".join(f"{other.path} (TensorFlow {other.version or '?'})" for other in found[:PYTHONS_NAMED])
-    more = f" and {len(found) - PYTHONS_NAMED} more" if len(found) > PYTHONS_NAMED else ""
-    return f"TensorFlow is in {named}{more}: choose one with {choose}, or install TensorFlow for {python}"
+class Search:
+    """The search for interpreters with TensorFlow, made at most once per doctor run, when advice needs it;
+    `skipped` then names those not run, each with why."""
+
+    def __init__(self) -> None:
+        self.skipped: list[str] = []
+        self._found: Optional[list[Interpreter]] = None
+
+    def advice(self, python: str) -> str:
+        """What to do about a job interpreter without TensorFlow: the ones on this box that have it, and the
+        two ways jobs get one (per host from the client, or for every client in tfrund's config)."""
+        if self._found is None:
+            self._found, self.skipped = pythons_with_tensorflow()
+        choose = "`tfrun hosts add NAME DEST --python PATH` (or job_python in tfrund's config.toml)"
+        found = [other for other in self._found if other.path != python]
+        if not found:
+            return (
+                f"install TensorFlow for {python}; no other interpreter here has it (looked at python3 on PATH, "
+                f"conda envs, venvs under ~), then choose one with {choose}"
+            )
+        named = ", ".join(f"{other.path} (TensorFlow {other.version or '?'})" for other in found[:PYTHONS_NAMED])
+        more = f" and {len(found) - PYTHONS_NAMED} more" if len(found) > PYTHONS_NAMED else ""
+        return f"TensorFlow is in {named}{more}: choose one with {choose}, or install TensorFlow for {python}"
 
 
-def pythons_with_tensorflow() -> list[Interpreter]:
+def pythons_with_tensorflow() -> tuple[list[Interpreter], list[str]]:
     """Interpreters on this box that can import TensorFlow, in the order of `python_candidates`, one for each
-    environment (its sys.prefix). Each candidate runs a short script, several at once, none for long: a search
-    of seconds at most, run only when the job interpreter has no TensorFlow, off the daemon's event loop."""
-    candidates = python_candidates()
+    environment (its sys.prefix), and the candidates not run (`PATH (why)`). Each candidate runs a short
+    script, several at once, none for long: a search of seconds at most, run only when the job interpreter has
+    no TensorFlow, off the daemon's event loop."""
+    candidates, skipped = python_candidates()
     with ThreadPoolExecutor(PYTHON_SEARCH_WORKERS) as pool:
         answers = list(pool.map(_find_tensorflow, candidates))
     prefixes: set[str] = set()
@@ -163,12 +189,13 @@ def pythons_with_tensorflow() -> list[Interpreter]:
         if answer is not None and answer[0] not in prefixes:
             prefixes.add(answer[0])
             found.append(Interpreter(path, answer[1]))
-    return found
+    return found, skipped
 
 
-def python_candidates() -> list[str]:
+def python_candidates() -> tuple[list[str], list[str]]:
     """Executables that may be Pythons with TensorFlow: python3 and python on PATH, then conda's, then venvs
-    and pyenv's under ~ (see _CONDA_ROOTS, _VENV_PATTERNS); at most PYTHON_SEARCH_MAX."""
+    and pyenv's under ~ (see _CONDA_ROOTS, _VENV_PATTERNS); at most PYTHON_SEARCH_MAX. Those another user
+    could have changed are not candidates: they come second, as `PATH (why)`."""
     found = [shutil.which("python3"), shutil.which("python")]
     for root in _CONDA_ROOTS:
         base = os.path.expanduser(root)
@@ -176,8 +203,62 @@ def python_candidates() -> list[str]:
         found.extend(sorted(glob.glob(os.path.join(base, "envs", "*", "bin", "python"))))
     for pattern in _VENV_PATTERNS:
         found.extend(sorted(glob.glob(os.path.expanduser(pattern))))
-    unique = dict.fromkeys(path for path in found if path and os.access(path, os.X_OK))
-    return list(unique)[:PYTHON_SEARCH_MAX]
+    unique = list(dict.fromkeys(path for path in found if path and os.access(path, os.X_OK)))[:PYTHON_SEARCH_MAX]
+    safe, skipped = [], []
+    for path in unique:
+        why = changeable_by_others(path)
+        if why is None:
+            safe.append(path)
+        else:
+            skipped.append(f"{path} ({why})")
+    return safe, skipped
+
+
+_MAX_LINKS = 40  # as the kernel's: a loop of links is refused, not followed forever
+
+
+def changeable_by_others(path: str) -> Optional[str]:
+    """Why another user could have put the program at `path` there or changed it, or None when only root and
+    this user could: walked name by name as the kernel resolves it, every folder looked in, every link
+    followed (its owner too: in a sticky folder a link's owner may change it) and the file itself must be
+    root's or this user's, and none writable by group or others, except a sticky folder (/tmp: others make
+    names there, never replace ours)."""
+    uid = os.geteuid()
+    pending = list(Path(os.path.abspath(path)).parts[1:])
+    current, links = Path("/"), 0
+    why = _writable_by_others(current, os.lstat(current), uid)
+    while why is None and pending:
+        name = pending.pop(0)
+        if name in (".", ".."):
+            current = current.parent if name == ".." else current
+            continue
+        entry = current / name
+        try:
+            info = os.lstat(entry)
+        except OSError as exc:
+            return f"{entry}: {exc.strerror or exc}"
+        if stat.S_ISLNK(info.st_mode):  # its mode means nothing; its owner may repoint it
+            if info.st_uid not in (0, uid):
+                return f"{entry} is owned by uid {info.st_uid}"
+            links += 1
+            if links > _MAX_LINKS:
+                return f"{path}: too many levels of symbolic links"
+            target = Path(os.readlink(entry))
+            pending[:0] = target.parts[1:] if target.is_absolute() else target.parts
+            current = Path("/") if target.is_absolute() else current
+            continue
+        why = _writable_by_others(entry, info, uid)
+        current = entry
+    return why
+
+
+def _writable_by_others(entry: Path, info: os.stat_result, uid: int) -> Optional[str]:
+    """Why `entry` (lstat'ed as `info`) lets another user change what it holds, or None."""
+    if info.st_uid not in (0, uid):
+        return f"{entry} is owned by uid {info.st_uid}"
+    if info.st_mode & 0o022 and not (stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX):
+        return f"{entry} may be written by others (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
 
 
 def _find_tensorflow(python: str) -> Optional[tuple[str, Optional[str]]]:
