@@ -17,6 +17,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -27,9 +28,10 @@ from typing import IO, TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 import tfrun
 from tfrun.constants import MAX_HEADER_BYTES
 from tfrun.paths import Layout
-from tfrun.private import peer_is_self
+from tfrun.private import peer_is_self, private_key
 from tfrun.protocol.channel import daemon_hello, mismatch_message
 from tfrun.protocol.fields import ErrorCode, JobState
+from tfrun.protocol.proof import KEY_BYTES, proof_of
 from tfrun.protocol.wire import (
     PROTOCOL_VERSION,
     Error,
@@ -110,6 +112,11 @@ class Daemon:
         self.submissions: dict[str, asyncio.Future[list[JobRow]]] = {}  # submits being made (a job, an array's tasks)
         self.started_at = time.time()
         self._stopping: Optional[asyncio.Event] = None  # made in serve(): on 3.9 an Event binds to a loop
+
+    @functools.cached_property
+    def key(self) -> bytes:
+        """The daemon key (tfrun/protocol/proof.py), read or made on first use, in its home's private run/."""
+        return private_key(self.layout.daemon_key, KEY_BYTES)
 
     def in_background(self, work: Union[Callable[[], object], Coroutine[Any, Any, None]]) -> None:
         """Run `work` (a function, in a worker thread, or a coroutine) without waiting for it; a failure is
@@ -275,7 +282,7 @@ class Daemon:
             if hello.protocol != PROTOCOL_VERSION:
                 await conn.send(Error(ErrorCode.VERSION_MISMATCH, mismatch_message(hello, daemon_hello())))
                 return
-            await conn.send(daemon_hello())
+            await conn.send(daemon_hello(proof_of(self.key, hello.challenge) if hello.challenge else ""))
             while True:
                 line = await read_header(reader)
                 if line is None:

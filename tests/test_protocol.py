@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
+from pathlib import Path
 
 import pytest
+from harness import Tfrun
 
+from tfrun.private import private_key
+from tfrun.protocol.channel import Channel, Unproven
 from tfrun.protocol.fields import validate_name
 from tfrun.protocol.jobs import Cancel, CancelReply, CancelResult, Job, JobList, JobReply, ListJobs, record_text
 from tfrun.protocol.logs import LogChunk
+from tfrun.protocol.proof import KEY_BYTES
 from tfrun.protocol.submit import FileEntry, Submit
 from tfrun.protocol.wire import Hello, ProtocolError, decode_header, encode, read_message
 
@@ -182,3 +189,42 @@ print(json.dumps({
     assert found["unregistered"] == [], "messages the daemon never imports"
     assert found["unhandled"] == [], "requests without a handler"
     assert found["defined"] >= 50  # the package was walked (52 messages today), not an empty folder
+
+
+def test_a_daemon_proves_its_key_and_a_wrong_key_is_refused(tf: Tfrun) -> None:
+    """Issue 44, finding 1: the proof the SSH fast path asks of a remembered socket, against a real daemon. Its
+    key (run/tfrund.key, 0600) proves it; any other key, or no answer with a proof, is Unproven."""
+    tf.ok("ps")  # starts the daemon
+
+    async def hello(key: bytes) -> Channel:
+        reader, writer = await asyncio.open_unix_connection(str(tf.home / "run" / "tfrund.sock"))
+        try:
+            return await Channel.open(reader, writer, key)
+        finally:
+            writer.close()
+
+    with pytest.raises(Unproven):
+        asyncio.run(hello(bytes(KEY_BYTES)))
+    key_file = tf.home / "run" / "tfrund.key"  # made at the first challenge
+    key = bytes.fromhex(key_file.read_text())
+    assert (len(key), key_file.stat().st_mode & 0o777) == (KEY_BYTES, 0o600)
+    assert asyncio.run(hello(key)).daemon.proof
+
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink", "short", "open to others"])
+def test_a_daemon_key_that_is_not_a_private_file_is_made_anew(tmp_path: Path, planted: str) -> None:
+    """What sits at the key's name (a FIFO that would block an open, a link, a file cut short by a crash, one
+    others may read) is replaced by a fresh private key, at once, and a good key is kept."""
+    path = tmp_path / "tfrund.key"
+    if planted == "fifo":
+        os.mkfifo(path)
+    elif planted == "symlink":
+        (tmp_path / "elsewhere").write_text("ab" * KEY_BYTES)
+        path.symlink_to(tmp_path / "elsewhere")
+    else:
+        path.write_text("ab" * (KEY_BYTES // 2 if planted == "short" else KEY_BYTES))
+        path.chmod(0o644 if planted == "open to others" else 0o600)
+    key = private_key(path, KEY_BYTES)
+    assert len(key) == KEY_BYTES and key != bytes.fromhex("ab" * KEY_BYTES)
+    assert stat.S_ISREG(path.lstat().st_mode) and path.stat().st_mode & 0o777 == 0o600
+    assert private_key(path, KEY_BYTES) == key, "a good key is kept"

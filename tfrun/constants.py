@@ -25,6 +25,7 @@ DEFAULT_GRACE_S = 10.0
 MAX_GRACE_S = 24 * 3600.0
 
 # Wire limits: one frame's JSON header, and the raw bytes that may follow it.
+MAX_HELLO_PROOF = 128  # characters of a hello's challenge or proof (hex of 32 bytes: 64)
 MAX_HEADER_BYTES = 16 << 20  # the API's `jobs(all=True)` of many thousand jobs is one frame
 MAX_PAYLOAD_BYTES = 4 << 20
 LOG_CHUNK_BYTES = 256 << 10
@@ -70,6 +71,7 @@ MAX_TOP_LOSSES = 1000  # losses per job `tfrun top` draws
 SSH_ALIVE_INTERVAL_S = 5.0
 SSH_ALIVE_COUNT_MAX = 2
 SSH_CONNECT_TIMEOUT_S = 15.0
+PROOF_TIMEOUT_S = 15.0  # how long a daemon at a remembered socket path has to answer the hello with its proof
 
 # Sockets without XDG_RUNTIME_DIR (tfrun/private.py): a folder of the user's own under this shared one, named
 # `tfrun-UID`; when another user took that name first, one under the user's cache folder instead.

@@ -74,6 +74,12 @@ class Layout:
         return self.run_dir / "tfrund.lock"
 
     @property
+    def daemon_key(self) -> Path:
+        """The daemon's secret, with which it proves on a remembered socket path that it is the user's own
+        (tfrun/protocol/proof.py)."""
+        return self.run_dir / "tfrund.key"
+
+    @property
     def start_lock(self) -> Path:
         """Held by whoever is starting a daemon, so that racing clients start just one."""
         return self.run_dir / "start.lock"

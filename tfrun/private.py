@@ -127,3 +127,43 @@ def _peer(sock: socket.socket) -> tuple[int, int]:
     """The pid and uid of the process at the other end of `sock`, as the kernel saw them at its connect."""
     pid, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
     return pid, uid
+
+
+def private_key(path: Path, size: int) -> bytes:
+    """The secret of `size` random bytes kept (as hex) in `path`, a file of this user's alone in a private
+    folder: made on first use, and made anew, by a rename over it, if what is there is not such a file (a
+    link, a FIFO, another's, open to others, cut short by a crash). Opened without following a link or
+    blocking on a FIFO, and checked on the open descriptor."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return _new_key(path, size)  # missing, or a link (ELOOP): replaced
+    try:
+        info = os.fstat(fd)
+        usable = stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
+        text = os.read(fd, 2 * size + 1) if usable and info.st_nlink == 1 else b""
+    finally:
+        os.close(fd)
+    try:
+        key = bytes.fromhex(text.decode("ascii"))
+    except ValueError:  # not hex (nor ASCII: UnicodeDecodeError is a ValueError)
+        key = b""
+    return key if len(key) == size else _new_key(path, size)
+
+
+def _new_key(path: Path, size: int) -> bytes:
+    """A fresh secret written to a new 0600 file beside `path`, then renamed onto it."""
+    import secrets
+
+    key = secrets.token_bytes(size)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, key.hex().encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return key

@@ -12,10 +12,12 @@ from tfrun.protocol.admin import (
     Check,
     ConfigReply,
     DaemonInfo,
+    DaemonKey,
     DaemonStatus,
     Doctor,
     DoctorReport,
     GetConfig,
+    GetDaemonKey,
     ReloadConfig,
     SetConfig,
     Shutdown,
@@ -40,6 +42,9 @@ class Context(liveconfig.Context, Protocol):
     executor: Executor
     started_at: float
 
+    @property
+    def key(self) -> bytes: ...
+
     def stop(self) -> None: ...
 
 
@@ -56,6 +61,11 @@ async def daemon_status(daemon: Context, req: DaemonStatus, conn: Connection) ->
             jobs=daemon.store.counts(),
         )
     )
+
+
+@handles(GetDaemonKey)
+async def daemon_key(daemon: Context, req: GetDaemonKey, conn: Connection) -> None:
+    await conn.send(DaemonKey(daemon.key.hex()))
 
 
 @handles(Shutdown)

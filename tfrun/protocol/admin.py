@@ -74,6 +74,22 @@ class DaemonStatus(Request[DaemonInfo]):
     """Ask for `DaemonInfo`."""
 
 
+@tagged("daemon_key")
+@dataclass
+class DaemonKey(Message):
+    """The daemon's key, as hex: a secret (tfrun/protocol/proof.py). Only the daemon's own user reaches its
+    socket; the client keeps it in its private cache and never prints it."""
+
+    key: str
+
+
+@tagged("get_daemon_key")
+@dataclass
+class GetDaemonKey(Request[DaemonKey]):
+    """Ask for the key with which the daemon proves, on a remembered socket path, that it is the user's own
+    (asked through the exec channel only, whose far end runs as the user); answered by `DaemonKey`."""
+
+
 @tagged("shutdown")
 @dataclass
 class Shutdown(Request[Ok]):

@@ -5,7 +5,7 @@ names."""
 from __future__ import annotations
 
 import typing
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from tfrun import __version__
 from tfrun.constants import (
@@ -33,8 +33,8 @@ def client_hello() -> Hello:
     return Hello(protocol=PROTOCOL_VERSION, version=__version__, role="client")
 
 
-def daemon_hello() -> Hello:
-    return Hello(protocol=PROTOCOL_VERSION, version=__version__, role="daemon")
+def daemon_hello(proof: str = "") -> Hello:
+    return Hello(protocol=PROTOCOL_VERSION, version=__version__, role="daemon", proof=proof)
 
 
 def mismatch_message(client: Hello, daemon: Hello) -> str:
@@ -44,6 +44,11 @@ def mismatch_message(client: Hello, daemon: Hello) -> str:
         f"tfrund {daemon.version} speaks protocol {daemon.protocol}; install the same tfrun version on "
         "both sides (pip install -U tfrun), then restart the daemon with `tfrund stop`"
     )
+
+
+class Unproven(ProtocolError):
+    """What answered at a remembered path could not prove it is the user's daemon (tfrun/protocol/proof.py):
+    another user's listener, or a daemon too old to prove. Nothing but the hello was sent to it."""
 
 
 class RemoteError(Exception):
@@ -63,6 +68,14 @@ def checked_hello(mine: Hello, reply: Message) -> Hello:
     if reply.protocol != PROTOCOL_VERSION:
         raise RemoteError(ErrorCode.VERSION_MISMATCH, mismatch_message(mine, reply))
     return reply
+
+
+def check_proof(key: bytes, mine: Hello, reply: Optional[Message]) -> None:
+    """Unproven unless `reply` is a hello proving the daemon holds `key` (the answer to `mine`'s challenge)."""
+    from tfrun.protocol.proof import proves
+
+    if not isinstance(reply, Hello) or not reply.proof or not proves(key, mine.challenge, reply.proof):
+        raise Unproven("what answers there did not prove it is your tfrund")
 
 
 def check_reply(request: Union[Request[Any], type[Request[Any]]], reply: type[Message]) -> None:
@@ -92,13 +105,24 @@ class Channel:
         self._closers.clear()
 
     @classmethod
-    async def open(cls, reader: Reader, writer: Writer) -> Channel:
-        """Exchange hellos; raise RemoteError with code VERSION_MISMATCH if the versions differ."""
+    async def open(
+        cls, reader: Reader, writer: Writer, key: Optional[bytes] = None, challenge: bool = False
+    ) -> Channel:
+        """Exchange hellos; raise RemoteError with code VERSION_MISMATCH if the versions differ. With the
+        daemon's `key`, the daemon must prove it holds it (`Unproven` otherwise, an Error answer included:
+        an unproven answer is not believed). `challenge` without a key only asks: a daemon's hello with a
+        proof in it tells that it can prove (and answers `GetDaemonKey`)."""
         mine = client_hello()
+        if key is not None or challenge:
+            from tfrun.protocol.proof import new_challenge
+
+            mine.challenge = new_challenge()
         await write_message(writer, mine)
         reply = await read_message(reader)
         if reply is None:
             raise ConnectionClosed("the other end closed the connection before answering the hello")
+        if key is not None:
+            check_proof(key, mine, reply)
         if isinstance(reply, Error):
             raise RemoteError(reply.code, reply.message)
         return cls(reader, writer, checked_hello(mine, reply))

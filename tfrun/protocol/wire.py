@@ -9,13 +9,14 @@ import dataclasses
 import json
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Optional, Protocol, TypeVar, Union
+from typing import Annotated, Any, ClassVar, Generic, Optional, Protocol, TypeVar, Union
 
 from tfrun.constants import (
     MAX_HEADER_BYTES,
+    MAX_HELLO_PROOF,
     MAX_PAYLOAD_BYTES,
 )
-from tfrun.protocol.fields import BadValue, Text, bytes_field, checked_kwargs
+from tfrun.protocol.fields import UTF8, BadValue, Limit, Text, bytes_field, checked_kwargs
 
 # Bump on any change a peer of the previous version would misread. Both sides refuse a mismatch.
 PROTOCOL_VERSION = 3  # 3: ReadLog.task, Submit.restart_on, GetConfig.secrets: a daemon of 2 would ignore them
@@ -78,11 +79,15 @@ def tagged(tag: str) -> typing.Callable[[M], M]:
 @tagged("hello")
 @dataclass
 class Hello(Message):
-    """First frame each way. `role` is "client" or "daemon"; `version` is the package version."""
+    """First frame each way. `role` is "client" or "daemon"; `version` is the package version. A client that
+    must be sure who answers (the SSH fast path: tfrun/protocol/proof.py) sends a `challenge`; the daemon's
+    hello then carries its `proof`. Both are hex, and absent otherwise."""
 
     protocol: int
     version: Text
     role: Text
+    challenge: Annotated[str, UTF8, Limit(chars=MAX_HELLO_PROOF)] = ""
+    proof: Annotated[str, UTF8, Limit(chars=MAX_HELLO_PROOF)] = ""
 
 
 @tagged("error")
