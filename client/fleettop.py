@@ -5,7 +5,7 @@ Each member is asked on a clock of its own (`fleet.ask_one`, the fleet timeout),
 from what the members last said: a slow or dead box never holds up the others' next frame. A member that
 has not answered yet is "asking", one that never answered "unreachable" with the reason, and one whose last
 answer is followed by a failure keeps that last view, marked stale with its age. `--once` asks every member
-at once (`fleet.ask_all`) and prints one frame.
+at once (`fleet.ask_all`) and prints one frame, as `ps --host POOL` prints its table.
 """
 
 from __future__ import annotations
@@ -17,15 +17,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from tfrun.client import fleet, reports
+from tfrun.client import fleet, render, reports
 from tfrun.client.calls import watching
 from tfrun.client.config import Host
-from tfrun.client.top import gpus_table, job_cells, jobs_table, live_screen, state_counts
-from tfrun.protocol.watching import TopReply
+from tfrun.client.styled import Styled
+from tfrun.client.top import header, job_cells, jobs_lines, live_screen, on_screen
+from tfrun.protocol.watching import Gpu, TopReply
 
 if TYPE_CHECKING:
-    from rich.console import Console, RenderableType
-    from rich.text import Text
+    from rich.console import Console
+
+    from tfrun.client.styled import Output
 
 
 @dataclass
@@ -52,58 +54,48 @@ class View:
         return f"stale, as of {time.monotonic() - self.at:.0f}s ago ({self.error})"
 
 
-def frame(name: str, views: Sequence[View], width: int, keys: bool = False) -> RenderableType:
-    """One screen: a header, a line per member that is not fresh, every member's jobs and GPUs by address;
-    with `keys`, the keys it takes."""
-    from rich.console import Group
-    from rich.text import Text
-
+def frame_lines(name: str, views: Sequence[View], terminal: bool) -> list[Styled]:
+    """One frame: a header, a line per member that is not fresh, every member's jobs and GPUs by address.
+    Rows as `ps --host POOL` has them: whole in a pipe; on a `terminal`, cells cut as top.jobs_lines says."""
     answering = [view for view in views if view.reply is not None]
     jobs = [(view.host.label, job, view.reply) for view in answering if view.reply for job in view.reply.jobs]
-    header = Text(f"tfrun top — pool {name}  ", style="bold")
-    header.append(time.strftime("%H:%M:%S"), style="dim")
     fresh = sum(view.status() is None for view in views)
-    summary = state_counts([job for _, job, _ in jobs])
-    header.append(f"   {fresh} of {len(views)} hosts" + (f", {summary}" if summary else ""), style="dim")
-    parts: list[RenderableType] = [header]
+    lines = [header(f"pool {name}", [job for _, job, _ in jobs], f"{fresh} of {len(views)} hosts")]
     for view in views:
         status = view.status()
-        if status is not None:
+        if status is not None:  # a member's reason: one whole line
             style = "yellow" if status.startswith(("stale", "asking")) else "red"
-            parts.append(Text(f"{view.host.label}: {status}", style=style))
-    rows: list[list[Text]] = [
-        [Text(host), Text(f"{host}:{job.id}"), *job_cells(job, reply.losses.get(str(job.id), []))]
+            lines.append(Styled(render.one_line(f"{view.host.label}: {status}"), style))
+    rows: list[list[Styled]] = [
+        [Styled(host), Styled(f"{host}:{job.id}"), *job_cells(job, reply.losses.get(str(job.id), []))]
         for host, job, reply in jobs
     ]
-    parts += [Text(""), jobs_table(("HOST", "ID"), rows, width) if rows else Text("no jobs", style="dim")]
-    gpus = [_gpu_row(view.host.label, cells) for view in answering if view.reply for cells in _gpus(view.reply)]
+    lines += [Styled(), *jobs_lines(("HOST", "ID"), rows, terminal)] if rows else [Styled(), Styled("no jobs", "dim")]
+    gpus = [_gpu_row(view.host.label, gpu) for view in answering if view.reply for gpu in view.reply.gpus]
     if gpus:
-        parts += [Text(""), gpus_table(("HOST",), gpus)]
-    if keys:
-        parts += [Text(""), Text("q: quit", style="dim")]
-    return Group(*parts)
+        lines += [Styled(), *reports.gpu_lines(("HOST",), gpus)]
+    return lines
 
 
-def _gpus(reply: TopReply) -> list[list[str]]:
-    return [list(reports.gpu_cells(gpu)) for gpu in reply.gpus]
+def _gpu_row(host: str, gpu: Gpu) -> list[str]:
+    """A GPU's row with its host first and its job as an address (one held outside tfrun says by whom)."""
+    cells = reports.gpu_cells(gpu)
+    return [host, *cells[:-1], cells[-1] if gpu.job is None else f"{host}:{gpu.job}"]
 
 
-def _gpu_row(host: str, cells: list[str]) -> list[str]:
-    """A GPU's row with its host first and its job as an address."""
-    job = cells[-1]
-    return [host, *cells[:-1], job if job == "-" else f"{host}:{job}"]
-
-
-async def show(name: str, members: Sequence[Host], console: Console, interval: float, once: bool, wait: float,
-               accept_new: bool) -> None:  # fmt: skip
-    """Draw the pool's frames until `q`, Ctrl-C or SIGTERM; with `once`, one frame of every member's answer
-    (or why there is none, within `wait` seconds), printed."""
+async def print_once(name: str, members: Sequence[Host], out: Output, wait: float, accept_new: bool) -> None:
+    """`top --host POOL --once`: one frame of every member's answer (or why there is none, within `wait`
+    seconds), printed as `ps` prints its table."""
     views = [View(host) for host in fleet.distinct(members)]
-    if once:
-        for view, answer in zip(views, await fleet.ask_all([v.host for v in views], watching.top(), wait, accept_new)):
-            view.note(answer)
-        console.print(frame(name, views, console.width), soft_wrap=True)  # a member's reason: one whole line
-        return
+    for view, answer in zip(views, await fleet.ask_all([v.host for v in views], watching.top(), wait, accept_new)):
+        view.note(answer)
+    out.write(*frame_lines(name, views, out.terminal), cut=True)
+
+
+async def show(name: str, members: Sequence[Host], console: Console, interval: float, wait: float,
+               accept_new: bool) -> None:  # fmt: skip
+    """Draw the pool's frames until `q`, Ctrl-C or SIGTERM."""
+    views = [View(host) for host in fleet.distinct(members)]
     changed = asyncio.Event()
 
     async def poll(view: View) -> None:
@@ -118,7 +110,7 @@ async def show(name: str, members: Sequence[Host], console: Console, interval: f
         with live_screen(console) as (live, stop):
             while not stop.is_set():
                 changed.clear()
-                live.update(frame(name, views, console.width, keys=True), refresh=True)
+                live.update(on_screen(frame_lines(name, views, terminal=True), keys=True), refresh=True)
                 with contextlib.suppress(asyncio.TimeoutError):  # the clock and the ages move on regardless
                     await asyncio.wait_for(_either(stop, changed), interval)
     finally:

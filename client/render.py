@@ -65,6 +65,11 @@ def print_table(
     """A table as `ps` prints it: columns two spaces apart, one line per row, no trailing spaces. Never
     wrapped: in a pipe every row is whole, however long (`ps -a | grep NAME` finds each job, `cut` and
     `awk` see one record a line); on a terminal a row too long for it is cut with … at its right end."""
+    out.write(*table_lines(header, body, right), cut=True)
+
+
+def table_lines(header: Sequence[str], body: Sequence[Sequence[Cell]], right: Collection[str] = ()) -> list[Styled]:
+    """`print_table`'s lines, whole: also what `tfrun top` draws on its screen, where rich cuts them."""
     lines = [[Styled(name, "bold") for name in header]]
     lines += [[cell if isinstance(cell, Styled) else Styled(one_line(cell)) for cell in row] for row in body]
     widths = [max(cells[i].cell_len for cells in lines) for i in range(len(header))]
@@ -77,7 +82,7 @@ def print_table(
             line.append_styled(Styled(pad) + cell if name in right else cell + pad)
         line.rstrip()
         rows.append(line)
-    out.write(*rows, cut=True)
+    return rows
 
 
 def to_json(value: Any) -> str:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional, Union
 
-from tfrun.client.render import one_line, print_table, size, when
+from tfrun.client.render import Cell, one_line, print_table, size, table_lines, when
 from tfrun.client.styled import Styled
 
 if TYPE_CHECKING:
@@ -84,8 +85,12 @@ def gpu_table(gpus: list[Gpu], out: Output) -> None:
     if not gpus:
         out.write("no GPUs on this box (or none NVML can see)", style="dim")
         return
-    body = [gpu_cells(gpu) for gpu in gpus]
-    print_table(out, ("GPU", "NAME", "MEMORY", "USE", "JOB"), body, right=("MEMORY", "USE"))
+    out.write(*gpu_lines((), [gpu_cells(gpu) for gpu in gpus]), cut=True)
+
+
+def gpu_lines(first: tuple[str, ...], rows: Sequence[Sequence[Cell]]) -> list[Styled]:
+    """The GPUs' table (`gpus`, and `top` under its jobs), `first` naming the columns before GPU."""
+    return table_lines((*first, "GPU", "NAME", "MEMORY", "USE", "JOB"), rows, right=("MEMORY", "USE"))
 
 
 def gpu_cells(gpu: Gpu) -> tuple[str, str, str, str, str]:

@@ -3,7 +3,8 @@
 One `Top` request a frame (jobs, GPUs and each job's last losses in one round trip), so it runs the same
 over SSH. The terminal is put in cbreak mode while it runs, so a single key press is seen at once, and
 rich draws each frame over the last on the terminal's alternate screen, as top does: no scrolling, no
-flicker, and the screen is left as it was on the way out.
+flicker, and the screen is left as it was on the way out. A frame's rows are `ps`'s (client/render.py's
+table), cut at the screen's edge; `--once` prints one as `ps` prints its table, whole rows in a pipe.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tfrun.client import render, reports
 from tfrun.client.calls import watching
 from tfrun.client.follow import DISCONNECTS, Connect, Reconnect
 from tfrun.client.plot import sparkline
+from tfrun.client.styled import Styled
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.jobs import Job
 from tfrun.protocol.watching import TopReply
@@ -30,36 +32,41 @@ from tfrun.protocol.watching import TopReply
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.live import Live
-    from rich.table import Table
-    from rich.text import Text
+
+    from tfrun.client.styled import Output
 
 
-def frame(reply: TopReply, width: int) -> RenderableType:
-    """One screen: a header, the jobs with their GPUs and last loss, the GPUs with their load."""
-    from rich.console import Group
-    from rich.text import Text
+_JOB_COLUMNS = ("NAME", "STATE", "GPUS", "RUNTIME", "LOSS", "TREND", "COMMAND")  # after those naming the job
+_TERMINAL_CELLS = 24  # on a terminal a cell before COMMAND is cut to this: the loss and its trend stay in view
 
-    header = Text(f"tfrun top — {reply.host}  ", style="bold")
-    header.append(time.strftime("%H:%M:%S"), style="dim")
-    header.append("   " + state_counts(reply.jobs), style="dim")
-    rows = []
+
+def frame_lines(reply: TopReply, terminal: bool) -> list[Styled]:
+    """One frame: a header, the jobs with their GPUs and last loss, the GPUs with their load. Rows as `ps`
+    has them: whole (in a pipe, `top --once | grep` finds a job's row, however long), and on a `terminal`
+    with each cell before the command cut to a width that keeps the rest of the row in view."""
+    rows: list[list[Styled]] = []
     for label, members in render.array_groups(reply.jobs):
         if label is not None:  # an array: a row that sums its tasks up, then each task indented, as `ps` shows them
             summary = [render.array_name(members), render.array_states(members), "", "", "", ""]
-            rows.append([Text(label), *map(Text, summary), Text(f"{members[0].script}, {len(members)} tasks")])
+            tasks = f"{members[0].script}, {len(members)} tasks"
+            rows.append([_cell(label), *map(_cell, summary), _cell(tasks)])
         for job in members:
-            rows.append(
-                [Text(f"  {job.id}" if label else str(job.id)), *job_cells(job, reply.losses.get(str(job.id), []))]
-            )
-    parts: list[RenderableType] = [
-        header,
-        Text(""),
-        jobs_table(("ID",), rows, width) if rows else Text("no jobs", style="dim"),
-    ]
+            rows.append([_cell(f"  {job.id}" if label else str(job.id)),
+                         *job_cells(job, reply.losses.get(str(job.id), []))])  # fmt: skip
+    lines = [header(reply.host, reply.jobs, ""), Styled()]
+    lines += jobs_lines(("ID",), rows, terminal) if rows else [Styled("no jobs", "dim")]
     if reply.gpus:
-        parts += [Text(""), gpus_table((), [list(reports.gpu_cells(gpu)) for gpu in reply.gpus])]
-    parts += [Text(""), Text("q: quit", style="dim")]
-    return Group(*parts)
+        lines += [Styled(), *reports.gpu_lines((), [reports.gpu_cells(gpu) for gpu in reply.gpus])]
+    return lines
+
+
+def header(where: str, jobs: Sequence[Job], more: str) -> Styled:
+    """`tfrun top — box  12:03:04   1 queued, 2 running`: the frame's first line, `more` before the counts."""
+    line = Styled(f"tfrun top — {render.one_line(where)}  ", "bold")
+    line.append(time.strftime("%H:%M:%S"), "dim")
+    counts = state_counts(jobs)
+    line.append(f"   {more}{', ' if more and counts else ''}{counts}", "dim")
+    return line
 
 
 def state_counts(jobs: Sequence[Job]) -> str:
@@ -70,68 +77,74 @@ def state_counts(jobs: Sequence[Job]) -> str:
     return ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
 
 
-def job_cells(job: Job, losses: Sequence[float]) -> list[Text]:
+def job_cells(job: Job, losses: Sequence[float]) -> list[Styled]:
     """A job's cells after the ones that name it (its id, or its host and address): NAME to TREND, then
     COMMAND (or why it waits)."""
-    from rich.text import Text
-
     return [
-        Text(job.name or "-"),
-        Text(job.state, style=render.STATE_STYLE.get(job.state, "")),
-        Text(",".join(job.gpus) or ("-" if not job.gpus_requested else f"({job.gpus_requested})")),
-        Text(render.duration(render.runtime(job))),
-        Text(f"{losses[-1]:.4g}" if losses else "-"),
-        Text(sparkline(losses), style="cyan"),
-        Text(job.waiting or render.command_line(job), style="dim" if job.waiting else ""),
+        _cell(job.name or "-"),
+        _cell(job.state, render.STATE_STYLE.get(job.state, "")),
+        _cell(",".join(job.gpus) or ("-" if not job.gpus_requested else f"({job.gpus_requested})")),
+        _cell(render.duration(render.runtime(job))),
+        _cell(f"{losses[-1]:.4g}" if losses else "-"),
+        _cell(sparkline(losses), "cyan"),
+        _cell(job.waiting or render.command_line(job), "dim" if job.waiting else ""),
     ]
 
 
-def jobs_table(first: tuple[str, ...], rows: list[list[Text]], width: int) -> Table:
-    """The jobs, `first` naming the columns before NAME; the command gives way to a narrow terminal: it gets
-    what the other columns leave."""
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    headers = (*first, "NAME", "STATE", "GPUS", "RUNTIME", "LOSS", "TREND")
-    widths = [min(24, max([len(column), *(row[i].cell_len for row in rows)])) for i, column in enumerate(headers)]
-    for column, column_width in zip(headers, widths):
-        table.add_column(column, no_wrap=True, width=column_width, justify="right" if column == "LOSS" else "left")
-    table.add_column("COMMAND", no_wrap=True, overflow="ellipsis",
-                     max_width=max(10, width - sum(widths) - 2 * (len(headers) + 1)))  # fmt: skip
-    for row in rows:
-        table.add_row(*row)
-    return table
+def _cell(text: str, style: str = "") -> Styled:
+    """A cell of a job's or a GPU's row: one line whatever a name or an argument holds (render.one_line)."""
+    return Styled(render.one_line(text), style)
 
 
-def gpus_table(first: tuple[str, ...], rows: list[list[str]]) -> Table:
-    """The GPUs with their memory, load and job, `first` naming the columns before GPU."""
-    from rich.table import Table
+def jobs_lines(first: tuple[str, ...], rows: list[list[Styled]], terminal: bool) -> list[Styled]:
+    """The jobs' table, `first` naming the columns before NAME; on a `terminal` each cell but the command's
+    cut to a few words' width, so that a long name leaves the state, the loss and its trend on screen."""
+    if terminal:
+        for row in rows:
+            for cell in row[:-1]:
+                cell.truncate(_TERMINAL_CELLS)
+    return render.table_lines((*first, *_JOB_COLUMNS), rows, right=("LOSS",))
+
+
+def on_screen(lines: Sequence[Styled], keys: bool) -> RenderableType:
+    """`lines` as rich draws them on the live screen: each cut with … at the terminal's right edge, never
+    wrapped (a row stays a row, as in `ps`); with `keys`, the keys it takes below them."""
+    from rich.console import Group
     from rich.text import Text
 
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in (*first, "GPU", "NAME", "MEMORY", "USE", "JOB"):
-        table.add_column(column, no_wrap=True)
-    for row in rows:
-        table.add_row(*(Text(cell) for cell in row))  # Text: a name is not markup
-    return table
+    shown = [*lines, Styled(), Styled("q: quit", "dim")] if keys else lines
+    texts = []
+    for line in shown:
+        text = Text(style=line.style, no_wrap=True, overflow="ellipsis")
+        for piece, style in line.pieces:
+            text.append(piece, style or None)
+        texts.append(text)
+    return Group(*texts)
 
 
-async def show(connect: Connect, console: Console, interval: float, once: bool, place: str) -> None:
-    """Draw frames until `q`, Ctrl-C or SIGTERM; with `once`, print one frame and return. A connection that
-    drops (a daemon restart, a link that died) is made again by itself, the last frame kept meanwhile under a
-    line that says so; `q` still quits while it waits."""
+async def print_once(connect: Connect, out: Output) -> None:
+    """`top --once`: one frame, printed as `ps` prints its table (whole rows in a pipe, cut on a terminal)."""
+    channel = await connect()
+    try:
+        reply = await watching.top().on(channel)
+    finally:
+        channel.close()
+    out.write(*frame_lines(reply, out.terminal), cut=True)
+
+
+async def show(connect: Connect, console: Console, interval: float, place: str) -> None:
+    """Draw frames until `q`, Ctrl-C or SIGTERM. A connection that drops (a daemon restart, a link that died)
+    is made again by itself, the last frame kept meanwhile under a line that says so; `q` still quits while
+    it waits."""
     asked = watching.top()
     channel = await connect()
     try:
-        if once:
-            console.print(frame(await asked.on(channel), console.width))
-            return
         screen = _Screen(place)
         again = Reconnect(connect, notice=screen.notice)
         with live_screen(console) as (live, stop):
             while not stop.is_set():
                 try:
-                    screen.last = frame(await asked.on(channel), console.width)
+                    screen.last = on_screen(frame_lines(await asked.on(channel), terminal=True), keys=True)
                 except DISCONNECTS as exc:
                     channel.close()
                     found = await _reconnect(again.after(exc), stop, lambda: live.update(screen.outage(), refresh=True))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import json
+import shlex
 import sqlite3
 import subprocess
 import time
@@ -88,6 +89,49 @@ def test_pipes_get_whole_rows_with_no_escape_codes_and_no_trailing_spaces(tf: Tf
     finally:
         gate.touch()
         tf.ok("cancel", "--all")
+
+
+LONG_NAME = "long-" + "n" * 100
+LONG_METRIC = "a_metric_whose_name_goes_on_" + "m" * 80
+LONG_FILE = "weights-" + "w" * 100 + ".h5"
+LONG_JOB = f"""\
+import os, sys
+for step in (1, 2):
+    print(f"step {{step}} loss={{1 / step}} {LONG_METRIC}={{step}}", flush=True)
+open(os.path.join(os.environ["TFRUN_CHECKPOINT_DIR"], {LONG_FILE!r}), "w").write("w")
+sys.exit(3)
+"""
+
+
+def test_every_verbs_rows_stay_whole_in_a_pipe(tf: Tfrun, project: Path) -> None:
+    """Each verb family's output through a pipe with COLUMNS=40 keeps every line whole, however long: the
+    jobs (ps, top --once, status), alerts, metrics --explain, checkpoints, the GPUs, df, rm, the hosts. `top
+    --once` cut its rows to 80 columns, and dropped the ID column to fit."""
+    tf.home.mkdir(mode=0o700, parents=True)
+    (tf.home / "config.toml").write_text('gpus = ["0", "1"]\n')
+    job = str(tf.submit("--name", LONG_NAME, str(write_script(project, "long.py", LONG_JOB)), *LONG_ARGS))
+    assert tf.run("wait", job).returncode == 3
+    tf.env["COLUMNS"] = "40"
+    expected = {
+        ("ps", "-a"): [f"{LONG_NAME}  failed", f"long.py {' '.join(LONG_ARGS)}"],
+        ("top", "--once"): [f"{job}   {LONG_NAME}  failed", f"long.py {' '.join(LONG_ARGS)}", "GPU  NAME"],
+        ("status", job): [f"name           {LONG_NAME}"],
+        ("alerts",): [f"job {job} ({LONG_NAME}) on "],
+        ("metrics", job, "--explain"): [f"step 1 loss=1.0 {LONG_METRIC}=1"],
+        ("checkpoints", job): [f"{LONG_FILE}  "],
+        ("gpus",): ["GPU  NAME"],
+        ("df",): [f"{tf.home} "],
+        ("rm", "--dry-run", job): [f"would remove job {job} ("],
+    }
+    for argv, parts in expected.items():
+        shown = subprocess.run(f"{shlex.join([*TFRUN, *argv])} | cat", shell=True, env=tf.env, capture_output=True,
+                               text=True)  # fmt: skip
+        lines = shown.stdout.splitlines()
+        for part in parts:
+            assert any(part in line for line in lines), (argv, part, shown.stdout)
+        assert "…" not in shown.stdout and "\x1b" not in shown.stdout, (argv, shown.stdout)
+    tf.ok("hosts", "add", "box", "alice@gpu-box", "--env", f"TFRUN_HOME=/data/{'h' * 100}")
+    assert f"TFRUN_HOME=/data/{'h' * 100}" in tf.ok("hosts", "list")
 
 
 def test_colour_follows_the_option_then_no_color_then_force_color(tf: Tfrun, project: Path) -> None:

@@ -48,10 +48,15 @@ def timed(fleet: Fleet, *argv: str) -> subprocess.CompletedProcess[str]:
 def test_top_over_a_pool_shows_every_members_jobs_and_marks_a_dead_one(
     fleet: Fleet, jobs_ended: None, dead_member: None
 ) -> None:
-    ids = {name: fleet.submit("--host", name, fleet.script, f"top-{name}").stdout.strip() for name in BOXES}
+    long = ["--comment", "x" * 150, "--tag", "the-very-end"]  # in a pipe a row stays whole, whatever COLUMNS says
+    ids = {name: fleet.submit("--host", name, fleet.script, f"top-{name}", *long).stdout.strip() for name in BOXES}
     for name in BOXES:
         fleet.running(f"{name}:{ids[name]}")
-    result = timed(fleet, "top", "--host", "gpu", "--once")
+    fleet.client.env["COLUMNS"] = "40"
+    try:
+        result = timed(fleet, "top", "--host", "gpu", "--once")
+    finally:
+        del fleet.client.env["COLUMNS"]
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("tfrun top — pool gpu")
@@ -62,7 +67,7 @@ def test_top_over_a_pool_shows_every_members_jobs_and_marks_a_dead_one(
     rows = {line.split()[1]: line.split() for line in lines if line.startswith("box") and ":" in line.split()[1]}
     for name in BOXES:
         row = rows[f"{name}:{ids[name]}"]
-        assert (row[0], row[3]) == (name, "running")
+        assert (row[0], row[3], row[-1]) == (name, "running", "the-very-end")
     gpus = [line.split() for line in lines if line.split()[:1] in ([name] for name in BOXES) and line.split()[-1]
             in {f"{name}:{ids[name]}" for name in BOXES}]  # fmt: skip
     assert sorted(row[0] for row in gpus) == list(BOXES)  # each box's GPU, held by its job, by address

@@ -140,7 +140,10 @@ def top_pool(name: str, members: list[Host], interval: float, once: bool) -> Non
     from tfrun.client import fleettop
 
     wait, accept_new = _wait(), _accept_new()
-    cli.run(fleettop.show(name, members, cli.console(), interval, once, wait, accept_new))
+    if once:
+        cli.run(fleettop.print_once(name, members, cli.output(), wait, accept_new))
+    else:
+        cli.run(fleettop.show(name, members, cli.console(), interval, wait, accept_new))
 
 
 def alerts_pool(members: list[Host], last: int, verbose: bool, as_json: bool) -> None:

@@ -55,10 +55,13 @@ def top(interval: float, once: bool) -> None:
 
         fleet.top_pool(*pooled, interval, once)
         return
-    from tfrun.client.top import show
+    from tfrun.client import top as view
 
     client = cli.client()
-    cli.run(show(client.connect, cli.console(), interval, once, client.place))
+    if once:
+        cli.run(view.print_once(client.connect, cli.output()))
+    else:
+        cli.run(view.show(client.connect, cli.console(), interval, client.place))
 
 
 # -- alerts and metrics -------------------------------------------------------------------------------------
