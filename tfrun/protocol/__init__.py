@@ -32,6 +32,8 @@ classes, not 66):
 - `wire`: `Message` and `Request[R]`, the handshake's `Hello`, `Error`, `Ok`, and frames: `encode`,
   `decode_header`, `read_message`, `write_message`; `PROTOCOL_VERSION`;
 - `channel`: a client's conversation (`Channel.ask`, `check_reply`, `RemoteError`);
+- `proof`: the challenge a client's hello may carry and the daemon's answer to it, with which a daemon behind a
+  remembered socket path proves it is the user's own (the SSH fast path);
 - the messages, by conversation, each module with its handlers in runner/handlers/ of the same name: `jobs`
   (the `Job` record; list, get, wait, cancel, restart), `submit` (the snapshot's manifest, its blobs,
   `Submit`), `logs` (`ReadLog` and its stream, `Attach`), `files` (`ListFiles`, `ReadFile`), `watching`
