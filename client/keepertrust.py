@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tfrun.client.config import Host
+from tfrun.constants import SSH_GLOBAL_KNOWN_HOSTS, SSH_USER_KNOWN_HOSTS
 from tfrun.private import private_dir, runtime_dir
 
 
@@ -32,10 +33,11 @@ def socket_path(host: Host, accept_new: bool) -> Path:
     return base / f"{digest}.sock"
 
 
-# What asyncssh reads from ~/.ssh when no option says otherwise: the config, known_hosts, the CA bundle
-# for X.509 host certificates, and the default identities with their certificates.
+# What asyncssh reads from ~/.ssh when no option says otherwise: the config, the CA bundle for X.509 host
+# certificates, and the default identities with their certificates; besides them, the known_hosts files
+# OpenSSH reads by default (client/knownhosts.py: tfrun reads them too), the global ones in /etc/ssh included.
 _KEY_NAMES = ("id_ed25519_sk", "id_ecdsa_sk", "id_ed448", "id_ed25519", "id_ecdsa", "id_rsa", "id_dsa")
-_SSH_FILES = ("config", "known_hosts", "ca-bundle.crt", *_KEY_NAMES, *(f"{name}-cert.pub" for name in _KEY_NAMES))
+_SSH_FILES = ("config", "ca-bundle.crt", *_KEY_NAMES, *(f"{name}-cert.pub" for name in _KEY_NAMES))
 # ssh_config keywords that name files deciding trust or identity, in any Host block (a superset is safe).
 _FILE_KEYWORDS = {"include", "userknownhostsfile", "globalknownhostsfile", "identityfile", "certificatefile"}
 _KEYWORD = re.compile(r"\s*([A-Za-z]+)\s*(?:=\s*|\s+)(.*)")
@@ -51,7 +53,8 @@ def _trust(accept_new: bool) -> list[Any]:
         user = getpass.getuser()
     except (KeyError, OSError):  # no name for this uid: asyncssh refuses to connect, and says so
         user = ""
-    files = sorted({*(home / ".ssh" / name for name in _SSH_FILES), *_named_by_config(home)})
+    defaults = (Path(os.path.expanduser(name)) for name in (*SSH_USER_KNOWN_HOSTS, *SSH_GLOBAL_KNOWN_HOSTS))
+    files = sorted({*(home / ".ssh" / name for name in _SSH_FILES), *defaults, *_named_by_config(home)})
     fingerprints = [[str(path), _fingerprint(path)] for path in files]
     return [str(home), user, os.environ.get("SSH_AUTH_SOCK", ""), accept_new, fingerprints]
 

@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import asyncssh
 
+from tfrun.client import knownhosts
 from tfrun.client.config import Host, parse_destination
 from tfrun.client.errors import TfrunError, cannot_start
 from tfrun.client.remotecommand import RemoteCommand, remote_command
@@ -36,37 +37,6 @@ from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import ProtocolError
 
 _RECHECK_S = 24 * 3600.0  # how long a box's refusal to forward is believed before trying again
-
-
-def known_hosts_path() -> Path:
-    return Path.home() / ".ssh" / "known_hosts"
-
-
-class _HostKeyCheck(asyncssh.SSHClient):
-    """Called by asyncssh for a host key that known_hosts does not vouch for: unknown, or changed."""
-
-    def __init__(self, accept_new: bool) -> None:
-        self.accept_new = accept_new
-        self.key: Optional[asyncssh.SSHKey] = None
-        self.changed = False
-        self.where = ""
-
-    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
-        self.key = key
-        self.where = host if port == 22 else f"[{host}]:{port}"
-        path = known_hosts_path()
-        if path.exists():
-            trusted = asyncssh.match_known_hosts(str(path), host, addr, port)[0]
-            if trusted:
-                self.changed = True  # known_hosts has another key for this host: never accepted
-                return False
-        if not self.accept_new:
-            return False
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        line = f"{self.where} {key.export_public_key('openssh').decode().strip()}\n"
-        with open(path, "a") as f:
-            f.write(line)
-        return True
 
 
 async def open_ssh(host: Host, accept_new: bool = False) -> asyncssh.SSHClientConnection:
@@ -121,8 +91,10 @@ async def _connect(
     """One hop: `destination` (user@host:port, or a Host of ~/.ssh/config), through `tunnel` if there is one;
     `what` names it in errors."""
     user, address, port = parse_destination(destination)
-    check = _HostKeyCheck(accept_new)
-    options: dict[str, Any] = {"client_factory": lambda: check, **keys}
+    files = knownhosts.for_destination(address, port, user)
+    known = files.load()
+    check = knownhosts.HostKeyCheck(files, known, accept_new)
+    options: dict[str, Any] = {"client_factory": lambda: check, "known_hosts": known, **keys}
     if user:
         options["username"] = user
     if port:
@@ -134,7 +106,7 @@ async def _connect(
     try:
         conn = await asyncssh.connect(address, **options)
     except asyncssh.HostKeyNotVerifiable:
-        raise TfrunError(_host_key_message(destination, check), EXIT_DAEMON) from None
+        raise TfrunError(knownhosts.host_key_message(destination, check), EXIT_DAEMON) from None
     except asyncssh.PermissionDenied:
         raise TfrunError(_auth_message(what, bool(keys)), EXIT_DAEMON) from None
     except asyncssh.Error as exc:
@@ -180,24 +152,6 @@ def _auth_message(what: str, identity_file: bool) -> str:
     return (
         f"ssh authentication to {what} failed: no key was accepted (is it loaded in ssh-agent, named by "
         "IdentityFile in ~/.ssh/config, or by `tfrun hosts add --identity-file`?)"
-    )
-
-
-def _host_key_message(destination: str, check: _HostKeyCheck) -> str:
-    if check.key is None:  # refused before our check ran: a ProxyJump of ~/.ssh/config, which asyncssh follows
-        return (
-            f"the host key of a jump host on the way to {destination} (ProxyJump in ~/.ssh/config) is not in "
-            "~/.ssh/known_hosts: ssh to it once and check it, or give the jump with `tfrun hosts add --jump`"
-        )
-    fingerprint = check.key.get_fingerprint()
-    if check.changed:
-        return (
-            f"the host key of {check.where} has CHANGED (now {fingerprint}); refusing to connect. If the box "
-            f"was really rebuilt, remove its old key with: ssh-keygen -R '{check.where}'"
-        )
-    return (
-        f"the host key of {check.where} is unknown ({fingerprint}); check it, then accept it once with "
-        f"--accept-new-host-key, or set accept_new_host_key = true for this host"
     )
 
 

@@ -71,6 +71,10 @@ MAX_TOP_LOSSES = 1000  # losses per job `tfrun top` draws
 SSH_ALIVE_INTERVAL_S = 5.0
 SSH_ALIVE_COUNT_MAX = 2
 SSH_CONNECT_TIMEOUT_S = 15.0
+# The known_hosts files OpenSSH reads when ~/.ssh/config names none (UserKnownHostsFile, GlobalKnownHostsFile):
+# every one vouches for a box's key (client/knownhosts.py) and decides whom a kept connection may serve.
+SSH_USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
+SSH_GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 PROOF_TIMEOUT_S = 15.0  # how long a daemon at a remembered socket path has to answer the hello with its proof
 
 # Sockets without XDG_RUNTIME_DIR (tfrun/private.py): a folder of the user's own under this shared one, named
