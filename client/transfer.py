@@ -12,15 +12,16 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from tfrun.client.errors import TfrunError
 from tfrun.client.snapshot import Snapshot
-from tfrun.constants import EXIT_USAGE, FILE_CHUNK_BYTES
-from tfrun.content import ManifestError, check_manifest
+from tfrun.constants import EXIT_FAILURE, EXIT_USAGE, FILE_CHUNK_BYTES
+from tfrun.content import ManifestError, check_relative
 from tfrun.protocol.channel import Channel
-from tfrun.protocol.submit import FileEntry, HaveBlobs, PutBlob, PutBlobs
+from tfrun.protocol.submit import FILE_KINDS, FileEntry, HaveBlobs, PutBlob, PutBlobs
 from tfrun.protocol.wire import ProtocolError
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
+    from tfrun.client.landing import Landing
     from tfrun.client.syncchannel import SyncChannel
 
 _PROGRESS_AFTER_S = 1.0  # a transfer shorter than this shows no bar
@@ -29,6 +30,7 @@ _PACK_BELOW = 256 << 10  # contents up to this size travel packed several to a f
 # few frames, sent one after the other, where a bigger upload streams its frames while their acknowledgements
 # come back, and shows its progress.
 PLAIN_UPLOAD_BYTES = 4 << 20
+_REFUSALS_SHOWN = 5  # a pull's error names this many of the entries it refused, and counts the rest
 
 
 class LazyProgress:
@@ -188,77 +190,122 @@ def _changed(snapshot: Snapshot, digest: str) -> TfrunError:
 
 
 async def pull(channel: Channel, job: str, paths: list[str], dest: Path) -> tuple[int, int]:
-    """Copy `paths` of the job's folder into `dest`; return (files, bytes). Never writes outside `dest`."""
+    """Copy `paths` of the job's folder into `dest`; return (files, bytes). Each path lands as `dest`/NAME, NAME
+    its last part, and whatever the daemon lists, nothing is written elsewhere (client/landing.py): an entry
+    not under the NAME of the path it was listed for, a name that is not plain, or a place in `dest` that
+    holds a link or another user's file is left out, and once the rest is written, PullRefused names it."""
+    from tfrun.client.landing import Landing, NotHere
     from tfrun.protocol.files import ListFiles  # here: a submit, which imports this module too, never pulls
 
-    entries: list[FileEntry] = []
-    remote: dict[str, str] = {}  # local relative path -> the path to ask the daemon for
+    wanted: dict[str, tuple[FileEntry, str]] = {}  # local relative path -> (its entry, the path to ask for)
+    refused: list[str] = []
     for path in paths:
-        reply = await channel.ask(ListFiles(job=job, path=path))
+        top = pulled_name(path)
         base = os.path.dirname(path.strip("/"))
-        for entry in reply.files:
-            remote[entry.path] = f"{base}/{entry.path}" if base else entry.path
-        entries.extend(reply.files)
-    try:
-        ordered = check_manifest(_with_parents(entries))
-    except ManifestError as exc:
-        raise TfrunError(f"refusing what the daemon listed: {exc}", EXIT_USAGE) from None
-    progress = LazyProgress(sum(e.size for e in ordered if e.kind == "file"), "pulling")
+        for entry in (await channel.ask(ListFiles(job=job, path=path))).files:
+            why = _not_pulled(entry, top, wanted)
+            if why is not None:
+                refused.append(f"{entry.path!r} ({why})")
+            elif entry.kind != "symlink":  # links are not copied
+                wanted[entry.path] = (entry, f"{base}/{entry.path}" if base else entry.path)
+    progress = LazyProgress(sum(e.size for e, _ in wanted.values() if e.kind == "file"), "pulling")
     files = total = 0
+    landing = Landing(dest)
     try:
-        for entry in ordered:
-            target = dest / entry.path
-            if entry.kind == "dir":
-                if target.is_symlink() or (target.exists() and not target.is_dir()):
-                    raise TfrunError(f"{target} exists and is not a folder", EXIT_USAGE)
-                target.mkdir(parents=True, exist_ok=True)
-            elif entry.kind == "file":
-                total += await _fetch(channel, job, remote[entry.path], entry, target, progress)
-                files += 1
+        for local in sorted(wanted, key=lambda p: (p.count("/"), p)):  # parents first
+            entry, remote = wanted[local]
+            try:
+                if entry.kind == "dir":
+                    os.close(landing.folder(local.split("/")))
+                else:
+                    total += await _fetch(channel, job, remote, entry, landing, progress)
+                    files += 1
+            except NotHere as exc:
+                refused.append(f"{entry.path!r} ({exc})")
     finally:
+        landing.close()
         progress.close()
+    if refused:
+        raise PullRefused(files, total, landed(dest, paths), refused)
     return files, total
 
 
-def _with_parents(entries: list[FileEntry]) -> list[FileEntry]:
-    """The entries, with a folder entry for each parent that the listing implies, once each."""
-    seen = {e.path for e in entries}
-    result = list(entries)
-    for entry in entries:
-        parent = os.path.dirname(entry.path)
-        while parent and parent not in seen:
-            seen.add(parent)
-            result.append(FileEntry(parent, "dir", mode=0o755))
-            parent = os.path.dirname(parent)
-    unique: dict[str, FileEntry] = {}
-    for entry in result:
-        unique.setdefault(entry.path, entry)
-    return list(unique.values())
+class PullRefused(TfrunError):
+    """A pull that wrote what it could and left out what the daemon listed that it may not write."""
+
+    def __init__(self, files: int, total: int, where: str, refused: list[str]) -> None:
+        from tfrun.client.render import size
+
+        more = len(refused) - _REFUSALS_SHOWN
+        shown = ", ".join(refused[:_REFUSALS_SHOWN]) + (f" and {more} more" if more > 0 else "")
+        super().__init__(
+            f"pulled {files} file(s), {size(total)}, into {where}, and refused {len(refused)} of what the daemon "
+            f"listed: {shown}",
+            EXIT_FAILURE,
+        )
+        self.files, self.total, self.refused = files, total, refused
 
 
-async def _fetch(channel: Channel, job: str, path: str, entry: FileEntry, target: Path, progress: LazyProgress) -> int:
-    """Stream one file into a temporary sibling of `target`, then rename it over (never through a link)."""
+def pulled_name(path: str) -> str:
+    """The name `path` lands under in the destination: its last part. A path that is not plain relative
+    (empty, '.', '..') is refused here, before the daemon is asked."""
+    try:
+        return check_relative(path.strip("/"))[-1]
+    except ManifestError as exc:
+        raise TfrunError(f"cannot pull {exc}", EXIT_USAGE) from None
+
+
+def landed(dest: Path, paths: list[str]) -> str:
+    """Where a pull of `paths` into `dest` puts them, as the user would type it: "./checkpoints"."""
+    return ", ".join(dict.fromkeys(os.path.join(str(dest), pulled_name(path)) for path in paths))
+
+
+def _not_pulled(entry: FileEntry, top: str, wanted: dict[str, tuple[FileEntry, str]]) -> Optional[str]:
+    """Why a listed entry is not written, or None: it must be a plain relative path at or under `top`, the
+    name the path asked for lands under, of a known kind, listed once."""
+    try:
+        check_relative(entry.path)
+    except ManifestError:
+        return "not a plain relative path"
+    if entry.path != top and not entry.path.startswith(f"{top}/"):
+        return f"not under {top}"
+    if entry.kind not in FILE_KINDS:
+        return f"unknown kind {entry.kind!r}"
+    if entry.path in wanted:
+        return "listed twice"
+    return None
+
+
+async def _fetch(
+    channel: Channel, job: str, path: str, entry: FileEntry, landing: Landing, progress: LazyProgress
+) -> int:
+    """Stream one file into a new temporary sibling of its place, then rename it over (never through a link)."""
+    from tfrun.client.landing import new_file
     from tfrun.protocol.files import ReadFile
 
-    tmp = target.with_name(f".{target.name}.tfrun-pull")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    size = 0
+    parts = entry.path.split("/")
+    folder = landing.folder(parts[:-1])
     try:
-        with os.fdopen(fd, "wb") as out:
-            request = ReadFile(job=job, path=path)
-            await channel.send(request)
-            while True:
-                chunk = await channel.reply_to(request)
-                if chunk.offset != size:
-                    raise ProtocolError("file chunks out of order")
-                out.write(chunk.data)
-                size += len(chunk.data)
-                progress.advance(len(chunk.data))
-                if chunk.last:
-                    break
-        os.chmod(tmp, (entry.mode & 0o777) | 0o600)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        landing.check_replaceable(folder, parts)
+        fd, tmp = new_file(folder, parts[-1], entry.mode)
+        size = 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+                request = ReadFile(job=job, path=path)
+                await channel.send(request)
+                while True:
+                    chunk = await channel.reply_to(request)
+                    if chunk.offset != size:
+                        raise ProtocolError("file chunks out of order")
+                    out.write(chunk.data)
+                    size += len(chunk.data)
+                    progress.advance(len(chunk.data))
+                    if chunk.last:
+                        break
+            os.replace(tmp, parts[-1], src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            os.unlink(tmp, dir_fd=folder)
+            raise
+    finally:
+        os.close(folder)
     return size

@@ -44,8 +44,13 @@ def pull(job: str, paths: tuple[str, ...], dest: Path) -> None:
     PATH is "checkpoints[/...]" (the job's checkpoint folder, the default), "work/..." (its work dir
     snapshot, with whatever the job wrote there), "output.log", or "task-I.log" (the output of task I > 0 of
     a job on several Slurm nodes, submit --nodes). Each lands under --to with its last part's name:
-    `tfrun pull 3 work/results` writes ./results/. Symlinks are not followed or copied.
+    `tfrun pull 3 work/results` writes ./results/. Symlinks are not followed or copied, neither those the
+    box lists nor those already under --to; nothing is written into or over another user's folder or file,
+    and modes follow your umask. What the box lists outside what was asked is refused, and named.
     """
+    from tfrun.client.transfer import landed
+
+    asked = list(paths) or ["checkpoints"]
     dest.mkdir(parents=True, exist_ok=True)
-    files, total = cli.run(cli.client().pull(job, list(paths) or ["checkpoints"], dest))
-    click.echo(f"pulled {files} file(s), {render.size(total)}, into {dest}", err=True)
+    files, total = cli.run(cli.client().pull(job, asked, dest))
+    click.echo(f"pulled {files} file(s), {render.size(total)}, into {landed(dest, asked)}", err=True)

@@ -32,6 +32,7 @@ from typing import Any, Optional
 import tfrun
 from tfrun.constants import PYTHON_SEARCH_MAX, PYTHON_SEARCH_TIMEOUT_S, PYTHON_SEARCH_WORKERS, PYTHONS_NAMED
 from tfrun.protocol.admin import Check
+from tfrun.runner.box.checkpoints import RootOpen, check_root
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _PROBE = Path(tfrun.__file__).parent / "jobs" / "probe.py"
@@ -321,6 +322,10 @@ def _checkpoint_root(root: Path) -> Check:
     except OSError as exc:
         return Check("checkpoint root", FAIL, f"{root} is not writable: {exc.strerror or exc}",
                      "mount a writable volume there, or set checkpoint_root")  # fmt: skip
+    try:
+        check_root(root)
+    except RootOpen as exc:
+        return Check("checkpoint root", FAIL, exc.detail, exc.fix)
     detail = f"{root}: writable, {free / 1e9:.1f} GB free"
     if free < _LOW_SPACE_BYTES:
         return Check("checkpoint root", WARN, detail, "under 10 GB: checkpoints of a large model may not fit")
