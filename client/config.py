@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from tfrun.client.errors import TfrunError
-from tfrun.constants import DEFAULT_CONFIRM_UPLOAD_BYTES, DEFAULT_RECONNECT_TIMEOUT_S, EXIT_DAEMON, EXIT_USAGE
+from tfrun.constants import DEFAULT_CONFIRM_UPLOAD_BYTES, DEFAULT_RECONNECT_TIMEOUT_S, EXIT_USAGE
 from tfrun.duration import format_duration, parse_duration
 from tfrun.sizes import parse_size
 
@@ -51,7 +51,7 @@ def parse_destination(destination: str) -> tuple[Optional[str], str, Optional[in
     """
     match = _DESTINATION.match(destination)
     if not match:
-        raise TfrunError(f"cannot read {destination!r} as an ssh destination (user@host:port)", EXIT_DAEMON)
+        raise TfrunError(f"cannot read {destination!r} as an ssh destination (user@host:port)", EXIT_USAGE)
     port = int(match["port"]) if match["port"] else None
     return match["user"], match["host"].strip("[]"), port
 
@@ -274,6 +274,7 @@ def resolve(option: Optional[str], config: ClientConfig) -> Optional[Host]:
         return None
     if name in config.hosts:
         return config.hosts[name]
+    parse_destination(name)  # one ssh cannot read is bad input, said here: past here it would read as unreachable
     return Host(destination=name)
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from tfrun.client import render
-from tfrun.client.errors import TfrunError
+from tfrun.client.errors import TfrunError, error_line
 from tfrun.constants import EXIT_FAILURE, EXIT_NO_SUCH_JOB, EXIT_OK
 
 if TYPE_CHECKING:  # a submit asks its upload question here, and needs none of housekeeping's messages
@@ -50,23 +50,30 @@ class UploadQuestion:
         self.answered = True
 
 
-def show_removals(reply: RemoveReply, as_json: bool, named: bool = True) -> int:
-    """Print what `rm` or `prune` did; the exit code. For jobs `named` (rm): 3 if one does not exist, 1 if
-    one stays. `prune` picks its jobs itself: one that stays (an unfinished job needs it) is no failure."""
+def show_removals(reply: RemoveReply, as_json: bool, where: str, named: bool = True) -> int:
+    """Print what `rm` or `prune` did on `where` (the box, in words); the exit code. A job `named` (rm) that
+    stays is an error, said as errors are, and 3 if one does not exist, else 1. `prune` picks its jobs
+    itself: one that stays (an unfinished job needs it) is no failure, and its line a note. How much was
+    freed follows what was removed, or collected: after nothing but errors there is nothing to count."""
     if as_json:
         click.echo(render.to_json(reply))
     else:
         for removal in reply.results:
-            line = _removal_line(removal, reply.dry_run)
-            click.echo(line, err=not removal.ok)
+            if removal.ok:
+                click.echo(_removal_line(removal, reply.dry_run))
+            elif named:
+                click.echo(error_line(removal.message + (f" on {where}" if removal.id is None else "")), err=True)
+            else:
+                click.echo(f"tfrun: {removal.message}", err=True)
         jobs = [r for r in reply.results if r.ok]
-        freed = sum(r.bytes for r in jobs) + reply.blob_bytes
-        verb = "would free" if reply.dry_run else "freed"
-        click.echo(
-            f"{verb} {render.size(freed)}: {len(jobs)} job(s), {reply.blobs} uploaded content(s) no job needs "
-            f"({render.size(reply.blob_bytes)})",
-            err=True,
-        )
+        if jobs or reply.blobs or not named:
+            freed = sum(r.bytes for r in jobs) + reply.blob_bytes
+            verb = "would free" if reply.dry_run else "freed"
+            click.echo(
+                f"{verb} {render.size(freed)}: {len(jobs)} job(s), {reply.blobs} uploaded content(s) no job needs "
+                f"({render.size(reply.blob_bytes)})",
+                err=True,
+            )
     if not named:
         return EXIT_OK
     if any(r.id is None and not r.ok for r in reply.results):

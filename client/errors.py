@@ -7,6 +7,12 @@ from typing import Optional
 from tfrun.constants import EXIT_DAEMON
 
 
+def error_line(message: str) -> str:
+    """`tfrun: error: MESSAGE`: the one form of an error on stderr (docs/exit-codes.md), also for a verb that
+    reports a failure per job (rm, cancel) and goes on to the next one."""
+    return f"tfrun: error: {message}"
+
+
 class TfrunError(Exception):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)

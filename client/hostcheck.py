@@ -11,19 +11,23 @@ from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.client.remotecommand import remote_command
 from tfrun.client.ssh import can_forward, fix_hint, open_channel, open_ssh, run_command
+from tfrun.constants import EXIT_DAEMON, EXIT_FAILURE, EXIT_OK
 from tfrun.protocol.channel import Channel, RemoteError
 
 # How `check` reports a step: passed (True) or failed (False), or a doctor's check by its status.
 Report = Callable[[Union[bool, str], str], None]
 
 
-async def check(host: Host, accept_new: bool, report: Report) -> bool:
-    """`tfrun hosts check`: each step reported as it passes or fails; True if all passed."""
+async def check(host: Host, accept_new: bool, report: Report) -> int:
+    """`tfrun hosts check`: each step reported as it passes or fails; the exit code (docs/exit-codes.md):
+    125 where a step on the way to the daemon failed (ssh, tfrund, the daemon), as any verb exits that
+    cannot reach it; 1 where the daemon answered but the box is not ready for jobs (another tfrund version,
+    a doctor's check failed: no TensorFlow in the job python, say), as `tfrun doctor` exits; else 0."""
     try:
         conn = await open_ssh(host, accept_new)
     except TfrunError as exc:
         report(False, f"ssh: {exc.message}")
-        return False
+        return EXIT_DAEMON
     try:
         key = conn.get_server_host_key()
         fingerprint = key.get_fingerprint() if key else "?"
@@ -33,7 +37,7 @@ async def check(host: Host, accept_new: bool, report: Report) -> bool:
         status, out = await run_command(conn, remote_command(host, "--version"))
         if status != 0:
             report(False, f"tfrund: {host.tfrund!r} not found on the box (exit {status}): {fix_hint(host)}")
-            return False
+            return EXIT_DAEMON
         box_version = out.split()[-1] if out.split() else "?"
         same_version = box_version == __version__
         report(same_version, f"tfrund: {out.strip()}" if same_version else f"tfrund: the box has {box_version}, this "
@@ -42,7 +46,7 @@ async def check(host: Host, accept_new: bool, report: Report) -> bool:
             channel, _ = await open_channel(conn, host)
         except (TfrunError, RemoteError) as exc:
             report(False, f"daemon: {exc}")
-            return False
+            return EXIT_DAEMON
         report(True, f"daemon: running, tfrund {channel.daemon.version}, protocol {channel.daemon.protocol}")
         info = await admin.daemon_status().on(channel)
         if await can_forward(conn, info.socket):
@@ -50,7 +54,7 @@ async def check(host: Host, accept_new: bool, report: Report) -> bool:
         else:
             report(True, "transport: socket forwarding refused by the server; using tfrund dial-stdio (slower)")
         ready = await _doctor(channel, host, report)
-        return same_version and ready
+        return EXIT_OK if same_version and ready else EXIT_FAILURE
     finally:
         conn.close()
 

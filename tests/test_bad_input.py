@@ -32,6 +32,17 @@ def one_line_error(stderr: str, *expected: str) -> None:
         (["logs", "999"], 3, "no job '999'"),
         (["logs", "-f", "999"], 3, "no job '999'"),
         (["wait", "999"], 3, "no job '999'"),
+        # Each verb that takes a job says "no job" as an error, once (rm went on to count what it freed).
+        (["rm", "999"], 3, "no job '999' on "),
+        (["cancel", "999"], 3, "no job '999' on "),
+        (["restart", "999"], 3, "no job '999' on "),
+        (["checkpoints", "999"], 3, "no job '999' on "),
+        (["pull", "999"], 3, "no job '999' on "),
+        (["metrics", "999"], 3, "no job '999' on "),
+        (["alerts", "999"], 3, "no job '999' on "),
+        (["attach", "999"], 3, "no job '999' on "),
+        (["stop", "999"], 3, "no job '999' on "),
+        (["ps", "--host", "tf@"], 2, "cannot read 'tf@' as an ssh destination"),  # bad input, not 125
         (["cancel", "--grace", "-1", "1"], 2, "-1"),
         (["status", "1" + "0" * 30], 3, f"no job '1{'0' * 30}'"),  # beyond SQLite's integers
         (["wait", "1" + "0" * 30], 3, f"no job '1{'0' * 30}'"),

@@ -49,6 +49,9 @@ def test_placement_picks_the_box_with_a_free_gpu_then_the_one_freed(fleet: Fleet
     assert [line.split(":")[0] for line in dry.stdout.splitlines()[:3]] == list(BOXES)
     assert f"{free}: 0 of 1 GPUs free, 1 running, 0 queued" in dry.stdout
     assert "would place on box1: no box can start it now" in dry.stdout  # equal queues: by name
+    too_many = fleet.client.run("submit", "--host", "gpu", "--gpus", "9", fleet.script, "never")
+    assert too_many.returncode == 1, too_many.stderr  # every member answered: not the 125 of none reached
+    assert too_many.stderr == "tfrun: error: no member of pool gpu that answered can run 9 GPUs\n"
 
     (fleet.gates / "first").touch()
     assert fleet.client.run("wait", first).returncode == 0

@@ -154,7 +154,7 @@ def test_notify_test_over_a_pool_says_each_member_and_fails_for_a_dead_one(fleet
             down = timed(fleet, "notify-test", "--host", "gpu")
             assert down.returncode == 1
             assert down.stdout.count("sent to") == 3
-            assert down.stderr.startswith("tfrun: box4: unreachable (") and down.stderr.count("\n") == 1
+            assert down.stderr.startswith("tfrun: error: box4: unreachable (") and down.stderr.count("\n") == 1
             records = json.loads(timed(fleet, "notify-test", "--host", "gpu", "--json").stdout)
             assert [(r["host"], r["reachable"], r["ok"]) for r in records] == [
                 ("box1", True, True), ("box2", True, True), ("box3", True, True), ("box4", False, False)]  # fmt: skip

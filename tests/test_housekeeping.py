@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import shlex
 import sqlite3
 import subprocess
@@ -91,14 +92,25 @@ def test_rm_removes_an_ended_job_its_records_and_the_contents_only_it_needed(tf:
 
 
 def test_rm_refuses_a_job_that_has_not_ended_and_one_that_does_not_exist(tf: Tfrun, project: Path, gate: Path) -> None:
+    """Each refusal is an error line as any verb's (`no job '77'` followed by `freed 0 B: ...` was all rm said,
+    without the prefix), and nothing is counted as freed after refusals alone; cancel's refusals likewise."""
     job = tf.submit(str(write_script(project, "wait.py", gated_job(1, 0, 0, gate))))
     result = tf.run("rm", str(job))
-    assert result.returncode == 1 and f"job {job} is " in result.stderr and "cancel it first" in result.stderr
+    assert result.returncode == 1 and result.stdout == "", result.stdout
+    assert re.fullmatch(f"tfrun: error: job {job} is (queued|running): cancel it first\n", result.stderr), result.stderr
     assert tf.job_dir(job).exists()
-    assert tf.run("rm", "77").returncode == 3
+    both = tf.run("rm", "77", str(job))
+    assert both.returncode == 3 and both.stderr.splitlines()[0] == "tfrun: error: no job '77' on this machine"
+    assert len(both.stderr.splitlines()) == 2 and both.stderr.splitlines()[1].startswith("tfrun: error: "), both.stderr
     gate.touch()
     tf.run("wait", str(job))
-    tf.ok("rm", str(job))
+    ended = tf.run("cancel", str(job), "77")
+    assert ended.returncode == 3 and ended.stdout == "", ended.stdout
+    assert ended.stderr.splitlines() == [f"tfrun: error: job {job} already ended (succeeded)",
+                                         "tfrun: error: no job '77' on this machine"]  # fmt: skip
+    removed = tf.run("rm", str(job))
+    assert removed.returncode == 0 and removed.stdout.startswith(f"removed job {job} (")
+    assert removed.stderr.startswith("freed "), removed.stderr
     assert not tf.job_dir(job).exists()
 
 

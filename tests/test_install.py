@@ -142,7 +142,7 @@ def test_hosts_add_install_gives_a_bare_box_tfrund_and_upgrades_it(
     # fresh (Python compares size and whole-second mtime) and tfrund would report the real version.
     shutil.rmtree(site / "tfrun" / "__pycache__")
     check = tf.run("hosts", "check", "box")
-    assert check.returncode == 125
+    assert check.returncode == 1  # an older tfrund answers: the box is reached, not ready (125: not reached)
     assert f"FAIL tfrund: the box has 0.0.1, this client {__version__}: upgrade it with `tfrun hosts install box`" in (
         check.stdout
     )

@@ -13,7 +13,7 @@ from tfrun.client import cli, config, fleet, render, reports
 from tfrun.client.calls import jobs as job_calls
 from tfrun.client.calls import watching
 from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError
+from tfrun.client.errors import TfrunError, error_line
 from tfrun.client.placement import Figures, choose
 from tfrun.client.styled import Styled
 from tfrun.constants import EXIT_DAEMON, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
@@ -121,14 +121,16 @@ def place(name: str, members: list[Host], gpus: Optional[int], dry_run: bool) ->
                                                        _wait(), _accept_new())))  # fmt: skip
     figures = [Figures.of(a.host, a.reply) for a in answers if a.reply is not None]
     choice = choose(figures, gpus)
+    code = EXIT_OK if choice else EXIT_FAILURE if figures else EXIT_DAEMON  # 125 only where none was reached
     if dry_run:
         for member in figures:
             click.echo(f"{member.host.label}: {member.line()}")
         click.echo(f"would place on {choice.figures.host.label}: {choice.why}" if choice else "no member can run it")
-        sys.exit(EXIT_OK if choice else EXIT_DAEMON)
+        sys.exit(code)
     if choice is None:
         wanted = f"{gpus} GPUs" if gpus is not None else "it"
-        cli.fail(f"no member of pool {name} that answered can run {wanted}", EXIT_DAEMON)
+        cli.fail(f"no member of pool {name} that answered can run {wanted}" if figures else
+                 f"no member of pool {name} answered", code)  # fmt: skip
     chosen = choice.figures
     click.echo(f"tfrun: placed on {chosen.host.label} ({chosen.free} of {chosen.total} GPUs free"
                + ("" if chosen.starts_now(gpus) else f", {chosen.queued} queued") + ")", err=True)  # fmt: skip
@@ -175,13 +177,13 @@ def notify_test_pool(members: list[Host], url: Optional[str], as_json: bool) -> 
         if record["ok"]:
             click.echo(f"{record['host']}: sent to " + ", ".join(r["target"] for r in record["results"]))
         elif not record["reachable"]:
-            click.echo(f"tfrun: {record['host']}: unreachable ({record['error']})", err=True)
+            click.echo(error_line(f"{record['host']}: unreachable ({record['error']})"), err=True)
         elif "results" not in record:
-            click.echo(f"tfrun: {record['host']}: not tested: {record['error']}", err=True)
+            click.echo(error_line(f"{record['host']}: not tested: {record['error']}"), err=True)
         else:
             said = [f"sent to {r['target']}" if r["state"] == "sent" else f"not sent to {r['target']}: {r['error']}"
                     for r in record["results"]]  # fmt: skip
-            click.echo(f"tfrun: {record['host']}: " + "; ".join(said), err=True)
+            click.echo(error_line(f"{record['host']}: " + "; ".join(said)), err=True)
     return EXIT_OK if all(record["ok"] for record in records) else EXIT_FAILURE
 
 

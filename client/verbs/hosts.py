@@ -13,7 +13,7 @@ import click
 
 from tfrun.client import cli, completion, config, render
 from tfrun.client.errors import TfrunError
-from tfrun.constants import DEFAULT_BOX_VENV, EXIT_DAEMON, EXIT_OK, EXIT_USAGE, WHEELHOUSE_ENV
+from tfrun.constants import DEFAULT_BOX_VENV, EXIT_USAGE, WHEELHOUSE_ENV
 
 
 @click.group()
@@ -198,7 +198,8 @@ def hosts_check(name: Optional[str], accept_new_host_key: bool, as_json: bool) -
     """Check a host step by step: ssh, host key, tfrund and its version, socket forwarding, then the doctor's
     checks (tfrun doctor) with the interpreter jobs get there (the host's --python, else tfrund's job_python):
     its TensorFlow, CUDA build, GPUs, the driver, the checkpoint root; on a Slurm login node, Slurm's version,
-    partitions, GPUs per node and accounting. Exits 125 if any step fails."""
+    partitions, GPUs per node and accounting. Exits 125 if the daemon cannot be reached (ssh, tfrund, the
+    daemon), 1 if it answers but the box is not ready (another tfrund version, a check that failed)."""
     try:
         host = config.resolve(name, config.load())
     except TfrunError as exc:
@@ -215,10 +216,10 @@ def hosts_check(name: Optional[str], accept_new_host_key: bool, as_json: bool) -
         else:
             click.echo(f"{_STEP_LABEL[good]} {step}")
 
-    ok = cli.run(hostcheck.check(host, accept_new_host_key, report))
+    code = cli.run(hostcheck.check(host, accept_new_host_key, report))
     if as_json:
         click.echo(render.to_json(steps))
-    sys.exit(EXIT_OK if ok else EXIT_DAEMON)
+    sys.exit(code)
 
 
 # How `hosts check` marks a step: passed or failed, or a doctor's check by its status.

@@ -39,7 +39,7 @@ def rm(jobs: tuple[str, ...], checkpoints: bool, dry_run: bool, as_json: bool) -
     if len(jobs) > MAX_REMOVE_JOBS:
         raise click.UsageError(f"at most {MAX_REMOVE_JOBS} jobs at once (tfrun prune removes many)")
     reply = cli.call(housekeeping.remove(list(jobs), checkpoints, dry_run))
-    sys.exit(show_removals(reply, as_json))
+    sys.exit(show_removals(reply, as_json, cli.place()))
 
 
 def _older_than(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
@@ -79,7 +79,7 @@ def prune(
     from tfrun.client.diskspace import show_removals
 
     removed = cli.call(housekeeping.prune(older_than, keep_last, checkpoints, dry_run))
-    sys.exit(show_removals(removed, as_json, named=False))
+    sys.exit(show_removals(removed, as_json, cli.place(), named=False))
 
 
 @click.command()

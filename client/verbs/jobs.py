@@ -9,6 +9,7 @@ import click
 
 from tfrun.client import cli, hostoptions, render
 from tfrun.client.calls import jobs as job_calls
+from tfrun.client.errors import error_line
 from tfrun.client.joblist import left_out, newest
 from tfrun.constants import (
     DEFAULT_GRACE_S,
@@ -172,12 +173,17 @@ def cancel(jobs: tuple[str, ...], every: bool, grace: float, as_json: bool) -> N
     results = cli.run(client.cancel(wanted, grace))
     if as_json:
         click.echo(render.to_json(results))
-    for result in results:
-        if not as_json:
-            click.echo(result.message + (f" on {cli.place()}" if result.id is None else ""), err=not result.ok)
+    for result in [] if as_json else results:
+        line = result.message + (f" on {cli.place()}" if result.id is None else "")
+        if result.ok:
+            click.echo(line)
+        elif every and result.state in JobState.FINAL:  # --all: it ended by itself meanwhile, no failure
+            click.echo(f"tfrun: {line}", err=True)
+        else:
+            click.echo(error_line(line), err=True)
     if any(r.id is None for r in results):
         sys.exit(EXIT_NO_SUCH_JOB)
-    ended = every and all(r.ok or r.state in JobState.FINAL for r in results)  # --all: it ended by itself
+    ended = every and all(r.ok or r.state in JobState.FINAL for r in results)
     sys.exit(EXIT_OK if ended or all(r.ok for r in results) else EXIT_FAILURE)
 
 

@@ -10,6 +10,7 @@ import click
 
 from tfrun.client import cli, hostoptions, render, reports
 from tfrun.client.calls import watching
+from tfrun.client.errors import error_line
 from tfrun.constants import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, MAX_ALERTS
 
 
@@ -143,7 +144,7 @@ def notify_test(url: Optional[str], as_json: bool) -> None:
             if result.state == "sent":
                 click.echo(f"sent to {result.target}")
             else:
-                click.echo(f"tfrun: not sent to {result.target}: {result.error}", err=True)
+                click.echo(error_line(f"not sent to {result.target}: {result.error}"), err=True)
     sys.exit(EXIT_OK if all(result.state == "sent" for result in results) else EXIT_FAILURE)
 
 
