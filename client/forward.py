@@ -11,6 +11,11 @@ The keeper serves forwards on a socket beside its protocol socket (client/tunnel
 reads `ok\\n`, `closed WHY\\n` (nothing accepts on that port) or `error WHY\\n`, then the bytes flow. Without
 the keeper (TFRUN_SSH_PERSIST=0) this process opens the SSH connection itself and keeps it for as long as it
 forwards.
+
+Both ends belong to other users too. Here, any user of this machine may connect to 127.0.0.1: each connection is
+admitted only if the kernel says its peer runs as this user (client/loopback.py), else closed unheard. On the
+box, a service's port is anyone's to bind once the service ended: a forward to a service asks the box's daemon
+before each connection whether the service's own processes still listen there (`service_guard`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 from collections.abc import Awaitable
 from typing import Any, Callable, Optional
 
+from tfrun.client import loopback
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.client.tunnel import forward_path, pump, refusal
@@ -33,6 +39,24 @@ class NothingListens(TfrunError):
 
 # A tunnel: the box port's byte streams (reader, writer), or TfrunError saying why there is none.
 Opener = Callable[[int], Awaitable[tuple[Any, Any]]]
+# Before each tunnel: returns if the box's port may be reached now, else raises TfrunError saying why not.
+Guard = Callable[[], Awaitable[None]]
+
+
+def service_guard(client: Any, job: int) -> Guard:
+    """The guard of a forward to service `job`: the box's daemon (through `client`, an AsyncClient) says the
+    service still runs and its own processes listen on its port, so once it ended nothing reaches whoever
+    listens there since."""
+    from tfrun.client.calls import services
+    from tfrun.protocol.channel import RemoteError
+
+    async def guard() -> None:
+        try:
+            await client.call(services.check(job))
+        except RemoteError as exc:
+            raise TfrunError(exc.message, EXIT_DAEMON) from None
+
+    return guard
 
 
 def keeper_opener(host: Host, accept_new: bool) -> Opener:
@@ -102,15 +126,23 @@ async def direct_opener(host: Host, accept_new: bool) -> tuple[Opener, Callable[
 class Forward:
     """A listening local port whose every connection is tunnelled to BOX_PORT on the box."""
 
-    def __init__(self, open_tunnel: Opener, box_port: int, warn: Callable[[str], None]) -> None:
+    def __init__(
+        self, open_tunnel: Opener, box_port: int, warn: Callable[[str], None], guard: Optional[Guard] = None
+    ) -> None:
         self.open_tunnel = open_tunnel
         self.box_port = box_port
         self.warn = warn  # one line on stderr: a connection that could not be tunnelled, and why
+        self.guard = guard
+        self.port = 0  # the local port, once listening
+        self.strangers: set[Optional[int]] = set()  # the uids refused (None: not found), each told of once
 
     async def probe(self) -> Optional[str]:
         """Try one tunnel before listening: a box where nothing listens on the port yet is only a warning (a
-        service may be starting); anything else (a box that refuses forwarding, no keeper) fails the verb now."""
+        service may be starting); anything else (a box that refuses forwarding, no keeper, a service that
+        ended) fails the verb now."""
         try:
+            if self.guard is not None:
+                await self.guard()
             _, writer = await self.open_tunnel(self.box_port)
         except NothingListens as exc:
             return exc.message
@@ -120,13 +152,37 @@ class Forward:
     async def listen(self, local_port: int) -> asyncio.Server:
         """Listen on 127.0.0.1:`local_port` (0: any free port); TfrunError if that port is taken."""
         try:
-            return await asyncio.start_server(self._connection, "127.0.0.1", local_port)
+            server = await asyncio.start_server(self._connection, "127.0.0.1", local_port)
         except OSError as exc:  # asyncio's message wraps the errno's words in its own: say the errno's alone
             why = os.strerror(exc.errno) if exc.errno else str(exc)
             raise TfrunError(f"cannot listen on 127.0.0.1:{local_port}: {why}", EXIT_USAGE) from None
+        self.port = server.sockets[0].getsockname()[1]
+        if not loopback.can_tell():
+            self.warn(f"this system cannot tell which user connects to 127.0.0.1:{self.port}: any user of this "
+                      "machine may use the forward")  # fmt: skip
+        return server
+
+    def _admitted(self, writer: asyncio.StreamWriter) -> bool:
+        """Whether the connection comes from this user (where the kernel can say): another user's, or one whose
+        socket the kernel no longer lists, is closed before a byte is read or tunnelled."""
+        if not loopback.can_tell():
+            return True
+        uid = loopback.peer_uid(writer.get_extra_info("socket"))
+        if uid == os.geteuid():
+            return True
+        if uid not in self.strangers:  # once per uid: another user's knocking cannot flood this terminal
+            self.strangers.add(uid)
+            who = "a socket the kernel does not list" if uid is None else f"uid {uid}, not you"
+            self.warn(f"refused a connection to 127.0.0.1:{self.port} from {who}: only you may use this forward")
+        return False
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._admitted(writer):
+            writer.close()
+            return
         try:
+            if self.guard is not None:
+                await self.guard()
             remote_reader, remote_writer = await self.open_tunnel(self.box_port)
         except TfrunError as exc:
             self.warn(f"a connection to box port {self.box_port} failed: {exc.message}")

@@ -1,5 +1,5 @@
 """`tfrun forward` (issue 20): a port on the box, reached through tfrun's SSH connection, with the connection
-keeper and without it.
+keeper and without it; another user of the client's machine is refused at the local port (issue 44).
 
 Two network namespaces of the test's own (tests/harness/netns.py): the client's and the box's, one veth pair between
 them. A real sshd and a plain HTTP server run in the box's namespace, the server on the box's 127.0.0.1 only;
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from harness import Sshd, Tfrun, box_sshd, free_port, keeper_socket, keepers_of
 from harness.netns import Namespace, Network, Unavailable
+from harness.otheruser import OtherUser, mallory  # noqa: F401
 
 pytestmark = [pytest.mark.ssh, pytest.mark.root]
 
@@ -37,18 +38,21 @@ except OSError as exc:
 @dataclass
 class Box:
     """The client (`tf`, whose commands run in `client`), the box's sshd, and the port of the HTTP server
-    that listens on the box's own 127.0.0.1, serving `page` at /page.txt."""
+    that listens on the box's own 127.0.0.1, serving `page` at /page.txt (each request it got is in
+    `web_log`)."""
 
     tf: Tfrun
     client: Namespace
     sshd: Sshd
     web_port: int
     page: str
+    web_log: Path
 
-    def fetch(self, url: str) -> str:
-        """GET `url` from the client's namespace: the body, or `failed: WHY`."""
-        return subprocess.run([*self.client.exec, sys.executable, "-c", _FETCH, url], capture_output=True, text=True,
-                              timeout=60).stdout  # fmt: skip
+    def fetch(self, url: str, user: OtherUser | None = None) -> str:
+        """GET `url` from the client's namespace (as `user`, else as the test's user): the body, or `failed: WHY`."""
+        who = [] if user is None else ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups"]
+        return subprocess.run([*self.client.exec, *who, sys.executable, "-c", _FETCH, url], capture_output=True,
+                              text=True, timeout=60).stdout  # fmt: skip
 
     def forward(self, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
         """Start `tfrun forward ARGS` in the client's namespace; it and the first line it printed."""
@@ -81,9 +85,11 @@ def box(tmp_path: Path) -> Iterator[Box]:
         page = f"served on the box's loopback, pid {os.getpid()}\n"
         (site / "page.txt").write_text(page)
         web_port = free_port()
-        web = subprocess.Popen([*box_ns.exec, sys.executable, "-m", "http.server", "--bind", "127.0.0.1",
-                                "--directory", str(site), str(web_port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        web_log = tmp_path / "web.log"
+        with open(web_log, "wb") as log:
+            web = subprocess.Popen([*box_ns.exec, sys.executable, "-m", "http.server", "--bind", "127.0.0.1",
+                                    "--directory", str(site), str(web_port)],
+                                   stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
         stop.callback(web.wait)
         stop.callback(web.kill)
         tf = Tfrun(home, prefix=client.exec)
@@ -92,7 +98,7 @@ def box(tmp_path: Path) -> Iterator[Box]:
         ssh_dir.mkdir(mode=0o700)
         (ssh_dir / "known_hosts").write_text(sshd.known_hosts_line)
         tf.ok("hosts", "add", "box", f"root@{box_address}:{sshd.port}", "--identity-file", str(sshd.user_key))
-        result = Box(tf, client, sshd, web_port, page)
+        result = Box(tf, client, sshd, web_port, page, web_log)
         wait = f"import socket, time\nwhile socket.socket().connect_ex(('127.0.0.1', {web_port})): time.sleep(0.1)"
         subprocess.run([*box_ns.exec, sys.executable, "-c", wait], timeout=30, check=True)
         yield result
@@ -120,6 +126,28 @@ def test_forward_reaches_a_port_only_the_box_can_reach(box: Box, keeper: bool) -
         code, err = _stop(proc)
     assert code == 130 and err == "", err
     assert box.fetch(f"http://127.0.0.1:{local}/page.txt").startswith("failed:"), "the port is closed after Ctrl-C"
+
+
+@pytest.mark.parametrize("keeper", [True, False], ids=["keeper", "own-connection"])
+def test_another_local_user_is_refused_at_the_port(box: Box, mallory: OtherUser, keeper: bool) -> None:  # noqa: F811
+    """127.0.0.1 is every local user's: mallory connecting to the forward's port is closed unheard, nothing of
+    hers reaches the box, and the refusal is told once; the user's own connections go through."""
+    local = free_port()
+    proc, line = box.forward(str(box.web_port), str(local), env={} if keeper else {"TFRUN_SSH_PERSIST": "0"})
+    try:
+        assert line.startswith(f"127.0.0.1:{local} -> "), proc.stderr
+        for _ in range(2):
+            got = box.fetch(f"http://127.0.0.1:{local}/page.txt?from=mallory", user=mallory)
+            assert got.startswith("failed:"), got
+        assert box.fetch(f"http://127.0.0.1:{local}/page.txt") == box.page, "the user's own connection works"
+    finally:
+        code, err = _stop(proc)
+    assert code == 130 and err == (
+        f"tfrun: refused a connection to 127.0.0.1:{local} from uid {mallory.uid}, not you: only you may use this "
+        "forward\n"
+    ), err
+    served = box.web_log.read_text()
+    assert "/page.txt" in served and "mallory" not in served, served
 
 
 def test_forward_json_and_a_port_where_nothing_listens(box: Box) -> None:

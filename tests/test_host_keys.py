@@ -47,9 +47,7 @@ def _own_etc_ssh(tf: Tfrun, folder: Path, known: str) -> None:
 
 
 @pytest.mark.parametrize("where", ["user-file", "global-file", "etc-ssh"])
-def test_a_key_pinned_outside_known_hosts_is_never_replaced(
-    tf: Tfrun, sshd: Sshd, tmp_path: Path, where: str
-) -> None:
+def test_a_key_pinned_outside_known_hosts_is_never_replaced(tf: Tfrun, sshd: Sshd, tmp_path: Path, where: str) -> None:
     remote_client(tf, sshd, trust=False)
     pinned = _other_key(tf, sshd)
     if where == "user-file":  # the second user file, named with ~ and %-tokens

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from harness import TFRUN, Sshd, Tfrun, remote_client, wait_for, write_script
+from harness.otheruser import OtherUser, mallory  # noqa: F401
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -140,6 +141,60 @@ def test_tensorboard_attached_stops_its_service_at_ctrl_c(box: Tfrun, project: P
     code, err = _ended(proc)
     assert code == 130 and "stopped tensorboard" in err, err
     assert json.loads(box.ok("services", "--json")) == []
+
+
+_TAKE_PORT = r"""
+import socket, sys, time
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+end = time.monotonic() + 60
+while True:  # the service's port, as soon as its process let it go
+    try:
+        server.bind(("127.0.0.1", int(sys.argv[1])))
+        break
+    except OSError:
+        if time.monotonic() > end:
+            raise
+        time.sleep(0.05)
+server.listen()
+print("bound", flush=True)
+while True:  # until killed: each connection that reaches it, and what it was sent
+    client, _ = server.accept()
+    client.settimeout(2)
+    try:
+        print("got", repr(client.recv(65536)), flush=True)
+    except OSError:
+        print("got a connection", flush=True)
+"""
+
+
+@pytest.mark.root
+def test_a_forward_to_an_ended_service_reaches_no_one(box: Tfrun, project: Path, mallory: OtherUser) -> None:  # noqa: F811
+    """TensorBoard is forwarded, then stopped; mallory binds its port on the box at once. The forward, still
+    running, asks the box's daemon before each connection and tunnels none to her: she gets nothing."""
+    job = box.submit(str(write_script(project, "plain.py", _PLAIN_JOB)))
+    box.ok("wait", str(job))
+    started = json.loads(box.ok("tensorboard", str(job), "--detach", "--json"))
+    forward, port = _forward(box, started["box_port"])
+    squatter = None
+    try:
+        assert _get(f"http://127.0.0.1:{port}/data/runs") is not None, "forwarded while it serves"
+        assert box.ok("stop", "tensorboard") == f"stopped tensorboard (job {started['id']})\n"
+        squatter = mallory.popen([sys.executable, "-c", _TAKE_PORT, str(started["box_port"])], stdout=subprocess.PIPE)
+        assert squatter.stdout is not None and squatter.stdout.readline() == "bound\n"
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs?token=secret", timeout=30)
+    finally:
+        code, err = _ended(forward)
+        if squatter is not None:
+            squatter.kill()
+    received, _ = squatter.communicate(timeout=30)
+    assert received == "", f"the forward reached another user's listener: {received}"
+    box_port, job_id = started["box_port"], started["id"]
+    assert code == 130 and err == (
+        f"tfrun: a connection to box port {box_port} failed: tensorboard (job {job_id}) is cancelled, not serving "
+        f"port {box_port}: nothing was forwarded; start it again with tfrun tensorboard\n"
+    ), err
 
 
 @pytest.mark.tensorflow

@@ -18,7 +18,8 @@ from tfrun.client import cli, hostoptions, render
 from tfrun.client.calls import jobs as job_calls
 from tfrun.client.calls import services as service_calls
 from tfrun.client.config import Host
-from tfrun.client.forward import Forward, Opener, direct_opener, keeper_opener, local_port_for
+from tfrun.client.errors import TfrunError
+from tfrun.client.forward import Forward, Opener, direct_opener, keeper_opener, local_port_for, service_guard
 from tfrun.constants import EXIT_USAGE
 from tfrun.duration import parse_duration
 from tfrun.protocol.jobs import Job
@@ -54,7 +55,8 @@ def forward(box_port: int, local_port: Optional[int], as_json: bool) -> None:
 
 
 async def _forward(host: Host, accept_new: bool, box_port: int, local_port: int, as_json: bool) -> None:
-    """Probe the box's port, listen here, say where, and serve until cancelled (Ctrl-C)."""
+    """Probe the box's port, listen here, say where, and serve until cancelled (Ctrl-C). A port one of the
+    daemon's services listens on is forwarded while that service serves it, and no longer."""
 
     def announce(port: int) -> None:
         if as_json:
@@ -62,12 +64,32 @@ async def _forward(host: Host, accept_new: bool, box_port: int, local_port: int,
         else:
             click.echo(f"127.0.0.1:{port} -> {host.label} port {box_port} (Ctrl-C stops)")
 
-    await _serve(host, accept_new, box_port, local_port, announce)
+    await _serve(host, accept_new, box_port, local_port, announce, await _service_on(box_port))
 
 
-async def _serve(host: Host, accept_new: bool, box_port: int, local_port: int, announce: Callable[[int], None]) -> None:
+async def _service_on(box_port: int) -> Optional[int]:
+    """The job id of the daemon's service on `box_port`, if one serves it; None where none does, or where the
+    box has no daemon to ask (a port of anything else: forwarded as it is)."""
+    from tfrun.protocol.channel import RemoteError
+
+    try:
+        found = await cli.client().call(job_calls.services())
+    except (TfrunError, RemoteError):
+        return None
+    return next((job.id for job in found if job.port == box_port), None)
+
+
+async def _serve(
+    host: Host,
+    accept_new: bool,
+    box_port: int,
+    local_port: int,
+    announce: Callable[[int], None],
+    service: Optional[int],
+) -> None:
     """Forward `local_port` to the box's `box_port` (the keeper's connection, or one of this process's own),
-    `announce` the port listened on, and serve until cancelled."""
+    `announce` the port listened on, and serve until cancelled; each connection to a `service`'s port only
+    while that service serves it."""
     from tfrun.client import keeperclient
 
     close = None
@@ -77,7 +99,8 @@ async def _serve(host: Host, accept_new: bool, box_port: int, local_port: int, a
     else:
         open_tunnel, close = await direct_opener(host, accept_new)
     try:
-        tunnel = Forward(open_tunnel, box_port, lambda line: click.echo(f"tfrun: {line}", err=True))
+        guard = None if service is None else service_guard(cli.client(), service)
+        tunnel = Forward(open_tunnel, box_port, lambda line: click.echo(f"tfrun: {line}", err=True), guard)
         nothing = await tunnel.probe()
         if nothing is not None:
             click.echo(f"tfrun: nothing answers on {host.label} port {box_port} yet ({nothing}); forwarding anyway",
@@ -234,7 +257,7 @@ async def _attached(
         if host is None:
             await asyncio.Event().wait()
         else:
-            await _serve(host, cli.target().accept_new_host_key, reply.port, local_port, announce)
+            await _serve(host, cli.target().accept_new_host_key, reply.port, local_port, announce, reply.job.id)
     finally:
         if not reply.reused:
             name = reply.job.name or str(reply.job.id)

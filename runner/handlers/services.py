@@ -1,5 +1,6 @@
 """Starting a service (TensorBoard, Jupyter): made a job of its kind, or found running, and answered once it
-listens (runner/services/commands.py says what it runs)."""
+listens (runner/services/commands.py says what it runs); and whether one still serves, asked by a forward before
+each connection it tunnels."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Optional, Protocol
 
 from tfrun.duration import format_duration
 from tfrun.protocol.fields import JobState
-from tfrun.protocol.services import ServiceReply, StartService
+from tfrun.protocol.services import CheckService, ServiceReply, StartService
 from tfrun.runner.box.doctor import job_python
 from tfrun.runner.executors import process
 from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
@@ -61,6 +62,22 @@ async def start_service(daemon: Context, req: StartService, conn: Connection) ->
         daemon.store.set_job_alerts(row.id, watched, [], [])
     row = await daemon.scheduler.build(row, [])
     await conn.send(_reply(daemon, await _ready(daemon, row)))
+
+
+@handles(CheckService)
+async def check_service(daemon: Context, req: CheckService, conn: Connection) -> None:
+    """The service, if it still runs and its own processes listen on its port: anything else listening there
+    since it ended (any user of the box may bind a free port) is refused, as nothing listening is."""
+    row = find(daemon, req.job)
+    if row.spec.service is None or row.spec.port is None:
+        raise invalid(f"job {row.id} is not a service")
+    name = f"{row.spec.service} (job {row.id})"
+    if row.state != JobState.RUNNING:
+        raise invalid(f"{name} is {row.state}, not serving port {row.spec.port}: nothing was forwarded; start it "
+                      f"again with tfrun {row.spec.service}")  # fmt: skip
+    if not _listens(row):
+        raise invalid(f"{name} does not listen on port {row.spec.port} now: nothing was forwarded")
+    await conn.send(_reply(daemon, row, reused=True))
 
 
 async def _spec(daemon: Context, req: StartService, python: str) -> JobSpec:

@@ -3,7 +3,8 @@
 A service is a job (`Job.service` names its kind), so it has what a job has: a shim that outlives the daemon,
 a log, GPUs of its own, alerts, reconciliation after a restart. `StartService` makes one (or finds the same
 one running) and is answered once the service listens on its port of the box's loopback; the client then
-forwards a local port to it (client/forward.py). It is stopped as a job is cancelled.
+forwards a local port to it (client/forward.py). It is stopped as a job is cancelled. `CheckService` asks, before
+each connection a forward tunnels to it, whether it still serves its port.
 """
 
 from __future__ import annotations
@@ -42,3 +43,14 @@ class StartService(Request[ServiceReply]):
     since: Annotated[float, Range(1, MAX_INT64)] = 86400.0
     root_dir: Optional[Text] = None
     gpus: Annotated[int, Range(0, 1024)] = 0
+
+
+@tagged("check_service")
+@dataclass
+class CheckService(Request[ServiceReply]):
+    """Whether service `job` still serves: answered with it while it runs and its own processes listen on its
+    port; refused (INVALID_INPUT, saying why) once it ended, or while nothing or another user's process listens
+    there. A forward to a service asks before each connection (client/forward.py): after the service ends,
+    anyone may bind its port, and a browser's requests (a Jupyter token with them) must not reach them."""
+
+    job: JobRef
