@@ -239,14 +239,40 @@ complete_files = _completer("files")
 
 
 def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
-    """--env NAME=VALUE pairs (submit's, hosts add's) as a dict; a usage error names the one that is not."""
+    """--env NAME=VALUE pairs (submit's, hosts add's) as a dict; a usage error names the one that is not.
+
+    A bare NAME takes its value from this command's environment, as `docker run -e NAME` does: a token
+    given so is never on tfrun's command line, which every user of the machine can read (`ps`)."""
     env: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key or "\0" in pair:
-            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--env")
+        if not key or "\0" in pair:
+            raise click.BadParameter(f"{pair!r} is not NAME=VALUE or NAME", param_hint="--env")
+        if not sep:
+            if key not in os.environ:
+                raise click.BadParameter(f"{key} is not set here (--env {key} takes its value from your "
+                                         f"environment; or give --env {key}=VALUE)", param_hint="--env")  # fmt: skip
+            value = os.environ[key]
         env[key] = value
     return env
+
+
+def lines_of(source: str, option: str) -> list[str]:
+    """The values in file `source` (`-`: stdin), one a line, blank lines and # comments left out: a notify
+    URL given so is on no command line. Unreadable, or holding no value, is a usage error naming `option`."""
+    try:
+        if source == "-":
+            text = sys.stdin.read()
+        else:
+            with open(source, encoding="utf-8") as file:
+                text = file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        raise click.BadParameter(f"cannot read {source}: {why}", param_hint=option) from None
+    values = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not values:
+        raise click.BadParameter(f"{'stdin' if source == '-' else source} holds no value", param_hint=option)
+    return values
 
 
 def job_exit_code(state: str, exit_code: Optional[int]) -> int:

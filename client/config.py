@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from tfrun.client import privatefiles
 from tfrun.client.errors import TfrunError
 from tfrun.constants import DEFAULT_CONFIRM_UPLOAD_BYTES, DEFAULT_RECONNECT_TIMEOUT_S, EXIT_USAGE
 from tfrun.duration import format_duration, parse_duration
@@ -139,15 +140,13 @@ class ClientConfig:
         if self.fleet_timeout is not None:
             data["fleet_timeout"] = format_duration(self.fleet_timeout)
         data["hosts"] = {name: host.as_toml() for name, host in sorted(self.hosts.items())}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         import tomli_w  # here, not above: every verb reads this file, few write it
 
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(tomli_w.dumps(data))
-        os.replace(tmp, self.path)
+        privatefiles.write(self.path, tomli_w.dumps(data).encode(), own_folder=_in_own_folder())
 
 
 def config_path() -> Path:
+    """$TFRUN_CONFIG, else config.toml in tfrun's folder of $XDG_CONFIG_HOME (~/.config/tfrun)."""
     explicit = os.environ.get("TFRUN_CONFIG")
     if explicit:
         return Path(explicit).expanduser()
@@ -155,14 +154,23 @@ def config_path() -> Path:
     return Path(base).expanduser() / "tfrun" / "config.toml"
 
 
+def _in_own_folder() -> bool:
+    """Whether the config lives in tfrun's own folder, which is kept 0700 (client/privatefiles.py); a file
+    TFRUN_CONFIG names is kept 0600 in a folder of the user's choosing, whose mode is the user's business."""
+    return not os.environ.get("TFRUN_CONFIG")
+
+
 def load() -> ClientConfig:
-    """The config, or an empty one if the file does not exist; a broken file is a one-line error."""
+    """The config, or an empty one if the file does not exist; a broken file is a one-line error. It holds
+    the hosts' --env values: only the user's own file is read (a link is followed, for dotfiles, to a file
+    of the user's), and one readable by others is made 0600 first (client/privatefiles.py)."""
     path = config_path()
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    data = privatefiles.read(path, follow=True, own_folder=_in_own_folder())
+    if data is None:
         return ClientConfig(path)
-    except (OSError, UnicodeDecodeError) as exc:
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
         raise TfrunError(f"{path}: {exc}", EXIT_USAGE) from None
     # imported here: with no config file, a verb never pays for the TOML parser
     from tfrun import tomltext

@@ -12,7 +12,6 @@ verbs never pay for it.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import asyncssh
 from tfrun.client import knownhosts
 from tfrun.client.config import Host, parse_destination
 from tfrun.client.errors import TfrunError, cannot_start
+from tfrun.client.hostcache import SocketCache
 from tfrun.client.remotecommand import RemoteCommand, remote_command
 from tfrun.constants import (
     EXIT_DAEMON,
@@ -223,37 +223,6 @@ class _Stream:
 async def _open_stream(reader: Any, writer: Any) -> Channel:
     stream = _Stream(reader, writer)
     return await Channel.open(stream, stream)
-
-
-class SocketCache:
-    """What we learnt of each host's daemon: its socket path, and whether forwarding to it is refused."""
-
-    def __init__(self) -> None:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        self.path = Path(base) / "tfrun" / "hosts.json"
-        try:
-            self.data: dict[str, Any] = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.data = {}
-
-    def get(self, key: str) -> dict[str, Any]:
-        entry = self.data.get(key)
-        return entry if isinstance(entry, dict) else {}
-
-    def put(self, key: str, **values: Any) -> None:
-        """Merge `values` into the file as it is now: a keeper connecting to several boxes at once learns of
-        each in turn, and must not write back what it read before the others were learnt."""
-        try:
-            now = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            now = None
-        if isinstance(now, dict):
-            self.data = {**self.data, **now}
-        self.data[key] = {**self.get(key), **values}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f"hosts.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.data))
-        os.replace(tmp, self.path)
 
 
 async def open_channel(conn: asyncssh.SSHClientConnection, host: Host) -> tuple[Channel, str]:

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import tfrun
+from tfrun.client import privatefiles
 from tfrun.client.errors import TfrunError
-from tfrun.constants import EXIT_FAILURE
+from tfrun.constants import EXIT_FAILURE, PRIVATE_DIR_MODE
 
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every entry's time, so the same files make the same wheel
 
@@ -91,11 +92,11 @@ def build_wheel(version: str) -> tuple[Path, str]:
     the digest of its contents."""
     contents = wheel_contents(version)
     digest = content_digest(contents)
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tfrun" / "wheels"
+    base = privatefiles.private_folder(privatefiles.cache_dir()) / "wheels"  # 0700: nobody else leaves a wheel
     path = base / f"{version}-{digest[:16]}" / f"tfrun-{version}-py3-none-any.whl"
     if path.exists():
         return path, digest
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
     record = f"tfrun-{version}.dist-info/RECORD"
     lines = [_record_line(name, data) for name, data in sorted(contents.items())] + [f"{record},,"]
     contents[record] = ("\n".join(lines) + "\n").encode()

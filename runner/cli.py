@@ -72,8 +72,8 @@ def run() -> None:
     layout = Layout.from_env()
     try:
         prepare_dirs(layout)
-        tighten_home(layout)
         lock = acquire_lock(layout)
+        tighten_home(layout)  # holding the lock: one daemon walks the home, and logs what it changed once
         config = Config.load(layout)
         store = Store(layout.database)
         layout.jobs_dir.mkdir(exist_ok=True)

@@ -10,6 +10,7 @@ import fcntl
 import logging
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import IO, Optional
 
@@ -53,13 +54,107 @@ def keep_private() -> None:
 
 
 def tighten_home(layout: Layout) -> None:
-    """Make a TFRUN_HOME that others may enter 0700 (one made before, or by hand: TFRUN_HOME=/data/tfrun, a
-    volume made 0755), saying so in the log: everything under it was readable by every user of the box."""
-    mode = layout.home.stat().st_mode & 0o777
-    if mode != PRIVATE_DIR_MODE:
-        layout.home.chmod(PRIVATE_DIR_MODE)
-        log.warning("%s was mode %03o, open to other users of this machine; made it %03o", layout.home, mode,
-                    PRIVATE_DIR_MODE)  # fmt: skip
+    """Make what tfrund made in its home its user's alone, once: everything under it was readable by every
+    user of the box where an older tfrund (or a volume made 0755, TFRUN_HOME=/data/tfrun) left it open.
+
+    tfrund makes all it writes private now (`keep_private`), but a home made before kept its 0644 database and
+    spec files and its 0755 folders, shut only by the top folder: open that again (a chmod, a restored
+    backup) and they are all readable. So the whole tree tfrund owns loses its bits for group and others,
+    walked without following a link (each file opened O_NOFOLLOW, checked to be the file listed, then
+    fchmod'ed), except what holds the user's own modes by design (`_OWN_MODES`, behind folders now 0700).
+    An entry of another user is left alone and named. The log says once what changed. The walk is done
+    once per home (`_TREE_DONE`; a top folder found open again walks it again): 10,000 job folders take a
+    second or so, which every start would otherwise pay."""
+    top = layout.home.stat().st_mode & 0o777
+    done = layout.home / _TREE_DONE
+    if top == PRIVATE_DIR_MODE and done.exists():
+        return
+    walk = _Walk(layout.home)
+    fd = os.open(layout.home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        walk.fix(fd, os.fstat(fd), str(layout.home))
+        walk.tree(fd, "")
+    finally:
+        os.close(fd)
+    walk.say()
+    done.touch()
+
+
+_TREE_DONE = ".private"  # in the home: its whole tree was made private once (see tighten_home)
+# Folders whose contents keep the user's modes on purpose: a job's snapshot (work/) and its spare (tree/), the
+# copy of tfrun.jobs (pythonpath/, made anew at each start), a checkpoint folder's files (the job's umask).
+_OWN_MODES = frozenset({"work", "tree", "pythonpath"})
+_SHOWN = 3  # examples named in the log
+
+
+class _Walk:
+    """One walk of a home in `tighten_home`: what it changed and what it left, for one log line each."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.changed: list[str] = []
+        self.others: list[str] = []
+
+    def tree(self, fd: int, where: str) -> None:
+        """Tighten each entry of the folder open at `fd` (`where` in the home), and the folders below."""
+        try:
+            entries = sorted(os.scandir(fd), key=lambda entry: entry.name)  # the log's examples in order
+        except OSError as exc:
+            self.others.append(f"{where or '.'} ({exc.strerror})")
+            return
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # gone since it was listed
+            path = f"{where}{entry.name}"
+            if stat.S_ISLNK(info.st_mode) or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+                continue  # a link's mode means nothing; a socket or FIFO is never opened
+            if info.st_uid != os.geteuid():
+                self.others.append(f"{path} (uid {info.st_uid})")
+                continue
+            folder = stat.S_ISDIR(info.st_mode)
+            if not folder and not info.st_mode & 0o077:
+                continue  # most files: nothing to open
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_DIRECTORY if folder else 0)
+            try:
+                child = os.open(entry.name, flags, dir_fd=fd)
+            except OSError:
+                continue  # gone, or replaced by a link, since it was listed
+            try:
+                now = os.fstat(child)
+                if (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino):
+                    continue
+                self.fix(child, now, path)
+                if folder and entry.name not in _OWN_MODES and not where.startswith("checkpoints/"):
+                    self.tree(child, f"{path}/")
+            finally:
+                os.close(child)
+
+    def fix(self, fd: int, info: os.stat_result, path: str) -> None:
+        mode = stat.S_IMODE(info.st_mode)
+        if not mode & 0o077:
+            return
+        try:
+            os.fchmod(fd, mode & ~0o077)
+        except OSError as exc:  # a read-only mount, an immutable file: said, and the daemon starts
+            self.others.append(f"{path} ({exc.strerror})")
+            return
+        self.changed.append(f"{path} {mode:03o} -> {mode & ~0o077:03o}")
+
+    def say(self) -> None:
+        """The log's line on what changed, and one on what was not ours to change, if any."""
+        if self.changed:
+            log.warning("%d files and folders under %s were open to other users of this machine; made them "
+                        "yours alone: %s", len(self.changed), self.home, _some(self.changed))  # fmt: skip
+        if self.others:
+            log.warning("%d files and folders under %s could not be made yours alone (another user's, or "
+                        "refused), left as they are: %s; remove them, or ask their owner to", len(self.others),
+                        self.home, _some(self.others))  # fmt: skip
+
+
+def _some(items: list[str]) -> str:
+    return ", ".join(items[:_SHOWN]) + (f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
 
 
 def acquire_lock(layout: Layout) -> IO[str]:

@@ -24,7 +24,8 @@ def one_line_error(stderr: str, *expected: str) -> None:
     "args, code, expected",
     [
         (["submit", "/nonexistent/train.py"], 2, "/nonexistent/train.py: no such file"),
-        (["submit", "--env", "NOEQUALS", "x.py"], 2, "'NOEQUALS' is not NAME=VALUE"),
+        (["submit", "--env", "NOEQUALS", "x.py"], 2, "NOEQUALS is not set here (--env NOEQUALS takes its value from"),
+        (["submit", "--env", "=x", "x.py"], 2, "'=x' is not NAME=VALUE or NAME"),
         (["submit", "--name", "123", "x.py"], 2, "cannot be all digits"),
         (["submit", "--name", "a b", "x.py"], 2, "cannot contain spaces"),
         (["status", "999"], 3, "no job '999'"),
@@ -77,7 +78,7 @@ def one_line_error(stderr: str, *expected: str) -> None:
         (["alerts", "--last", "lots"], 2, "'lots' is not a valid integer range (see tfrun alerts --help)"),
         (["alerts", "--last", "0"], 2, "0 is not in the range 1<=x<=10000 (see tfrun alerts --help)"),
         (["hosts", "frob"], 2, "No such command 'frob' (see tfrun hosts --help)"),
-        (["hosts", "add", "box"], 2, "Missing argument 'DESTINATION' (see tfrun hosts add --help)"),
+        (["hosts", "add", "nobox"], 2, "no host 'nobox' yet: give its destination, tfrun hosts add nobox USER@HOST"),
     ],
 )
 @local_and_ssh

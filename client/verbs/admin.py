@@ -37,6 +37,8 @@ def config_verb(ctx: click.Context, as_json: bool, show_secrets: bool) -> None:
       tfrun config                                what tfrund uses now (--json for scripts)
       tfrun config --show-secrets                 the notify URLs whole
       tfrun config set notify 'mailtos://me:app-password@smtp.example.com?to=me@example.com'
+      pass show tfrun-alerts | tfrun config set notify -   the URLs from stdin, one a line: off the
+                                                  command line, which every user's ps shows
       tfrun config set alerts.rules oom failed stall=1h
       tfrun config set max_cpu_jobs 2
       tfrun config --host box2 set name box2      box2's alerts say "on box2", not its container's id
@@ -64,8 +66,12 @@ def config_set(key: str, values: tuple[str, ...], as_json: bool) -> None:
     KEY is a key of the file, TABLE.KEY inside a table (alerts.cooldown); `tfrun config` lists them. A
     list (notify, gpus, alerts.rules, alerts.metric_patterns, slurm.sbatch_options) takes each VALUE as an
     item, replacing the list. A VALUE may begin with a dash: `tfrun config set slurm.sbatch_options
-    --qos=high --constraint=a100`."""
-    _config_change(admin.set_config(key, list(values)), as_json, f"set {key} in")
+    --qos=high --constraint=a100`.
+
+    VALUE `-` alone reads the values from stdin, one a line (# comments): a notify URL with a password or a
+    token in it then never sits on the command line, which every user of the machine can read (ps)."""
+    given = cli.lines_of("-", "VALUE") if values == ("-",) else list(values)
+    _config_change(admin.set_config(key, given), as_json, f"set {key} in")
 
 
 @config_verb.command("unset")

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import click
 
@@ -45,36 +45,46 @@ def hosts_list(as_json: bool) -> None:
 
 @hosts.command("add")
 @click.argument("name")
-@click.argument("destination")
-@click.option("--tfrund", "tfrund_command", default="tfrund", show_default=True, help="tfrund's command on the box.")
+@click.argument("destination", required=False)
+@click.option("--tfrund", "tfrund_command", metavar="COMMAND", help="tfrund's command on the box (default: tfrund; "
+              "hosts install records the one it installs).")  # fmt: skip
 @click.option("--python", help="Job interpreter on the box (default: the daemon's).")
 @click.option("--identity-file", metavar="PATH", help="The private key to log in with, also on --jump hosts "
               "(default: ~/.ssh/config's IdentityFile, the agent's keys, ~/.ssh/id_*).")  # fmt: skip
 @click.option("--jump", metavar="USER@HOST[:PORT][,...]", help="Reach the box through these hosts in turn, "
               "each host key checked (like ssh -J; ProxyJump).")  # fmt: skip
-@click.option(
-    "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Environment for tfrund, e.g. TFRUN_HOME."
-)
-@click.option("--accept-new-host-key", is_flag=True, help="Trust the box's host key the first time it is seen.")
+@click.option("--env", "env_pairs", multiple=True, metavar="NAME[=VALUE]", help="Environment for tfrund, e.g. "
+              "TFRUN_HOME; repeatable. NAME alone takes its value from your environment, off the command line "
+              "(which every user's ps shows).")  # fmt: skip
+@click.option("--accept-new-host-key/--no-accept-new-host-key", default=None, help="Trust the box's host key the "
+              "first time it is seen (default: no).")  # fmt: skip
 @click.option("--default", "make_default", is_flag=True, help="Make it the default host.")
 @click.option("--pool", "pools", multiple=True, metavar="POOL", help="Make it a member of POOL (repeatable): "
               "`--host POOL` then means every member, for ps and submit (tfrun pools).")  # fmt: skip
+@click.option("--replace", is_flag=True, help="Start an existing NAME over from what is given: its recorded "
+              "tfrund, python, env, pools and the rest go.")  # fmt: skip
 @click.option("--install", is_flag=True, help="Then install this tfrun on the box and start tfrund there, as tfrun "
               f"hosts install does ({WHEELHOUSE_ENV}=DIR: --offline with the wheels in DIR).")  # fmt: skip
 def hosts_add(
     name: str,
-    destination: str,
-    tfrund_command: str,
+    destination: Optional[str],
+    tfrund_command: Optional[str],
     python: Optional[str],
     env_pairs: tuple[str, ...],
-    accept_new_host_key: bool,
+    accept_new_host_key: Optional[bool],
     make_default: bool,
+    replace: bool,
     install: bool,
     identity_file: Optional[str],
     jump: Optional[str],
     pools: tuple[str, ...],
 ) -> None:
-    """Add (or replace) host NAME reached at DESTINATION (user@host[:port], or a Host of ~/.ssh/config).
+    """Add host NAME reached at DESTINATION (user@host[:port], or a Host of ~/.ssh/config), or change it.
+
+    For a host that exists, only what is given changes, and DESTINATION may be left out: the tfrund that
+    `hosts install` recorded, the --env (TFRUN_HOME: which daemon, hence which jobs) and the rest stay, so
+    `tfrun hosts add box --python PATH`, as `hosts check` advises, changes the interpreter alone. --env
+    NAME=VALUE sets NAME beside the others, --pool joins POOL; --replace starts the host over instead.
 
     NAME and each POOL need names of their own: a pool named like a host is refused, and `all` (every
     host) and `local` (this machine) are taken.
@@ -83,32 +93,58 @@ def hosts_add(
     Examples:
       tfrun hosts add box alice@gpu-box --install        add the host and install tfrun there
       tfrun hosts add box2 alice@gpu2 --pool gpu         box2 joins pool gpu: tfrun ps --host gpu
+      tfrun hosts add box --python /opt/conda/bin/python  change box's job interpreter, keep the rest
+      HF_TOKEN=... tfrun hosts add box --env HF_TOKEN    tfrund gets HF_TOKEN, given off the command line
     """
     from tfrun.client import fleet
 
     try:
         cfg = config.load()
         fleet.check_names(name, pools, cfg)
-        cfg.hosts[name] = config.Host(
-            destination=destination,
-            name=name,
-            tfrund=tfrund_command,
-            python=python,
-            accept_new_host_key=accept_new_host_key,
-            env=cli.parse_env(env_pairs),
-            identity_file=config.identity_path(identity_file) if identity_file else None,
-            jump=config.check_jump(jump) if jump else None,
-            pools=list(dict.fromkeys(pools)),
+        current = cfg.hosts.get(name)
+        where = destination or (current.destination if current else None)
+        if where is None:
+            raise TfrunError(
+                f"no host {name!r} yet: give its destination, tfrun hosts add {name} USER@HOST", EXIT_USAGE
+            )
+        old = None if replace else current
+        given: dict[str, Any] = {"destination": destination, "tfrund": tfrund_command, "python": python,
+                                 "accept_new_host_key": accept_new_host_key,
+                                 "identity_file": config.identity_path(identity_file) if identity_file else None,
+                                 "jump": config.check_jump(jump) if jump else None}  # fmt: skip
+        base = old or config.Host(destination=where, name=name)
+        host = dataclasses.replace(
+            base,
+            **{key: value for key, value in given.items() if value is not None},
+            env={**base.env, **cli.parse_env(env_pairs)},
+            pools=list(dict.fromkeys([*base.pools, *pools])),
         )
+        cfg.hosts[name] = host
+        was_default = cfg.default_host == name
         if make_default or cfg.default_host is None:
             cfg.default_host = name
         cfg.save()
     except TfrunError as exc:
         cli.fail(exc.message, exc.exit_code)
-    click.echo(f"added {name} ({destination}){' as the default host' if cfg.default_host == name else ''}")
+    made = "replaced" if current else "added"
+    said = f"{made} {name} ({host.destination})" if old is None else _updated(old, host)
+    click.echo(said + (", now the default host" if cfg.default_host == name and not was_default else ""))
     if install:
         wheels = os.environ.get(WHEELHOUSE_ENV)
-        _install_on(name, accept_new_host_key, offline=False, wheels=Path(wheels) if wheels else None)
+        _install_on(name, host.accept_new_host_key, offline=False, wheels=Path(wheels) if wheels else None)
+
+
+def _updated(old: config.Host, new: config.Host) -> str:
+    """What `hosts add` of an existing host did, setting by setting (env by variable name, never by value): the
+    user sees what changed and that the rest was kept."""
+    before, after = old.as_toml(), new.as_toml()
+    before.pop("env", None), after.pop("env", None)
+    changed = [key for key in after if before.get(key) != after[key]]
+    kept = [key for key in after if key not in changed and key != "destination"]
+    changed += [f"env {key}" for key in sorted(new.env) if old.env.get(key) != new.env[key]]
+    kept += [f"env {key}" for key in sorted(new.env) if old.env.get(key) == new.env[key]]
+    said = f"updated {new.label} ({new.destination}): " + (f"set {', '.join(changed)}" if changed else "no change")
+    return said + (f"; kept {', '.join(kept)}" if kept else "")
 
 
 @hosts.command("remove")

@@ -48,7 +48,9 @@ def _snapshot_notes(snap: Snapshot) -> None:
     type=click.Path(path_type=Path),
     help="Folder to snapshot and run in (default: the script's folder). SCRIPT must be inside it.",
 )
-@click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set a variable for the job; repeatable.")
+@click.option("--env", "env_pairs", multiple=True, metavar="NAME[=VALUE]", help="Set a variable for the job; "
+              "repeatable. NAME alone takes its value from your environment, off the command line (which every "
+              "user's ps shows): HF_TOKEN=... tfrun submit --env HF_TOKEN train.py.")  # fmt: skip
 @click.option(
     "--python",
     metavar="PATH",
@@ -93,6 +95,9 @@ def _snapshot_notes(snap: Snapshot) -> None:
               "job (`all` for every one), e.g. --no-alert done.")  # fmt: skip
 @click.option("--notify", multiple=True, metavar="URL", help="Also send this job's alerts to URL (any apprise URL: "
               "mailto://, slack://, json://, ...); repeatable. Kept on the box, never shown unmasked.")  # fmt: skip
+@click.option("--notify-file", "notify_files", multiple=True, metavar="FILE", help="As --notify, for each URL in "
+              "FILE, one a line (- reads stdin; # comments): a URL holding a secret then never sits on the command "
+              "line, which every user's ps shows.")  # fmt: skip
 @click.option("--metric", "metric_patterns", multiple=True, metavar="REGEX", help="Read more metrics from the "
               "output: each named group is one, `step`/`epoch` are counters, e.g. 'it (?P<step>\\d+) "
               "f1=(?P<f1>[0-9.]+)'.")  # fmt: skip
@@ -126,6 +131,7 @@ def submit(
     alerts: tuple[str, ...],
     no_alerts: tuple[str, ...],
     notify: tuple[str, ...],
+    notify_files: tuple[str, ...],
     metric_patterns: tuple[str, ...],
     array: tuple[str, ...],
     as_json: bool,
@@ -153,7 +159,9 @@ def submit(
     set already) on top of the daemon's environment and your --env.
 
     Alerts (out of memory, loss spikes, stalls, failure, success, loss of the job) go to the daemon's
-    notify URLs and to each --notify URL; `tfrun alerts` lists them. Metrics come from tfrun.jobs when the
+    notify URLs and to each --notify URL; `tfrun alerts` lists them. Secrets stay off the command line,
+    which every user of the machine can read: `--env NAME` takes NAME's value from your environment, and
+    `--notify-file FILE` (`-`: stdin) the URLs from a file. Metrics come from tfrun.jobs when the
     script uses it, else from its Keras, Lightning or plain `loss` prints: `tfrun metrics`.
 
     With --host POOL (a pool of `tfrun hosts add --pool`, or `all`), every member is asked at once and the
@@ -176,6 +184,8 @@ def submit(
       tfrun submit --host gpu --gpus 2 train.py        on the member of pool gpu that starts it soonest
       tfrun submit --host gpu --dry-run train.py       where it would go, and why
       tfrun submit --array lr=0.1,0.01,0.001 train.py  3 jobs: train.py --lr=0.1 (LR=0.1), ...
+      pass show slack | tfrun submit --env HF_TOKEN --notify-file - train.py
+                                                       secrets from your env and stdin, not argv
     """
     from tfrun.client.diskspace import UploadQuestion
     from tfrun.protocol.submit import JobOptions
@@ -209,7 +219,7 @@ def submit(
         restart_on=None if restart_on is None else list(restart_on),
         alerts=_split(alerts),
         no_alerts=_split(no_alerts),
-        notify=list(notify),
+        notify=[*notify, *(url for source in notify_files for url in cli.lines_of(source, "--notify-file"))],
         metric_patterns=list(metric_patterns),
         gpus=gpus,
         priority=priority,

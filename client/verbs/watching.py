@@ -129,8 +129,13 @@ def notify_test(url: Optional[str], as_json: bool) -> None:
     Examples:
       tfrun notify-test                            each notify URL of the box's config
       tfrun notify-test 'json://hooks.local/tfrun'  that URL, from the box
+      pass show slack | tfrun notify-test -         the URL on stdin: off the command line (ps)
       tfrun notify-test --host gpu                 every member of pool gpu, a line each
     """
+    if url == "-":  # read from stdin, as `config set notify -` reads its URLs
+        (url, *more) = cli.lines_of("-", "URL")
+        if more:
+            raise click.BadParameter("stdin holds more than one URL: test one at a time", param_hint="URL")
     pooled = hostoptions.pool()
     if pooled is not None:
         from tfrun.client.verbs import fleet
