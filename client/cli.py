@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, TypeVar
 import click
 
 from tfrun import __version__
-from tfrun.client.errors import TfrunError
+from tfrun.client.errors import TfrunError, remote_exit
 from tfrun.client.verbs import VerbGroup
 from tfrun.constants import (
     EXIT_DAEMON,
@@ -73,7 +73,6 @@ def guarded(action: Callable[[], T]) -> T:
     """Run one verb's conversation with the daemon; every failure becomes one line and an exit code."""
     from tfrun.private import NotPrivate
     from tfrun.protocol.channel import RemoteError
-    from tfrun.protocol.fields import ErrorCode
     from tfrun.protocol.wire import ProtocolError
 
     try:
@@ -83,9 +82,7 @@ def guarded(action: Callable[[], T]) -> T:
     except NotPrivate as exc:  # a socket or its folder another user could have made (tfrun/private.py)
         fail(exc.message, EXIT_DAEMON)
     except RemoteError as exc:  # "no job" names the box (client/api.py's NoSuchJob)
-        remote_exit = {ErrorCode.NO_SUCH_JOB: EXIT_NO_SUCH_JOB, ErrorCode.INVALID_INPUT: EXIT_USAGE,
-                       ErrorCode.BAD_REQUEST: EXIT_USAGE}  # fmt: skip
-        fail(exc.message, remote_exit.get(exc.code, EXIT_DAEMON))
+        fail(exc.message, remote_exit(exc.code))
     except ProtocolError as exc:
         fail(f"talking to tfrund failed: {exc}", EXIT_DAEMON)
     except StdoutClosed:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tfrun.constants import EXIT_DAEMON
+from tfrun.constants import EXIT_DAEMON, EXIT_FAILURE, EXIT_NO_SUCH_JOB, EXIT_USAGE
 
 
 def error_line(message: str) -> str:
@@ -26,3 +26,20 @@ def cannot_start(where: Optional[str], reason: str) -> TfrunError:
     host's label, None for this machine."""
     on = f" on {where}" if where is not None else ""
     return TfrunError(f"tfrund cannot start{on}: {reason}", EXIT_DAEMON)
+
+
+def remote_exit(code: str) -> int:
+    """The exit code of a verb that the daemon answered with an Error of `code` (docs/exit-codes.md). A daemon
+    that answered was reached: a failure of its own (the box's disk full, a bug) is the verb's failure, 1, never
+    the 125 of a daemon that cannot be reached, which a version mismatch, a daemon that cannot start and a code
+    this client does not know (a daemon of another version's) stay."""
+    from tfrun.protocol.fields import ErrorCode  # here: the message classes are imported only by verbs that talk
+
+    exits = {
+        ErrorCode.NO_SUCH_JOB: EXIT_NO_SUCH_JOB,
+        ErrorCode.INVALID_INPUT: EXIT_USAGE,
+        ErrorCode.BAD_REQUEST: EXIT_USAGE,
+        ErrorCode.NO_ROOM: EXIT_FAILURE,
+        ErrorCode.INTERNAL: EXIT_FAILURE,
+    }
+    return exits.get(code, EXIT_DAEMON)

@@ -28,6 +28,7 @@ from tfrun.protocol.admin import DaemonInfo, DaemonStatus, Shutdown
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import Error, Message, Ok, ProtocolError, encode
+from tfrun.runner import limits
 from tfrun.runner.box.config import Config, ConfigError
 from tfrun.runner.daemon import Daemon
 from tfrun.runner.home import (
@@ -69,13 +70,17 @@ def run() -> None:
     """
     keep_private()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s tfrund[%(process)d] %(levelname)s %(message)s")
+    limits.bound_the_log()
+    was, now = limits.raise_descriptor_limit()
+    if now != was:
+        logging.getLogger("tfrund").info("open files: the soft limit raised from %d to %d", was, now)
     layout = Layout.from_env()
     try:
         prepare_dirs(layout)
         lock = acquire_lock(layout)
         tighten_home(layout)  # holding the lock: one daemon walks the home, and logs what it changed once
         config = Config.load(layout)
-        store = Store(layout.database)
+        store = Store(layout.database, layout.jobs_dir)
         layout.jobs_dir.mkdir(exist_ok=True)
         install_job_pythonpath(layout)
     except AlreadyRunning as exc:

@@ -44,6 +44,7 @@ from tfrun.protocol.wire import (
     read_rest,
     write_message,
 )
+from tfrun.runner.alerts.diskfull import DiskWatch
 from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.alerts.watch import Alerts
 from tfrun.runner.box import liveconfig
@@ -106,6 +107,7 @@ class Daemon:
         self.outbox = Outbox(store, config.cooldown, config.expire)
         self.alerts = Alerts(config, store, self.outbox)
         self.alerts.poll_logs = not self.executor.capabilities.files_here
+        self.disk = DiskWatch(layout.home, store, self.outbox, lambda: self.config)
         self.scheduler = Scheduler(store, self.runs, self.spares, layout, lambda: self.config)
         self.runs.after_final = self._after_end
         self._connections = 0
@@ -214,9 +216,10 @@ class Daemon:
             log.info("tfrund (pid %d) stopped; running jobs keep running", os.getpid())
 
     async def _watch_home(self) -> None:
-        """Stop once this daemon no longer serves its home (`HomeWatch`), saying why."""
+        """Stop once this daemon no longer serves its home (`HomeWatch`), saying why; look at its disk too."""
         while True:
             await asyncio.sleep(_WATCH_S)
+            self.disk.look(self.alerts.host)
             reason = self.watch.lost()
             if reason is not None:
                 _say_last(f"tfrund (pid {os.getpid()}) stops: {reason}; its jobs keep running, and the next tfrun "

@@ -34,7 +34,7 @@ def test_the_tail_starts_where_the_last_lines_begin(
             for floor in {0, min(len(data), 2), min(len(data), 4)}:
                 if floor and data[floor - 1 : floor] != b"\n":
                     continue  # a request's offset is a line boundary
-                found = asyncio.run(logstream._tail_start(handle, n, floor))
+                found = asyncio.run(logstream._tail_start(handle, n, floor, len(data)))
                 assert found == naive_tail_start(data, n, floor), (n, floor)
 
 

@@ -10,6 +10,7 @@ VALUE is its *setting*:
     done             the job succeeded
     lost             the job's supervisor vanished (the machine rebooted, the shim was killed)
     gpu-memory[=P%]  a GPU's memory above P% (default 90) for a minute; the box's rule, not a job's
+    disk-full        the disk of the daemon's home (its database, every job's log) is full; the box's rule too
 
 All are on unless the daemon's config says otherwise; a job adds or tunes rules with `--alert` and drops them
 with `--no-alert` (`--no-alert all` for none).
@@ -67,9 +68,11 @@ RULES: dict[str, Rule] = {
         Rule("done", None),
         Rule("lost", None),
         Rule("gpu-memory", 90.0, _percent, lambda value: f"{value:g}%", "a percentage such as 90%"),
+        Rule("disk-full", None),
     )
 }
-JOB_RULES = tuple(name for name in RULES if name != "gpu-memory")
+BOX_RULES = ("gpu-memory", "disk-full")  # the box's own: set in the daemon's config, never by a job
+JOB_RULES = tuple(name for name in RULES if name not in BOX_RULES)
 ALL_RULES = "all"
 
 

@@ -12,7 +12,7 @@ name = "box2"                          # the box's name in alerts and `tfrun top
 executor = "local"                     # "slurm": submit jobs with sbatch ([slurm] below); restart to change
 
 [alerts]
-rules = ["oom", "spike=2", "stall=30m", "failed", "done", "lost", "gpu-memory=90%"]  # the default: all
+rules = ["oom", "spike=2", "stall=30m", "failed", "done", "lost", "gpu-memory=90%", "disk-full"]  # the default: all
 cooldown = "15m"        # one message per job and rule in this long: one incident, one message
 expire = "24h"          # keep retrying a delivery this long, then give up (it stays in `tfrun alerts`)
 gpu_memory_for = "1m"   # gpu-memory fires when a GPU stays above its threshold this long
@@ -83,7 +83,7 @@ KEYS: dict[str, Key] = {
     "blob_grace": Key(DURATION, "now"),
     "name": Key(STRING, "now, to every alert and test message"),
     "executor": Key(STRING, "when tfrund restarts"),
-    "alerts.rules": Key(STRINGS, "to jobs submitted from now on (the gpu-memory rule: now)"),
+    "alerts.rules": Key(STRINGS, "to jobs submitted from now on (the box's rules, gpu-memory and disk-full: now)"),
     "alerts.cooldown": Key(DURATION, "now"),
     "alerts.expire": Key(DURATION, "to alerts recorded from now on"),
     "alerts.gpu_memory_for": Key(DURATION, "now"),

@@ -6,12 +6,18 @@ the pair), so the daemon's dispatch (runner/daemon.py) hands each handler the re
 from __future__ import annotations
 
 import asyncio
+import errno
+import functools
+import logging
+import resource
+import sqlite3
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import Message, write_message
-from tfrun.runner.alerts import rules
+from tfrun.runner.alerts import diskfull, rules
 from tfrun.runner.alerts.outbox import masked
 from tfrun.runner.records.job import JobRow
 
@@ -23,6 +29,8 @@ if TYPE_CHECKING:
 R = TypeVar("R", bound=Message)
 C = TypeVar("C")  # what the handler needs of the daemon: its module's Context (runner/daemon.py's Daemon is each)
 Handler = Callable[[Any, Any, "Connection"], Awaitable[None]]
+
+log = logging.getLogger("tfrund")
 
 HANDLERS: dict[type[Message], Handler] = {}  # filled by @handles as runner/handlers/ modules are imported
 
@@ -39,10 +47,24 @@ def handles(request: type[R]) -> Callable[[Callable[[C, R, Connection], Awaitabl
     """Register the decorated coroutine as the handler of `request`."""
 
     def register(handler: Callable[[C, R, Connection], Awaitable[None]]) -> Handler:
-        HANDLERS[request] = handler
+        HANDLERS[request] = functools.partial(_refusing, handler)
         return handler
 
     return register
+
+
+async def _refusing(handler: Handler, daemon: Shown, req: Message, conn: Connection) -> None:
+    """Run `handler`; a request the box had no room for (`box_refusal`) is refused in one line, logged as one
+    (runner/limits.py keeps a repeated one from filling the log), not answered as an internal error with its
+    traceback. The home is the store's folder."""
+    try:
+        await handler(daemon, req, conn)
+    except (OSError, sqlite3.Error) as exc:
+        refusal = box_refusal(exc, daemon.store.path.parent)
+        if refusal is None:
+            raise
+        log.warning("%s refused: %s", req.TYPE, refusal.message)
+        raise refusal from None
 
 
 class Connection:
@@ -71,6 +93,30 @@ class RequestError(Exception):
         self.message = message
 
 
+def box_refusal(exc: BaseException, home: Path) -> Optional[RequestError]:
+    """The one line a client gets for a request the box had no room for: its disk full (the disk named, with
+    what is free there), or tfrund's file descriptors used up. None for any other failure: a bug, logged
+    with its traceback."""
+    if diskfull.is_disk_full(exc):
+        filename = exc.filename if isinstance(exc, OSError) and isinstance(exc.filename, str) else None
+        where = _existing(Path(filename)) if filename else home
+        advice = "free some space there (tfrun df shows what jobs take, tfrun prune removes old ones) and try again"
+        return RequestError(ErrorCode.NO_ROOM, f"{diskfull.describe(where)}; {advice}")
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        whose = f"tfrund's ({soft} at most)" if exc.errno == errno.EMFILE else "the box's"
+        return RequestError(ErrorCode.NO_ROOM, f"tfrund cannot open a file: {whose} open files are used up (too "
+                                               "many clients or followers at once?); try again later")  # fmt: skip
+    return None
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or the nearest folder above it that exists (a file a full disk did not let be made)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def find(daemon: Shown, ref: str) -> JobRow:
     row = daemon.store.find(ref)
     if row is None:
@@ -93,5 +139,5 @@ def public(daemon: Shown, row: JobRow) -> Job:
 
 
 def rule_texts(chosen: dict[str, Optional[float]]) -> list[str]:
-    """A job's alert rules as a client reads them ("stall=30m"); the box's own (gpu-memory) left out."""
+    """A job's alert rules as a client reads them ("stall=30m"); the box's own (gpu-memory, disk-full) left out."""
     return rules.texts({k: v for k, v in chosen.items() if k in rules.JOB_RULES})

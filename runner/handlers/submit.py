@@ -5,7 +5,9 @@ again after a lost connection), their work dirs built from the uploaded contents
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
+import os
 import shutil
 from typing import TYPE_CHECKING, Callable, Optional, Protocol, TypeVar
 
@@ -17,6 +19,7 @@ from tfrun.protocol.jobs import (
 )
 from tfrun.protocol.submit import FileEntry, HaveBlobs, MissingBlobs, PutBlob, PutBlobs, Submit, SubmitArray
 from tfrun.protocol.wire import Ok, encode
+from tfrun.runner.alerts import diskfull
 from tfrun.runner.box import housekeeping
 from tfrun.runner.faults import crash_point
 from tfrun.runner.handlers import jobspec
@@ -92,6 +95,7 @@ async def _new_jobs(
 ) -> list[JobRow]:
     """One job, or the tasks of an array (one per item of `tasks`, their values by key): made in one
     transaction, their work dirs built, then scheduled."""
+    _refuse_on_a_full_disk(daemon)
     spec = jobspec.job_spec(daemon, req)
     alert_rules = jobspec.alert_rules(daemon, req)
     task_specs = [jobspec.task_spec(req, spec, index, values) for index, values in enumerate(tasks)]
@@ -108,11 +112,20 @@ async def _new_jobs(
         else:
             rows = [await daemon.scheduler.build(rows[0], req.files)]
     except ManifestError as exc:
+        _refuse_on_a_full_disk(daemon)  # the build removed the job: what failed it was the disk
         raise invalid(f"cannot build the work dir: {exc}") from None
     crash_point("submit-accepted")
     daemon.in_background(functools.partial(daemon.spares.prepare, req.files, req.source))
     housekeeping.after_submit(daemon)
     return rows
+
+
+def _refuse_on_a_full_disk(daemon: Context) -> None:
+    """ENOSPC, which the handlers refuse in one line naming the disk (runner/handlers/base.py), when the home's
+    disk is full: a submit is then refused before anything of it is made, not failed half way (a row whose
+    commit failed, a folder whose row was undone)."""
+    if diskfull.space(daemon.layout.home).free < diskfull.FULL_BELOW_BYTES:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 async def _build_array(daemon: Context, rows: list[JobRow], files: list[FileEntry]) -> list[JobRow]:

@@ -112,29 +112,39 @@ async def stream(
     with log_growth.follow(path) as grew, contextlib.ExitStack() as cleanup:
         offset = req.offset
         handle: Optional[Any] = None
-        current, state_read = row, False
+        # Without -f, the job's state is read before the log's end: a job final then has written all it will.
+        current, state_read = (row, False) if req.follow else (latest(), True)
         quiet_since: Optional[float] = None  # since when a final job's log has not grown
+        # The log is read as it was when asked (its end then), the whole read without -f, the lines of a --tail
+        # before a -f goes on: a job writing fast moves the end faster than a client takes it, and `--tail 5`
+        # chasing it sent 2,060,006 lines (447 MB) in 6.3 s and never stopped.
+        asked_end: Optional[int] = None
         while True:
             if handle is None and path.exists():
                 handle = cleanup.enter_context(open(path, "rb"))
-                if offset > os.fstat(handle.fileno()).st_size:
+                asked_end = os.fstat(handle.fileno()).st_size
+                if offset > asked_end:
                     raise PastTheEnd(f"offset {offset} is past the end of the log")
                 if lines is not None and lines.tail is not None and chosen.compiled is None and not req.invert:
-                    offset = lines.boundary = await _tail_start(handle, lines.tail.n, offset)
+                    offset = lines.boundary = await _tail_start(handle, lines.tail.n, offset, asked_end)
                     lines.tail = None  # every line from there is the tail's: sent as read, none held
                 if since is not None and index is not None and lines is not None:
                     offset = lines.boundary = _line_start(handle, max(offset, index.offset_since(since)), offset)
+            if asked_end is not None and offset >= asked_end and req.follow:
+                if lines is not None:
+                    await lines.caught_up(final=False, end=offset)  # the --tail as asked is out; then, what comes
+                asked_end = None
             data = b""
             if handle is not None:
                 handle.seek(offset)
-                data = handle.read(LOG_CHUNK_BYTES)
+                data = handle.read(LOG_CHUNK_BYTES if asked_end is None else min(LOG_CHUNK_BYTES, asked_end - offset))
             if data:
                 if lines is None:
                     await send(LogChunk(offset=offset, data=data))
                 else:
                     await lines.feed(data, offset)
                 offset += len(data)
-                state_read, quiet_since = False, None
+                state_read, quiet_since = not req.follow, None
                 continue
             if not state_read:
                 # The file ends here for now. Read the job's state, then the file once more: a final job can
@@ -171,12 +181,11 @@ def _line_reader(
     return reader
 
 
-async def _tail_start(handle: BinaryIO, n: int, floor: int) -> int:
-    """Where the last `n` finished lines after `floor` begin, found as GNU tail does, from the end backwards:
-    just after the (n+1)th newline from the end, else `floor`. So a --tail without a filter reads only
-    the lines it sends and holds none, however large `n` (any count: more than the log has is all of it).
+async def _tail_start(handle: BinaryIO, n: int, floor: int, end: int) -> int:
+    """Where the last `n` finished lines between `floor` and `end` begin, found as GNU tail does, from the end
+    backwards: just after the (n+1)th newline from the end, else `floor`. So a --tail without a filter reads
+    only the lines it sends and holds none, however large `n` (any count: more than the log has is all of it).
     In a worker thread: that can be a whole log's bytes."""
-    end = os.fstat(handle.fileno()).st_size
     if n >= end - floor:  # every line holds a byte at least: all of them
         return floor
 

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, BinaryIO, NamedTuple, Optional
 
 from tfrun.losses import TrainingLoss
 from tfrun.protocol.watching import MetricSample
@@ -104,7 +104,7 @@ def read_metrics(job_dir: Path, last: Optional[int]) -> tuple[str, list[MetricSa
         if path.exists() and path.stat().st_size:
             samples: list[MetricSample] = []
             with open(path, "rb") as f:
-                for line in f:
+                for line in _lines_until(f, os.fstat(f.fileno()).st_size):
                     sample = _sample(line)
                     if sample is None:
                         continue
@@ -114,6 +114,17 @@ def read_metrics(job_dir: Path, last: Optional[int]) -> tuple[str, list[MetricSa
                         samples.append(sample)
             return source, samples[-last:] if last else samples
     return "none", []
+
+
+def _lines_until(f: BinaryIO, end: int) -> Iterator[bytes]:
+    """The lines of `f` that begin before `end`: the file as it was when asked, as a job appending fast moves
+    its end faster than it is read, and a read to the end would never stop."""
+    read = 0
+    for line in f:
+        if read >= end:
+            return
+        read += len(line)
+        yield line
 
 
 def _updated(sample: MetricSample, later: MetricSample) -> MetricSample:

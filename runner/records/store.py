@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -54,8 +56,11 @@ _UPDATABLE = set(_COLUMNS) - {"id", "state", "spec", "created_at", "array_id", "
 class Store(AlertRows):
     """The daemon's database: its jobs here, its alerts' tables in AlertRows (runner/records/alertrows.py)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, jobs_dir: Optional[Path] = None) -> None:
         self.path = path
+        if jobs_dir is not None:
+            _refuse_empty_beside_jobs(path, jobs_dir)
+        self._made: list[Path] = []  # job folders made in the transaction under way: gone if it is undone
         self.job_writes = 0  # bumped by every write to the jobs table: the cue to read them again
         self.on_job_write: list[Callable[[], None]] = []  # called at each such write: who waits on it wakes
         self._unfinished: Optional[dict[int, JobRow]] = None  # the unfinished jobs (None: to be read)
@@ -113,7 +118,11 @@ class Store(AlertRows):
             if self.db.in_transaction:  # SQLite ends some failed ones itself (a full disk)
                 self.db.execute("ROLLBACK")
             self._forget_unfinished()  # what was read inside it may be undone
+            for folder in self._made:  # a job undone leaves no folder: its id would be skipped forever
+                shutil.rmtree(folder, ignore_errors=True)
             raise
+        finally:
+            self._made = []
 
     def create_job(
         self,
@@ -150,6 +159,7 @@ class Store(AlertRows):
                     # Left by an earlier database: never write into it; AUTOINCREMENT moves past this id.
                     self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
                     continue
+                self._made.append(job_dir)
                 checkpoints = checkpoint_dir or checkpoint_root / f"{job_id}-{self.daemon_id}"
                 array = None if array_index is None else array_id or job_id
                 self.db.execute(
@@ -294,6 +304,30 @@ class Store(AlertRows):
         for state, n in self.db.execute("SELECT state, count(*) FROM jobs GROUP BY state"):
             counts[state] = n
         return counts
+
+
+def _refuse_empty_beside_jobs(path: Path, jobs_dir: Path) -> None:
+    """An empty database file (0 bytes: a crash or a full disk can leave one) beside job folders is refused, not
+    started over: SQLite would make it a new database, and the history of every job in the folders would be
+    gone from every verb without a word. Rebuilding the rows from the folders is not offered: they hold what the
+    shim ran and how it ended, not the job's spec (its name, alert rules and URLs, restart policy, array).
+    A missing file is a new start (what "move it aside" asks for); an empty one beside no job folder too."""
+    try:
+        empty = path.stat().st_size == 0
+    except FileNotFoundError:
+        return
+    if not empty:
+        return
+    try:
+        folders = sum(1 for entry in os.scandir(jobs_dir) if entry.name.isdigit() and entry.is_dir())
+    except FileNotFoundError:
+        return
+    if folders:
+        raise StoreError(
+            f"{path} is empty (0 bytes: a crash or a full disk left it) while {jobs_dir} holds {folders} job "
+            "folder(s) it recorded; restore it from a backup, or move it aside to start afresh (the folders "
+            "stay, and new jobs take new ids)"
+        )
 
 
 def _row(row: sqlite3.Row) -> JobRow:

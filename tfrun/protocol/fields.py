@@ -54,6 +54,7 @@ class ErrorCode:
     NO_SUCH_JOB = "no_such_job"
     INVALID_INPUT = "invalid_input"  # well-formed, but cannot be done (missing script, unreadable folder)
     INTERNAL = "internal"
+    NO_ROOM = "no_room"  # the box had no room for it: its disk full, or tfrund's file descriptors used up
     CANNOT_START = "cannot_start"  # no daemon runs and none could start: `tfrund dial-stdio` answers for it
 
 
