@@ -70,14 +70,15 @@ def tighten_home(layout: Layout) -> None:
     if top == PRIVATE_DIR_MODE and done.exists():
         return
     walk = _Walk(layout.home)
-    fd = os.open(layout.home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    fd = os.open(layout.home, os.O_RDONLY | os.O_DIRECTORY)  # the home may be a link the user made; no link in it
     try:
         walk.fix(fd, os.fstat(fd), str(layout.home))
         walk.tree(fd, "")
     finally:
         os.close(fd)
     walk.say()
-    done.touch()
+    done.write_text("tfrund made what it keeps here its user's alone (no access for group or others) once; it "
+                    "looks again at its next start if this file is removed.\n")  # fmt: skip
 
 
 _TREE_DONE = ".private"  # in the home: its whole tree was made private once (see tighten_home)
@@ -145,12 +146,16 @@ class _Walk:
     def say(self) -> None:
         """The log's line on what changed, and one on what was not ours to change, if any."""
         if self.changed:
-            log.warning("%d files and folders under %s were open to other users of this machine; made them "
-                        "yours alone: %s", len(self.changed), self.home, _some(self.changed))  # fmt: skip
+            log.warning("made %s under %s yours alone (other users of this machine could open them): %s",
+                        _entries(self.changed), self.home, _some(self.changed))  # fmt: skip
         if self.others:
-            log.warning("%d files and folders under %s could not be made yours alone (another user's, or "
-                        "refused), left as they are: %s; remove them, or ask their owner to", len(self.others),
-                        self.home, _some(self.others))  # fmt: skip
+            log.warning("%s under %s could not be made yours alone (another user's, or refused), left as "
+                        "they are: %s; remove them, or ask their owner to", _entries(self.others), self.home,
+                        _some(self.others))  # fmt: skip
+
+
+def _entries(items: list[str]) -> str:
+    return "1 file or folder" if len(items) == 1 else f"{len(items)} files and folders"
 
 
 def _some(items: list[str]) -> str:

@@ -222,9 +222,14 @@ def test_a_home_an_older_tfrund_left_open_is_made_private_all_the_way_down_once(
         assert refused(mallory, path), path
     home.chmod(0o700)
     log = (home / "tfrund.log").read_text()
-    opened = [line for line in log.splitlines() if "were open to other users" in line]
-    assert len(opened) == 1 and f"made them yours alone: {home} 755 -> 700, blobs 755 -> 700" in opened[0], opened
+    opened = [line for line in log.splitlines() if "other users of this machine could open them" in line]
+    assert len(opened) == 1 and f"could open them): {home} 755 -> 700, blobs 755 -> 700" in opened[0], opened
     assert f"jobs/{job}/notes.txt (uid {mallory.uid})" in log
     tf.daemon("stop")
     tf.ok("ps")  # the next start: nothing left to say
-    assert (home / "tfrund.log").read_text().count("were open to other users") == 1
+    assert (home / "tfrund.log").read_text().count("could open them") == 1
+    tf.daemon("stop")  # TFRUN_HOME may be a link the user made (to a volume): that one link is followed
+    home.rename(home.with_name("volume"))
+    home.symlink_to(home.with_name("volume"))
+    (home / ".private").unlink()
+    assert [record["id"] for record in tf.jobs()] == [job] and (home / ".private").is_file()
