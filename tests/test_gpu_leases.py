@@ -184,8 +184,8 @@ def test_a_holder_killed_with_sigkill_frees_its_gpu_for_the_other_daemons_job(
         wait_for(lambda: all(_state(other, job) == "running" for job in held), what="their jobs to run")
         job = tf.submit("--gpus", "1", str(recording_job(project, shared, "root", gated=True)))
         wait_for(lambda: "held outside" in waiting_reason(tf, job), what="our job to wait")
-        assert f"another user's job (uid {user.uid})" in waiting_reason(tf, job)
-        assert f"held by another user's job (uid {user.uid})" in tf.ok("gpus")
+        assert f"a lease of user {user.name} (uid {user.uid}) that pid " in waiting_reason(tf, job)
+        assert f"held by a lease of user {user.name} (uid {user.uid})" in tf.ok("gpus")
         victim = held[0]
         device = json.loads(other.ok("status", "--json", str(victim)))["gpus"][0]
         shim = json.loads((other.home / "jobs" / str(victim) / "shim.json").read_text())["shim_pid"]

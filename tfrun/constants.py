@@ -131,13 +131,11 @@ JOB_UMASK_ENV = "TFRUN_JOB_UMASK"
 WORK_FILE_MODE_MASK = 0o755
 PRIVATE_DIR_MODE = 0o700  # TFRUN_HOME and each job's checkpoint folder
 
-# GPUs shared by every tfrund on the box (runner/queue/gpulease.py): a lease file per GPU in this sticky folder, held
-# by the job's shim. A GPU where some process outside tfrun holds more memory than GPU_FOREIGN_BYTES (a
-# notebook, another user's script) is not handed out either. While a job waits for a GPU held outside this
-# daemon, it looks again every GPU_RECHECK_S (a lease's end makes no event); it waits for another daemon's
-# hand-out at most GPU_HANDOUT_WAIT_S per pass.
+# GPUs shared by every tfrund on the box (runner/queue/gpulease.py): leases held by the jobs' shims, in a folder of
+# each user's own in this sticky one. A GPU where some process outside tfrun holds more memory than
+# GPU_FOREIGN_BYTES (a notebook, another user's script) is not handed out either. While a job waits for a GPU
+# held outside this daemon, it looks again every GPU_RECHECK_S (a lease's end makes no event).
 GPU_LEASE_DIR = "/tmp/tfrun-gpus"
 GPU_FOREIGN_BYTES = 256 << 20
 GPU_RECHECK_S = 1.0
-GPU_HANDOUT_WAIT_S = 5.0
 GPU_HELD_OUTSIDE = "held outside this daemon"  # in a job's waiting reason: `tfrun ps` then shows that reason

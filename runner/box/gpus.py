@@ -136,28 +136,26 @@ def lease_folder() -> str:
     return f"{standin}.leases" if standin else GPU_LEASE_DIR
 
 
-def lease_paths(devices: list[str], readings: list[GpuReading]) -> dict[str, str]:
-    """The lease file of each device that is a GPU NVML lists (the others have none)."""
-    folder = lease_folder()
-    paths = {}
+def lease_keys(devices: list[str], readings: list[GpuReading]) -> dict[str, str]:
+    """What names the lease of each device that is a GPU NVML lists (the others have none)."""
+    keys = {}
     for device in devices:
         reading = next((r for r in readings if r.is_device(device)), None)
         if reading is not None:
-            paths[device] = gpulease.lease_path(folder, reading.key)
-    return paths
+            keys[device] = reading.key
+    return keys
 
 
-def held_outside(devices: list[str], readings: list[GpuReading], test: bool) -> dict[str, str]:
+def held_outside(devices: list[str], readings: list[GpuReading]) -> dict[str, str]:
     """Who holds each of `devices` outside this daemon, in words, for those held: another daemon's job (its
-    lease), else a process outside tfrun with more than GPU_FOREIGN_BYTES of its memory. With `test` the leases are
-    tried (only under the hand-out lock: gpulease.is_free); without, read from /proc/locks, untouched."""
-    paths = lease_paths(devices, readings)
+    lease), else a process outside tfrun with more than GPU_FOREIGN_BYTES of its memory. The leases are read,
+    never claimed: that could keep another daemon's job from starting."""
     found = {}
-    for device, path in paths.items():
+    for device, key in lease_keys(devices, readings).items():
         reading = next(r for r in readings if r.is_device(device))
         try:
-            leased = not gpulease.is_free(path) if test else gpulease.holder(path) is not None
-            why = _lease_holder(path) if leased else foreign_use(reading)
+            holder = gpulease.held_by(lease_folder(), key)
+            why = gpulease.describe(holder) if holder is not None else foreign_use(reading)
         except gpulease.LeaseError as exc:
             why = str(exc)
         if why is not None:
@@ -171,19 +169,6 @@ def foreign_use(reading: GpuReading) -> Optional[str]:
     if biggest is None or biggest.used <= GPU_FOREIGN_BYTES:
         return None
     return f"a process of uid {_uid_of(biggest.pid)} (pid {biggest.pid}, {biggest.used / (1 << 30):.1f} GiB)"
-
-
-def _lease_holder(path: str) -> str:
-    """Whose job holds a lease, as /proc/locks tells it."""
-    found = gpulease.holder(path)
-    if found is None:
-        return "another tfrun daemon's job"  # let go since it was tried, or /proc/locks is not there
-    pid, uid = found
-    if uid is None:
-        return f"another tfrun daemon's job (pid {pid})"
-    if uid == os.geteuid():
-        return f"a job of another tfrund of yours (pid {pid})"
-    return f"another user's job (uid {uid})"
 
 
 def _uid_of(pid: int) -> str:

@@ -21,10 +21,12 @@ earlier run's exit record aside (so that nobody takes it for this run's end), sa
 records which run it is (SLURM_RESTART_COUNT) in shim.json.
 
 A job given GPUs by a daemon that leases them (runner/queue/gpulease.py; TFRUN_GPU_LEASES in its launch record's
-environment) runs only once its shim holds every one of those leases, for as long as the shim lives; however
-the shim dies, the kernel frees them. A lease found held by someone else (a pass of another daemon cannot do that,
-but a job started again at daemon start, or a process outside tfrun, can) is the job's failure to start: it
-does not run on a GPU someone else has.
+environment names the daemon's claims) runs only once its shim holds a lease of its own on each, taken over from
+the daemon's claim without a gap; the job sees its shim's in TFRUN_GPU_LEASES. The shim lets them go once the job
+has ended, before it records the end (so the daemon finds the GPUs free when it learns of it); however the shim
+dies, the kernel frees them. A lease found held by someone else (a pass of another daemon cannot do that, but a job
+started again at daemon start can) is the job's failure to start, saying whose: it does not run on a GPU someone
+else has.
 
 Standard library only, and no more of it than needed: it starts once per job.
 """
@@ -95,6 +97,7 @@ class Shim:
         self.index_fd = -1
         self.indexed = 0  # the log's size at the last index record
         self.next_tick = 0.0  # when to look at the log's size again
+        self.leases: list[gpulease.Lease] = []  # held from before the job starts until it has ended
 
     def start(self) -> None:
         """Start the job with its output on the log file; on failure, record it as the job's exit."""
@@ -156,15 +159,16 @@ class Shim:
         if not paths:
             return
         try:
-            taken = gpulease.take_all(paths.split(os.pathsep))
+            taken = gpulease.take_over(paths.split(os.pathsep))
         except gpulease.LeaseError as exc:
-            taken, why = "", str(exc)
-        else:
-            why = f"its GPU's lease {taken} is held by another job (tfrun gpus says whose); submit it again"
-        if taken is not None:
+            taken = str(exc)
+        if isinstance(taken, str):
+            why = f"{taken}; submit it again"
             os.write(log, f"tfrun: not started: {why}\n".encode())
             self._write_exit(code=127, sig=None, started=time.time(), error=f"not started: {why}")
             raise SystemExit(0)
+        self.leases = taken
+        self.launch["env"][gpulease.LEASES_ENV] = os.pathsep.join(lease.path for lease in taken)
 
     def run(self) -> None:
         """Wait for the job and everything it started; handle cancel; record the exit."""
@@ -191,6 +195,8 @@ class Shim:
                 self.deadline = time.time() + self._grace()
         self.next_tick = 0.0
         self._index()  # the last bytes, before exit.json says there will be no more
+        for lease in self.leases:
+            gpulease.release(lease)
         code, sig = _decode(self.status if self.status is not None else 0)
         stopped = (
             "stopped by Slurm (SIGTERM): its time limit was near, it was preempted or requeued"

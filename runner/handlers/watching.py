@@ -141,7 +141,7 @@ async def _gpus(daemon: Context) -> list[Gpu]:
     readings = await asyncio.get_running_loop().run_in_executor(None, read_gpu_memory)
     held = daemon.scheduler.held()
     places = daemon.runs.executor.places_jobs()  # Slurm decides: no leases
-    outside = {} if places else held_outside([d for d in daemon.scheduler.devices if d not in held], readings, False)
+    outside = {} if places else held_outside([d for d in daemon.scheduler.devices if d not in held], readings)
     gpus = []
     for device in daemon.scheduler.devices:
         reading = next((r for r in readings if r.is_device(device)), None)

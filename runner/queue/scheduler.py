@@ -10,10 +10,10 @@ Jobs without GPUs wait only for the cap on concurrent CPU-only jobs (`max_cpu_jo
 job submitted `--after` others waits until they have all succeeded; if one did not, it fails, saying which.
 
 A GPU is free only if no other tfrund's job holds its box-wide lease and no process outside tfrun holds more
-than a little of its memory (runner/box/gpus.py, runner/queue/gpulease.py): a pass that has GPU jobs to place holds the
-box's hand-out lock, tries the leases, and the shim of each job it starts takes its GPUs' leases before the
-lock is let go. A job that waits for a GPU held outside the daemon says by whom, and the pass runs again every
-GPU_RECHECK_S while it does (the end of another daemon's job makes no event here).
+than a little of its memory (runner/box/gpus.py, runner/queue/gpulease.py): a pass that has GPU jobs to place
+claims the leases of the devices it picks for each job, and the job's shim takes them over before the pass lets
+its claims go (runner/queue/claims.py). A job that waits for a GPU held outside the daemon says by whom, and the
+pass runs again every GPU_RECHECK_S while it does (the end of another daemon's job makes no event here).
 
 A pass runs whenever a job is submitted or ends and when the daemon starts; passes never overlap.
 
@@ -37,16 +37,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
-from tfrun.constants import DEFAULT_GRACE_S, GPU_HANDOUT_WAIT_S, GPU_HELD_OUTSIDE, GPU_RECHECK_S
+from tfrun.constants import DEFAULT_GRACE_S, GPU_HELD_OUTSIDE, GPU_RECHECK_S
 from tfrun.content import ManifestError
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.submit import FileEntry
 from tfrun.runner.box import checkpoints
 from tfrun.runner.box.blobs import read_manifest, write_manifest
 from tfrun.runner.box.config import inherited_env
-from tfrun.runner.box.gpus import held_outside, lease_folder, lease_paths, read_gpu_memory
 from tfrun.runner.faults import crash_point
-from tfrun.runner.queue import gpulease, queries
+from tfrun.runner.queue import queries
+from tfrun.runner.queue.claims import Claims
 from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow, JobSpec, from_json
 
@@ -77,7 +77,7 @@ class Scheduler:
         self.layout = layout
         self.config = config  # the daemon's config as it is now: a reload replaces it
         self._lock = asyncio.Lock()
-        self._leases: dict[str, str] = {}  # in a pass: the lease file of each device that has one
+        self._claims = Claims()  # in a pass: the GPU leases it claimed for the jobs it starts
         self._recheck: Optional[asyncio.Task[None]] = None  # the pass to come for GPUs held outside
         self._specs: dict[int, JobSpec] = {}  # the spec of each waiting job (`_waiting_jobs`)
 
@@ -174,8 +174,13 @@ class Scheduler:
                     await self._start_on(row, [])
                 continue
             need = job.spec.gpus
+            devices: list[str] = []
             if need:
-                if gpu_blocked or need > len(free):
+                if not gpu_blocked and need <= len(free):
+                    devices, lost = await self._claims.take(free, need)
+                    outside.update(lost)
+                    free = [d for d in free if d not in lost]
+                if not devices:
                     self._wait(
                         job,
                         f"waiting for {need} GPU(s); {len(free)} free"
@@ -184,22 +189,22 @@ class Scheduler:
                     )
                     gpu_blocked = True
                     continue
-                devices = free[:need]
             else:
                 # Services (TensorBoard, Jupyter) neither take nor wait for a CPU-only job slot: they mostly wait.
                 cap = 0 if job.spec.service is not None else self.config().max_cpu_jobs
                 if cap and cpu_running >= cap:
                     self._wait(job, f"waiting for one of the {cap} CPU-only job slots")
                     continue
-                devices = []
             row = self._current(job)
             if row is None:
+                self._claims.let_go(devices)
                 continue
             if need:
-                free = free[need:]
+                free = [d for d in free if d not in devices]
             else:
                 cpu_running += job.spec.service is None
             await self._start_on(row, devices)
+            self._claims.let_go(devices)  # its shim holds leases of its own now, or the job did not start
         for tasks in arrays.values():
             await self._start_array(tasks)
         if gpu_blocked and outside:
@@ -207,36 +212,15 @@ class Scheduler:
 
     @contextlib.asynccontextmanager
     async def _handing_out(self, waiting: list[_Waiting]) -> AsyncIterator[dict[str, str]]:
-        """For a pass with GPU jobs to place, on GPUs other daemons may lease: the box's hand-out lock held
-        for the pass, and who holds each device outside this daemon (in words). Without the lock in time
-        (another daemon hands out for longer than GPU_HANDOUT_WAIT_S), every leased device counts as held."""
-        self._leases = {}
+        """For a pass with GPU jobs to place, on GPUs other daemons may lease: who holds each device outside this
+        daemon (in words). The leases the pass claims for the jobs it starts are let go at its end at the latest."""
         if self.runs.executor.places_jobs() or not any(job.spec.gpus for job in waiting):
             yield {}
             return
-        loop = asyncio.get_running_loop()
-        readings = await loop.run_in_executor(None, read_gpu_memory)
-        self._leases = lease_paths(self.devices, readings)
-        if not self._leases:
-            yield {}
-            return
-        handout = None
         try:
-            gpulease.ensure_folder(lease_folder())
-            handout = await _take_handout()
-            candidates = [d for d in self.devices if d not in self.held()]
-            outside = (
-                held_outside(candidates, readings, test=True)
-                if handout is not None
-                else {d: "another daemon handing out GPUs now" for d in self._leases}
-            )
-        except gpulease.LeaseError as exc:
-            outside = {d: str(exc) for d in self._leases}
-        try:
-            yield outside
+            yield await self._claims.look(self.devices, [d for d in self.devices if d not in self.held()])
         finally:
-            if handout is not None:
-                os.close(handout)
+            self._claims.let_go_all()
 
     def _recheck_soon(self) -> None:
         """A pass in GPU_RECHECK_S, unless one is due already: a GPU held outside frees with no event here."""
@@ -297,9 +281,7 @@ class Scheduler:
         row = replace(row, gpus=devices, waiting=None)
         try:
             env = job_env(self.layout, row, devices, self.devices)
-            leases = [self._leases[d] for d in devices if d in self._leases]
-            if leases:  # its shim holds them for the job's life (runner/queue/gpulease.py)
-                env[gpulease.LEASES_ENV] = os.pathsep.join(leases)
+            env.update(self._claims.env(devices))  # its shim takes the claims over (runner/queue/claims.py)
             await self.runs.start_job(row, env, DEFAULT_GRACE_S)
         except OSError as exc:  # e.g. a full disk: the job is recorded as failed, not left queued forever
             self.runs.mark_failed(row, f"could not start: {exc.strerror or exc}")
@@ -317,16 +299,6 @@ class Scheduler:
                 current = self.store.get(row.id)
                 if current is not None and not current.final:
                     self.runs.mark_failed(current, f"could not start: {exc.strerror or exc}")
-
-
-async def _take_handout() -> Optional[int]:
-    """The box's GPU hand-out lock, waited for up to GPU_HANDOUT_WAIT_S (another daemon's pass holds it for
-    as long as it takes to start its jobs); None if it stays taken."""
-    path = os.path.join(lease_folder(), gpulease.HANDOUT)
-    deadline = asyncio.get_running_loop().time() + GPU_HANDOUT_WAIT_S
-    while (fd := gpulease.try_take(path)) is None and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.05)
-    return fd
 
 
 def _outside_text(outside: dict[str, str]) -> str:
