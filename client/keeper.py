@@ -47,6 +47,7 @@ from tfrun.client.errors import TfrunError
 from tfrun.client.keeperclient import answers
 from tfrun.client.tunnel import forward_path, pump, serve_forward
 from tfrun.private import peer_is_self
+from tfrun.protocol.wire import read_header
 
 IDLE_EXIT_S = 600.0
 
@@ -104,14 +105,18 @@ class Keeper:
             return
         self.active += 1
         try:
+            hello = await read_header(reader)  # the verb's hello: a remembered socket must prove itself first
+            if hello is None:
+                return
             try:
-                remote_reader, remote_writer = await open_raw(self.conn, self.host)
+                remote_reader, remote_writer, answer = await open_raw(self.conn, self.host, hello)
             except Exception:
                 # The connection cannot open a channel: it is dead, or the box changed under it. Stop
                 # serving it, before this verb hears of it, so that its next try starts a keeper afresh.
                 self._let_go()
                 self.unusable.set()
                 raise
+            writer.write(answer)
             await asyncio.gather(pump(reader, remote_writer), pump(remote_reader, writer))
         except Exception:  # a failed channel ends this client's connection
             pass

@@ -12,6 +12,7 @@ verbs never pay for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -27,14 +28,16 @@ from tfrun.client.remotecommand import RemoteCommand, remote_command
 from tfrun.constants import (
     EXIT_DAEMON,
     EXIT_USAGE,
+    PROOF_TIMEOUT_S,
     SSH_ALIVE_COUNT_MAX,
     SSH_ALIVE_INTERVAL_S,
     SSH_CONNECT_TIMEOUT_S,
 )
-from tfrun.protocol.admin import DaemonInfo, DaemonStatus
-from tfrun.protocol.channel import Channel, RemoteError
+from tfrun.protocol.admin import DaemonInfo, DaemonKey, DaemonStatus, GetDaemonKey
+from tfrun.protocol.channel import Channel, RemoteError, check_proof
 from tfrun.protocol.fields import ErrorCode
-from tfrun.protocol.wire import ProtocolError
+from tfrun.protocol.proof import KEY_BYTES, new_challenge
+from tfrun.protocol.wire import Hello, ProtocolError, decode_header, encode, read_header, read_message, write_message
 
 _RECHECK_S = 24 * 3600.0  # how long a box's refusal to forward is believed before trying again
 
@@ -220,23 +223,43 @@ class _Stream:
         self.writer.close()
 
 
-async def _open_stream(reader: Any, writer: Any) -> Channel:
+async def _open_stream(reader: Any, writer: Any, key: Optional[bytes] = None) -> Channel:
     stream = _Stream(reader, writer)
-    return await Channel.open(stream, stream)
+    return await Channel.open(stream, stream, key)
+
+
+def _proof_key(known: dict[str, Any]) -> Optional[bytes]:
+    """The daemon key remembered with a host's socket path, if a well-formed one is."""
+    try:
+        key = bytes.fromhex(known.get("socket_key") or "")
+    except (TypeError, ValueError):
+        return None
+    return key if len(key) == KEY_BYTES else None
 
 
 async def open_channel(conn: asyncssh.SSHClientConnection, host: Host) -> tuple[Channel, str]:
-    """A channel to the box's daemon, and how it was reached ("socket" or "exec")."""
+    """A channel to the box's daemon, and how it was reached ("socket" or "exec").
+
+    A remembered socket path is used only with the daemon key remembered beside it, and only once what answers
+    there proves it holds that key (tfrun/protocol/proof.py): after a reboot another user of the box may listen
+    at that path. Anything else (no answer, another listener, an old daemon) is passed over for the exec
+    channel, which learns the path and key anew, so the memory heals by itself."""
     cache = SocketCache()
     key = host.identity
     known = cache.get(key)
     refused = bool(known.get("forwarding_refused")) and time.time() - known.get("checked_at", 0) < _RECHECK_S
-    if known.get("socket") and not refused:
+    proof_key = _proof_key(known)
+    if known.get("socket") and proof_key is not None and not refused:
         try:
             reader, writer = await conn.open_unix_connection(known["socket"])
-            return await _open_stream(reader, writer), "socket"
-        except (ProtocolError, ConnectionError, asyncssh.Error):
+        except (ConnectionError, asyncssh.Error):
             pass  # forwarding refused, or no daemon there (yet): dial-stdio finds or starts it
+        else:
+            try:
+                channel = await asyncio.wait_for(_open_stream(reader, writer, proof_key), PROOF_TIMEOUT_S)
+                return channel, "socket"
+            except (ProtocolError, ConnectionError, asyncssh.Error, asyncio.TimeoutError):
+                writer.close()  # Unproven among them: it was told nothing but a hello
     try:
         channel = await _dial_stdio(conn, host)
         if not refused:
@@ -245,22 +268,82 @@ async def open_channel(conn: asyncssh.SSHClientConnection, host: Host) -> tuple[
             info = await channel.request(DaemonStatus())
             if isinstance(info, DaemonInfo):
                 works = await can_forward(conn, info.socket)
-                cache.put(key, socket=info.socket, forwarding_refused=not works, checked_at=time.time())
+                proof = await _daemon_key(channel)
+                cache.put(
+                    key, socket=info.socket, socket_key=proof, forwarding_refused=not works, checked_at=time.time()
+                )
     except asyncssh.Error as exc:  # the connection died under us: lost, as a reconnect understands it
         raise ConnectionResetError(f"ssh connection lost: {exc.reason}") from None
     return channel, "exec"
 
 
-async def open_raw(conn: asyncssh.SSHClientConnection, host: Host) -> tuple[Any, Any]:
-    """A byte stream to the box's daemon, by the way `open_channel` found to work (for the keeper)."""
+async def _daemon_key(channel: Channel) -> str:
+    """The daemon's key as hex, asked through the exec channel (whose far end runs as the user)."""
+    reply = await channel.request(GetDaemonKey())
+    return reply.key if isinstance(reply, DaemonKey) else ""
+
+
+async def open_raw(conn: asyncssh.SSHClientConnection, host: Host, hello: bytes) -> tuple[Any, Any, bytes]:
+    """A byte stream to the box's daemon for the keeper, with the verb's first frame (`hello`) already sent
+    and answered: (reader, writer, the answer's frame for the verb). Through the remembered socket, as
+    `open_channel` found to work, the verb's hello goes with a challenge added and the answer must prove the
+    daemon's key; otherwise, or if it does not, through `tfrund dial-stdio`, as the verb sent it."""
     known = SocketCache().get(host.identity)
-    if known.get("socket") and not known.get("forwarding_refused"):
+    proof_key = _proof_key(known)
+    if known.get("socket") and not known.get("forwarding_refused") and proof_key is not None:
         try:
-            return await conn.open_unix_connection(known["socket"])
-        except asyncssh.ChannelOpenError:
+            reader, writer = await conn.open_unix_connection(known["socket"])
+        except (ConnectionError, asyncssh.ChannelOpenError):
             pass  # the daemon went away: dial-stdio starts a new one
+        else:
+            try:
+                answer = await asyncio.wait_for(_proven_hello(reader, writer, hello, proof_key), PROOF_TIMEOUT_S)
+                return reader, writer, answer
+            except (ProtocolError, ConnectionError, asyncssh.Error, asyncio.TimeoutError):
+                writer.close()
+                _relearn(conn, host)
     process = await start_process(conn, remote_command(host, "dial-stdio"))
-    return process.stdout, process.stdin
+    stream = _Stream(process.stdout, process.stdin)
+    stream.write(hello)
+    reply = await read_header(stream)
+    if reply is None:
+        raise ConnectionResetError("tfrund dial-stdio ended without answering")
+    return process.stdout, process.stdin, reply
+
+
+_relearning: set[asyncio.Future[None]] = set()  # held here: the loop keeps only weak references to tasks
+
+
+def _relearn(conn: asyncssh.SSHClientConnection, host: Host) -> None:
+    """Forget the host's remembered socket, which did not prove itself, and learn where the daemon listens now
+    (through the exec channel, in the background), so that the keeper's next verbs take the fast path again
+    and nothing more is sent to whatever answered there."""
+    SocketCache().put(host.identity, socket="", socket_key="")
+
+    async def learn() -> None:
+        with contextlib.suppress(Exception):
+            channel, _ = await open_channel(conn, host)
+            channel.close()
+
+    task = asyncio.ensure_future(learn())
+    _relearning.add(task)
+    task.add_done_callback(_relearning.discard)
+
+
+async def _proven_hello(reader: Any, writer: Any, hello: bytes, key: bytes) -> bytes:
+    """Send the verb's `hello` with a challenge added, and return the daemon's answer as a frame, once it
+    proves the daemon holds `key`; Unproven (or ProtocolError for a first frame that is no hello) otherwise."""
+    cls, fields, _ = decode_header(hello)
+    if cls is not Hello:
+        raise ProtocolError("the first frame is not a hello")
+    mine = Hello(**fields)
+    mine.challenge = new_challenge()
+    stream = _Stream(reader, writer)
+    await write_message(stream, mine)
+    reply = await read_message(stream)
+    check_proof(key, mine, reply)
+    assert reply is not None  # check_proof refused anything but a hello
+    return encode(reply)
 
 
 async def can_forward(conn: asyncssh.SSHClientConnection, socket_path: str) -> bool:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import TFRUN, TFRUND, Sshd, Tfrun, keeper_socket, otheruser, wait_for
+from harness import TFRUN, TFRUND, Sshd, Tfrun, keeper_socket, keepers_of, otheruser, remote_client, wait_for
 from harness.otheruser import OtherUser, other_user
 
 from tfrun.client.syncchannel import SyncChannel
@@ -292,3 +292,58 @@ def test_tfrund_hangs_up_on_a_client_of_another_user(mallory: OtherUser, tf: Tfr
     finally:
         os.chmod(hers / "d.sock", 0o600)
         shutil.rmtree(hers, ignore_errors=True)
+
+
+def _kill_daemons_of(user: OtherUser) -> None:
+    """End `user`'s tfrund (and its dial-stdio bridges), as a reboot would, leaving the SSH sessions up."""
+    subprocess.run(["pkill", "-KILL", "-u", user.name, "-f", "tfrun.runner"], check=False)
+    wait_for(lambda: subprocess.run(["pgrep", "-u", user.name, "-f", "tfrun.runner"]).returncode == 1,
+             what=f"{user.name}'s tfrund to end")  # fmt: skip
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize("persist", ["1", "0"], ids=["through its keeper", "a connection of its own"])
+def test_a_remembered_socket_another_user_took_hears_a_hello_and_nothing_more(
+    alice: OtherUser, mallory: OtherUser, tmp_path: Path, persist: str
+) -> None:
+    """Issue 44, finding 1. The box's user is alice, her TFRUN_HOME too long for a socket path, so her daemon
+    listens under /tmp/tfrun-UID and the client remembers that path. After a reboot (the daemon and the folder
+    gone) mallory listens there first. The client's next submit, its --env secret included, reaches alice's own
+    daemon (started anew in her private fallback folder); mallory hears one hello, with a challenge she cannot
+    answer; and the client remembers the daemon's new place."""
+    subprocess.run(["usermod", "-p", "*", alice.name], check=True)  # not locked ("!"): sshd lets her log in
+    sshd = Sshd(alice.home / "sshd")  # where sshd, reading authorized_keys as alice, may read it
+    home = alice.home / ("state-" + "x" * 100)
+    tf = remote_client(Tfrun(tmp_path / "unused-home"), sshd)
+    config = tf.client_home / ".config" / "tfrun" / "config.toml"
+    config.write_text(config.read_text().replace(f"{getpass.getuser()}@", f"{alice.name}@")
+                      .replace(json.dumps(str(tf.home)), json.dumps(str(home))))  # fmt: skip
+    tf.env["TFRUN_SSH_PERSIST"] = persist
+    cache = tf.client_home / ".cache" / "tfrun" / "hosts.json"
+    digest = hashlib.sha256(os.fsencode(home)).hexdigest()[:16]
+    shared = Path(f"/tmp/tfrun-{alice.uid}")
+    try:
+        assert json.loads(tf.ok("ps", "--json")) == []
+        [learnt] = json.loads(cache.read_text()).values()
+        assert learnt["socket"] == str(shared / f"{digest}.sock") and len(learnt["socket_key"]) == 64
+        _kill_daemons_of(alice)
+        shutil.rmtree(shared)  # a reboot, or a /tmp clean-up
+        listener = Listener(mallory, shared / f"{digest}.sock", shared)
+        secret = f"hunter2-{uuid.uuid4().hex}"
+        (tmp_path / "project").mkdir()
+        script = tmp_path / "project" / "job.py"
+        script.write_text("import os\nprint('token', len(os.environ['TOKEN']))\n")
+
+        job = tf.submit("--env", f"TOKEN={secret}", str(script))
+        heard = listener.heard()
+        assert secret not in heard and "submit" not in heard and "blob" not in heard, heard
+        frame = eval(heard)  # the repr of the bytes mallory read
+        assert frame.count(b"\n") == 1 and json.loads(frame)["type"] == "hello" and json.loads(frame)["challenge"]
+        assert tf.ok("wait", str(job)) == "" and tf.ok("logs", str(job)) == f"token {len(secret)}\n"
+        [healed] = json.loads(cache.read_text()).values()
+        assert healed["socket"] == str(alice.home / ".cache" / "tfrun" / "run" / f"{digest}.sock")
+    finally:
+        for pid in keepers_of(tf):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        sshd.stop(sessions=True)

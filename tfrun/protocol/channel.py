@@ -105,15 +105,12 @@ class Channel:
         self._closers.clear()
 
     @classmethod
-    async def open(
-        cls, reader: Reader, writer: Writer, key: Optional[bytes] = None, challenge: bool = False
-    ) -> Channel:
+    async def open(cls, reader: Reader, writer: Writer, key: Optional[bytes] = None) -> Channel:
         """Exchange hellos; raise RemoteError with code VERSION_MISMATCH if the versions differ. With the
         daemon's `key`, the daemon must prove it holds it (`Unproven` otherwise, an Error answer included:
-        an unproven answer is not believed). `challenge` without a key only asks: a daemon's hello with a
-        proof in it tells that it can prove (and answers `GetDaemonKey`)."""
+        an unproven answer is not believed)."""
         mine = client_hello()
-        if key is not None or challenge:
+        if key is not None:
             from tfrun.protocol.proof import new_challenge
 
             mine.challenge = new_challenge()

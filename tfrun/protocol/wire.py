@@ -17,9 +17,10 @@ from tfrun.constants import (
     MAX_PAYLOAD_BYTES,
 )
 from tfrun.protocol.fields import UTF8, BadValue, Limit, Text, bytes_field, checked_kwargs
+from tfrun.shorten import shorten
 
 # Bump on any change a peer of the previous version would misread. Both sides refuse a mismatch.
-PROTOCOL_VERSION = 3  # 3: ReadLog.task, Submit.restart_on, GetConfig.secrets: a daemon of 2 would ignore them
+PROTOCOL_VERSION = 4  # 4: GetDaemonKey and a hello's proof, CheckService, the no_room error: a daemon of 3 knows none
 
 
 class ProtocolError(Exception):
@@ -146,7 +147,7 @@ def decode_header(line: bytes) -> tuple[type[Message], dict[str, Any], int]:
         raise ProtocolError("frame has no message type")
     cls = _REGISTRY.get(raw["type"])
     if cls is None:
-        raise ProtocolError(f"unknown message type {raw['type'][:64]!r}")
+        raise ProtocolError(f"unknown message type {shorten(raw['type'], 64)!r}")
     size = 0
     if bytes_field(cls):
         size = raw.get("size", 0)
