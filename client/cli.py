@@ -190,6 +190,7 @@ def job_refs(refs: R) -> R:
     other bytes (`status $'job\\xff'`) or longer names none: said here, as the daemon's refusal would name
     its request's field (`get.job: not UTF-8 text`), which the user never typed."""
     from tfrun.constants import MAX_NAME
+    from tfrun.shorten import shorten
 
     for ref in (refs,) if isinstance(refs, str) else refs:
         try:
@@ -197,7 +198,7 @@ def job_refs(refs: R) -> R:
         except UnicodeEncodeError:
             fail(f"not a job id or name: {typed(ref)} (not UTF-8 text)", EXIT_USAGE)
         if len(ref) > MAX_NAME:
-            fail(f"not a job id or name: {typed(ref[:40])}... (longer than {MAX_NAME} characters)", EXIT_USAGE)
+            fail(f"not a job id or name: {typed(shorten(ref, 40))} (longer than {MAX_NAME} characters)", EXIT_USAGE)
     return refs
 
 

@@ -19,7 +19,7 @@ def probe():
     try:
         import tensorflow as tf
     except Exception as exc:  # ImportError, or a TensorFlow that fails to load its libraries
-        found["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        found["error"] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"  # the daemon shortens it
         return found
     found["tensorflow"] = tf.__version__
     found["cuda_build"] = tf.test.is_built_with_cuda()

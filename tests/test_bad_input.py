@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from harness import Tfrun, local_and_ssh, write_script
 
+from tfrun.shorten import shorten
+
 pytestmark = [pytest.mark.slow]
 
 
@@ -64,8 +66,8 @@ def one_line_error(stderr: str, *expected: str) -> None:
         (["attach", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
         (["stop", "\udcff"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
         (["submit", "--after", "\udcff", "x.py"], 2, "not a job id or name: '\\xff' (not UTF-8 text)"),
-        (["status", "x" * 129], 2, f"not a job id or name: '{'x' * 40}'... (longer than 128 characters)"),
-        (["status", "1" * 129], 2, f"not a job id or name: '{'1' * 40}'... (longer than 128 characters)"),
+        (["status", "x" * 129], 2, f"not a job id or name: '{'x' * 39}…' (longer than 128 characters)"),
+        (["status", "1" * 129], 2, f"not a job id or name: '{'1' * 39}…' (longer than 128 characters)"),
         (["logs", "1", "--tail", "1" + "0" * 30], 3, "no job '1'"),  # any count, as GNU tail takes
         (["prune", "--keep-last", "1" + "0" * 30], 2, "is not in the range 0<=x<=9223372036854775807"),
         (["logs", "1", *["-e", "x"] * 1001], 2, "at most 1000 patterns of 65536 characters in all"),
@@ -86,6 +88,17 @@ def test_bad_input_gets_a_clear_message_and_exit_code(tf: Tfrun, args: list[str]
     result = tf.run(*args)
     assert result.returncode == code, result.stderr
     one_line_error(result.stderr, expected)
+
+
+def test_a_message_too_long_is_cut_at_a_word_with_an_ellipsis() -> None:
+    """tfrun.shorten, for every message cut to a length (a config value, sbatch's answer, a delivery's error,
+    an alert's log lines): words stay whole, the cut shows, the limit holds even for one long word."""
+    why = "URL fetch failure on https://example.org/mnist.npz: None -- [Errno -2] Name or service not known"
+    assert shorten(why, 200) == why
+    assert shorten(why, 90) == "URL fetch failure on https://example.org/mnist.npz: None -- [Errno -2] Name or service…"
+    assert shorten("abc def ghi", 8) == "abc def…" and shorten("abc def ghi", 9) == "abc def…"
+    assert shorten("x" * 100, 40) == "x" * 39 + "…"
+    assert all(len(shorten(why, limit)) <= limit for limit in range(2, 120))
 
 
 def test_a_script_outside_its_workdir_or_a_workdir_that_is_a_file(tf: Tfrun, project: Path, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -32,6 +33,26 @@ def test_the_demo_job_trains_and_checkpoints_through_tfrun(tf: Tfrun) -> None:
     listed = tf.ok("checkpoints", "--json", str(record["id"]))
     steps = [point["step"] for point in json.loads(listed)]
     assert steps == [63, 126], "a checkpoint at the end of each epoch of 63 steps (4000 examples, 64 a batch)"
+
+
+def test_the_demo_says_in_whole_words_why_mnist_cannot_be_downloaded(tf: Tfrun) -> None:
+    """A download that fails for real, on any machine (its proxy's name never resolves): the demo says why in
+    the error's own words, none cut (`Name or s` was `Name or service not known`), then trains on synthetic
+    digits."""
+    proxy = "http://proxy.invalid:3128"
+    with pytest.raises(socket.gaierror) as resolving:
+        socket.getaddrinfo("proxy.invalid", 3128)
+    proxies = [f"--env={name}={value}" for name, value in (("https_proxy", proxy), ("HTTPS_PROXY", proxy),
+                                                          ("no_proxy", ""), ("NO_PROXY", ""))]  # fmt: skip
+    result = tf.run(
+        "submit", "--follow", "--python", sys.executable, *proxies, str(EXAMPLES / "mnist_mirrored.py"),
+        "--epochs", "1", "--examples", "2000",
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [said] = [line for line in result.stdout.splitlines() if line.startswith("MNIST unavailable")]
+    assert said.startswith("MNIST unavailable (URL fetch failure on https://"), said
+    assert said.endswith(f"{resolving.value.strerror}); training on synthetic digits"), said
 
 
 @pytest.mark.slow  # more than 10 s

@@ -133,3 +133,27 @@ def test_ps_on_a_narrow_terminal_cuts_long_rows_and_never_wraps_them(
             assert row.split()[:3] == [str(job), f"run-{jobs.index(job)}", "succeeded"], row
             assert len(row) <= 60 and "the-end" not in row and row.endswith(("…", "...")), row
         assert ("\x1b[" in coloured) == (server == tmux), coloured  # colour on a terminal, unless --color never
+
+
+def test_top_on_a_narrow_terminal_keeps_each_jobs_id_and_cuts_its_row(
+    tf: Tfrun, project: Path, tmux: str, tmp_path: Path
+) -> None:
+    """At 70 columns, live and --once: each job's row starts with its id and its name (cut to 24 cells), and
+    ends with … at the edge. The live view gave the columns what the command left, down to nothing: the ID
+    column vanished below about 100 columns."""
+    script = str(write_script(project, "train.py", LOSSES))
+    jobs = [tf.submit("--name", f"run-{i}-{'n' * 40}", script, "--comment", "x" * 150) for i in range(2)]
+    for job in jobs:
+        wait_for(lambda: b"step 30 " in tf.log(job), what="some losses")  # noqa: B023
+    for server, args in ((tmux, "top --interval 0.3"), (f"{tmux}-once", "top --once")):
+        exit_file = tmp_path / f"exit-{server}"
+        try:
+            _in_tmux(tf, server, args, exit_file, width=70)
+            shown = wait_for(lambda: _frame_with(screen(server), "run-1", "TREND"), what="a frame")  # noqa: B023
+        finally:
+            subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True)
+        rows = [line for line in shown.splitlines() if line.startswith(tuple(str(job) for job in jobs))]
+        assert [row.split()[:3] for row in rows] == [[str(job), f"run-{i}-{'n' * 17}…", "running"]
+                                                     for i, job in enumerate(jobs)], shown  # fmt: skip
+        assert all(len(row) <= 70 and row.endswith("…") for row in rows), shown
+    tf.ok("cancel", *map(str, jobs))

@@ -20,6 +20,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
+from tfrun.shorten import shorten
+
 MAX_ARRAY_TASKS = 1000  # tasks in one array: Slurm's default MaxArraySize (1001) takes indexes 0 to 999
 MAX_ARRAY_AXES = 8
 MAX_KEY = 64
@@ -102,4 +104,4 @@ def task_name(name: Optional[str], index: int) -> Optional[str]:
 
 def _shown(text: str) -> str:
     """`text` quoted for a one-line message, cut if long."""
-    return repr(text if len(text) <= 40 else text[:40] + "...")
+    return repr(shorten(text, 40))

@@ -14,7 +14,8 @@ def load_digits(synthetic=False, limit=20000):
             (x, y), _ = tf.keras.datasets.mnist.load_data()
             return x[:limit].astype("float32") / 255.0, y[:limit]
         except Exception as exc:  # no network, a proxy, a broken cache: all mean the same here
-            print(f"MNIST unavailable ({str(exc).splitlines()[0][:120]}); training on synthetic digits")
+            why = (str(exc).splitlines() or [type(exc).__name__])[0]  # whole: a cut word reads as another
+            print(f"MNIST unavailable ({why}); training on synthetic digits")
     rng = np.random.default_rng(0)
     y = rng.integers(0, 10, size=limit)
     # Each class lights up its own band of rows, so the model has something real to learn.

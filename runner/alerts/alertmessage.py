@@ -20,6 +20,7 @@ from tfrun.runner.executors.slurm.task import TASK_LOG, first_failed_task
 from tfrun.runner.logs.lines import TerminalLines, display, plain
 from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow
+from tfrun.shorten import shorten
 
 CONTEXT_LINES = 15
 CONTEXT_BYTES = 32 << 10
@@ -112,15 +113,11 @@ def _last_lines(path: Path, end: int) -> list[str]:
         finished.append(rest)
     if start > 0:
         finished = finished[1:]  # the first line is cut
-    return [cut(plain(display(line)), 300) for line in finished[-CONTEXT_LINES:]]
+    return [shorten(plain(display(line)), 300) for line in finished[-CONTEXT_LINES:]]
 
 
 def label(row: JobRow) -> str:
     return f"{row.id} ({row.name})" if row.name else str(row.id)
-
-
-def cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def runtime(row: JobRow) -> float:

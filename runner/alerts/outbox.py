@@ -24,6 +24,7 @@ from tfrun.protocol.watching import Delivery
 from tfrun.runner.alerts import alerttext
 from tfrun.runner.records.alertrows import EXPIRED, PENDING, SENT, NewAlert
 from tfrun.runner.records.store import Store
+from tfrun.shorten import shorten
 
 log = logging.getLogger("tfrund")
 
@@ -246,7 +247,7 @@ def send(url: str, title: str, body: str) -> Optional[str]:
         reason = f"{type(exc).__name__}: {exc}"
     finally:
         logger.removeHandler(collect)
-    return scrub(reason, [url])[:500]
+    return shorten(scrub(reason, [url]), 500)
 
 
 class Outbox:

@@ -44,6 +44,7 @@ from tfrun.runner.metrics.jobmetrics import (
 from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow
 from tfrun.runner.records.store import Store
+from tfrun.shorten import shorten
 
 log = logging.getLogger("tfrund")
 
@@ -311,7 +312,7 @@ class Alerts:
             watch.pending, found = oom.first_oom(watch.pending, data)
             if found is not None:  # one incident: the rest of its traceback says the same
                 kind, shown = found
-                summary = f"out of memory ({kind}): {alertmessage.cut(oom.message(shown), 160)}"
+                summary = f"out of memory ({kind}): {shorten(oom.message(shown), 160)}"
                 self._fire(row, watch, settings, "oom", summary)
         else:
             watch.pending = b""

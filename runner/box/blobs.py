@@ -34,6 +34,7 @@ from tfrun.constants import SPARE_COUNT, SPARE_MAX_BYTES, WORK_FILE_MODE_MASK
 from tfrun.content import ManifestError, check_manifest, sha256_file, valid_digest
 from tfrun.protocol.submit import FileEntry
 from tfrun.protocol.wire import plain
+from tfrun.shorten import shorten
 
 
 class BlobStore:
@@ -70,7 +71,7 @@ class BlobStore:
         loop takes when a connection ends. Not sorted: sorting 100,000 digests held the GIL for 40 ms."""
         bad = [d for d in digests if not valid_digest(d)]
         if bad:
-            raise ManifestError(f"not a SHA-256 digest: {bad[0][:80]!r}")
+            raise ManifestError(f"not a SHA-256 digest: {shorten(bad[0], 80)!r}")
         with self._lock:
             if holder is None:
                 return [d for d in dict.fromkeys(digests) if not self.has(d)]
@@ -83,7 +84,7 @@ class BlobStore:
         A content that fits in one chunk (most source files) is checked in memory and written once.
         """
         if not valid_digest(digest):
-            raise ManifestError(f"not a SHA-256 digest: {digest[:80]!r}")
+            raise ManifestError(f"not a SHA-256 digest: {shorten(digest, 80)!r}")
         partial = self.incoming / f"{digest}.{key}"
         if offset == 0 and last:
             if hashlib.sha256(data).hexdigest() != digest:

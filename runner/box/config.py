@@ -40,6 +40,7 @@ from tfrun.paths import Layout
 from tfrun.runner.alerts import rules
 from tfrun.runner.executors.slurm import settings as slurm_settings
 from tfrun.runner.metrics import LogMetrics, PatternError
+from tfrun.shorten import shorten
 from tfrun.sizes import parse_size
 
 if sys.version_info >= (3, 11):
@@ -239,7 +240,7 @@ def _box_name(raw: dict[str, Any], where: str) -> Optional[str]:
         not 1 <= len(value) <= MAX_BOX_NAME or any(c.isspace() or not c.isprintable() or c == ":" for c in value)
     ):
         rule = f"1 to {MAX_BOX_NAME} printable characters, no spaces or ':'"
-        raise ConfigError(f"{where}: name {value[:70]!r} cannot name the box: {rule}")
+        raise ConfigError(f"{where}: name {shorten(value, 70)!r} cannot name the box: {rule}")
     return value
 
 

@@ -33,10 +33,12 @@ import tfrun
 from tfrun.constants import PYTHON_SEARCH_MAX, PYTHON_SEARCH_TIMEOUT_S, PYTHON_SEARCH_WORKERS, PYTHONS_NAMED
 from tfrun.protocol.admin import Check
 from tfrun.runner.box.checkpoints import RootOpen, check_root
+from tfrun.shorten import shorten
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _PROBE = Path(tfrun.__file__).parent / "jobs" / "probe.py"
 _PROBE_TIMEOUT_S = 180  # importing TensorFlow on a cold disk takes a while
+_PROBE_ERROR_CHARS = 300  # why the job python cannot import TensorFlow: its error's first line, shortened
 _LOW_SPACE_BYTES = 10 * 10**9
 # Where people keep interpreters with TensorFlow besides PATH: conda's base and envs, pyenv, and venvs under ~
 # (one per project, or .venv inside a project). Patterns, not a walk: a big home costs a few listings.
@@ -118,7 +120,8 @@ def _tensorflow(python: str, search: Search, gpus_by_driver: int) -> list[Check]
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
         return [Check("tensorflow", FAIL, f"could not run the probe in {python}: {exc}")]
     if "error" in found:
-        return [Check("tensorflow", FAIL, f"not importable ({found['error']})", search.advice(python))]
+        why = shorten(found["error"], _PROBE_ERROR_CHARS)
+        return [Check("tensorflow", FAIL, f"not importable ({why})", search.advice(python))]
     checks = [Check("tensorflow", OK, f"{found['tensorflow']} on Python {found['python']}")]
     cuda = found.get("cuda_build")
     versions = ", ".join(f"{k} {found[k]}" for k in ("cuda", "cudnn") if found.get(k)) or "no CUDA"

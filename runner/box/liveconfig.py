@@ -23,6 +23,7 @@ from tfrun.runner.alerts import rules
 from tfrun.runner.alerts.outbox import diagnose, shown_url, usable
 from tfrun.runner.box.config import COUNT, KEYS, STRINGS, Config, ConfigError
 from tfrun.runner.box.doctor import job_python
+from tfrun.shorten import shorten
 
 if TYPE_CHECKING:
     from tfrun.paths import Layout
@@ -132,7 +133,7 @@ def _value(name: str, kind: str, words: list[str]) -> Any:
     word = words[0]
     if kind == COUNT:
         if not word.isascii() or not word.isdigit() or len(word) > CONFIG_COUNT_DIGITS:
-            raise ConfigError(f"{name} must be {kind} (0 to {10**CONFIG_COUNT_DIGITS - 1}), not {word[:40]!r}")
+            raise ConfigError(f"{name} must be {kind} (0 to {10**CONFIG_COUNT_DIGITS - 1}), not {shorten(word, 40)!r}")
         return int(word)
     return word  # a string or a duration: the loader checks it, as it checks the file
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from tfrun.protocol.watching import LineReading
 from tfrun.runner.logs.lines import display, plain
 from tfrun.runner.metrics import LogMetrics, Sample
+from tfrun.shorten import shorten
 
 EXPLAIN_LIMIT_BYTES = 8 << 20  # read this much of the log, from its start: enough for every shape it prints
 MAX_SHAPES = 10_000  # distinct shapes remembered; a log of more is mostly noise
@@ -66,7 +67,7 @@ def explain(path: Path, patterns: Sequence[str], limit: int) -> tuple[list[LineR
 
 def _reading(text: str, samples: list[Sample], why: str, lines: int) -> LineReading:
     """One shown line: what was read from it (the last sample it gave) and why."""
-    shown = text if len(text) <= MAX_SHOWN_CHARS else text[: MAX_SHOWN_CHARS - 1] + "…"
+    shown = shorten(text, MAX_SHOWN_CHARS)
     if not samples:
         return LineReading(line=shown, lines=lines, why=why)
     last = samples[-1]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tfrun.runner.box.config import inherited_env
+from tfrun.shorten import shorten
 
 COMMAND_TIMEOUT_S = 15.0
 CHECK_TIMEOUT_S = 10.0  # `tfrun doctor`'s own questions (sinfo, sacct): a person waits for the answer
@@ -42,7 +43,7 @@ class Features:
     def parse(cls, output: str) -> Features:
         found = _VERSION.search(output)
         if not found:
-            raise SlurmError(f"sbatch --version said {output.strip()[:80]!r}: no version in it")
+            raise SlurmError(f"sbatch --version said {shorten(output.strip(), 80)!r}: no version in it")
         version = (int(found[1]), int(found[2]), int(found[3] or 0))
         return cls(version, output.strip())
 
@@ -138,7 +139,7 @@ class Slurm:
         out = run(["sbatch", *args]).strip()
         slurm_id = out.splitlines()[-1].split(";")[0].strip() if out else ""
         if not slurm_id.isdigit():
-            raise SlurmError(f"sbatch answered {out[:80]!r}, not a job id")
+            raise SlurmError(f"sbatch answered {shorten(out, 80)!r}, not a job id")
         return slurm_id
 
     def queue(self) -> dict[str, QueuedJob]:
