@@ -137,11 +137,14 @@ async def top(daemon: Context, req: Top, conn: Connection) -> None:
 
 async def _gpus(daemon: Context) -> list[Gpu]:
     """The devices jobs are given, with NVML's figures where it has them and the job holding each, or who
-    holds it outside this daemon (read, never tried: that could fail another daemon's job starting)."""
-    readings = await asyncio.get_running_loop().run_in_executor(None, read_gpu_memory)
+    holds it outside this daemon (read, never claimed: that could keep another daemon's job from starting; in a
+    thread, as the scheduler reads it: a lease folder someone filled with files takes time to read)."""
+    loop = asyncio.get_running_loop()
+    readings = await loop.run_in_executor(None, read_gpu_memory)
     held = daemon.scheduler.held()
+    others = [d for d in daemon.scheduler.devices if d not in held]
     places = daemon.runs.executor.places_jobs()  # Slurm decides: no leases
-    outside = {} if places else held_outside([d for d in daemon.scheduler.devices if d not in held], readings)
+    outside = {} if places else await loop.run_in_executor(None, held_outside, others, readings)
     gpus = []
     for device in daemon.scheduler.devices:
         reading = next((r for r in readings if r.is_device(device)), None)
