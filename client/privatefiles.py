@@ -4,13 +4,15 @@ machine (a login node, a shared workstation) must read none of them, nor leave o
 
 - The folders tfrun owns (~/.config/tfrun, ~/.cache/tfrun) are made 0700, like each missing folder above them
   (as the XDG spec asks); one an older tfrun made with the umask (0755) is made 0700 when it is next used;
-  one that is not this user's is refused, naming its owner.
+  one of another user's is refused, naming its owner (root's is taken where no one else may write it, as
+  OpenSSH takes ~/.ssh/config: a dotfiles manager's read-only store).
 - A file is written to a fresh name made 0600 with O_EXCL and O_NOFOLLOW in its folder, held open by a
   descriptor (a folder swapped meanwhile changes nothing), then renamed over the old file: never readable by
   others for a moment, never written through a link someone left there.
 - A file is read through one open and its fstat: a regular file (O_NONBLOCK: a FIFO in its place never
-  blocks the read) of this user's, made 0600 if it was looser. A link is followed only where the user may
-  keep one on purpose (config.toml in a dotfiles repository); what it names is checked all the same.
+  blocks the read) of this user's (or root's, as above), made 0600 if it was looser. A link is followed only
+  where the user may keep one on purpose (config.toml in a dotfiles repository); what it names is checked
+  all the same.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ def write(path: Path, data: bytes, own_folder: bool = True) -> None:
 
 
 def read(path: Path, follow: bool = False, own_folder: bool = True) -> Optional[bytes]:
-    """The contents of `path`, None if there is no such file; a file that is not this user's own regular
-    file (or a link, unless `follow`) is refused with a TfrunError that says what to do."""
+    """The contents of `path`, None if there is no such file; anything but a regular file of this user's (see
+    `_tighten`), or a link unless `follow`, is refused with a TfrunError that says what to do."""
     try:
         folder = _open_folder(path.parent, own=own_folder, make=False)
     except FileNotFoundError:
@@ -71,18 +73,15 @@ def read(path: Path, follow: bool = False, own_folder: bool = True) -> Optional[
 
 def _open_folder(folder: Path, own: bool, make: bool) -> int:
     """A descriptor on `folder` (made first if `make`, with each missing folder above it, 0700). `own`: it
-    must be this user's, and is made 0700 if it was looser."""
+    is checked as a file is (`_tighten`), and made 0700 if it was looser."""
     if make:
         for missing in reversed([above for above in (folder, *folder.parents) if not os.path.lexists(above)]):
             with contextlib.suppress(FileExistsError):
                 os.mkdir(missing, PRIVATE_DIR_MODE)
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        info = os.fstat(fd)
-        if own and info.st_uid != os.geteuid():
-            raise TfrunError(f"{folder} is not yours (owner uid {info.st_uid}): remove it", EXIT_USAGE)
-        if own and info.st_mode & 0o077:
-            os.fchmod(fd, PRIVATE_DIR_MODE)
+        if own:
+            _tighten(fd, folder, PRIVATE_DIR_MODE)
     except BaseException:
         os.close(fd)
         raise
@@ -117,8 +116,20 @@ def _read_in(folder: int, path: Path, follow: bool) -> Optional[bytes]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise TfrunError(f"{path} is not a regular file: remove it", EXIT_USAGE)
-        if info.st_uid != os.geteuid():
-            raise TfrunError(f"{path} is not yours (owner uid {info.st_uid}): remove it", EXIT_USAGE)
-        if info.st_mode & 0o077:
-            os.fchmod(fd, stat.S_IMODE(info.st_mode) & PRIVATE_DIR_MODE)
+        _tighten(fd, path, stat.S_IMODE(info.st_mode) & PRIVATE_DIR_MODE)
         return file.read()
+
+
+def _tighten(fd: int, path: Path, mode: int) -> None:
+    """Refuse what `fd` holds unless it is this user's, or root's (a dotfiles manager's read-only store, as
+    OpenSSH takes ~/.ssh/config) and no one else may write it; one of this user's that others may open is
+    given `mode` (no bits for group and others)."""
+    info = os.fstat(fd)
+    if info.st_uid not in (os.geteuid(), 0):
+        raise TfrunError(f"{path} is not yours (owner uid {info.st_uid}): remove it", EXIT_USAGE)
+    if info.st_uid != os.geteuid():
+        if info.st_mode & 0o022:
+            raise TfrunError(f"{path} may be changed by other users (mode {stat.S_IMODE(info.st_mode):04o}, owner "
+                             "root): remove it", EXIT_USAGE)  # fmt: skip
+    elif info.st_mode & 0o077:
+        os.fchmod(fd, mode)

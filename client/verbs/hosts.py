@@ -126,9 +126,12 @@ def hosts_add(
         cfg.save()
     except TfrunError as exc:
         cli.fail(exc.message, exc.exit_code)
-    made = "replaced" if current else "added"
-    said = f"{made} {name} ({host.destination})" if old is None else _updated(old, host)
-    click.echo(said + (", now the default host" if cfg.default_host == name and not was_default else ""))
+    default = cfg.default_host == name and not was_default
+    if old is None:
+        made = "replaced" if current else "added"
+        click.echo(f"{made} {name} ({host.destination}){' as the default host' if default else ''}")
+    else:
+        click.echo(_updated(old, host) + ("; now the default host" if default else ""))
     if install:
         wheels = os.environ.get(WHEELHOUSE_ENV)
         _install_on(name, host.accept_new_host_key, offline=False, wheels=Path(wheels) if wheels else None)
