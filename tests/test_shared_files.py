@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from harness import Tfrun, otheruser, write_script
@@ -28,7 +29,10 @@ from harness.otheruser import OtherUser
 
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel, RemoteError, daemon_hello
+from tfrun.protocol.fields import JobState
 from tfrun.protocol.files import FileChunk, FileList, ListFiles, ReadFile
+from tfrun.protocol.jobs import Job
+from tfrun.protocol.services import ServiceReply, StartService
 from tfrun.protocol.submit import FileEntry
 from tfrun.protocol.wire import Error, read_message, write_message
 
@@ -48,8 +52,10 @@ def umasked(mode: int) -> int:
 class Hostile:
     """A daemon at `tf`'s socket that lists `listing` for any path and serves each file's bytes from `contents`."""
 
-    def __init__(self, tf: Tfrun, listing: list[FileEntry], contents: dict[str, bytes]) -> None:
-        self.listing, self.contents = listing, contents
+    def __init__(
+        self, tf: Tfrun, listing: list[FileEntry], contents: dict[str, bytes], service: Optional[ServiceReply] = None
+    ) -> None:
+        self.listing, self.contents, self.service = listing, contents, service
         self.asked: list[str] = []
         socket = Layout(tf.home).socket
         socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -64,6 +70,8 @@ class Hostile:
         while (request := await read_message(reader)) is not None:
             if isinstance(request, ListFiles):
                 await write_message(writer, FileList(self.listing))
+            elif isinstance(request, StartService) and self.service is not None:
+                await write_message(writer, self.service)
             elif isinstance(request, ReadFile):
                 self.asked.append(request.path)
                 await write_message(writer, FileChunk(offset=0, last=True, data=self.contents.get(request.path, b"")))
@@ -277,3 +285,20 @@ def test_a_checkpoint_root_others_may_rename_in_is_refused_and_a_swapped_folder_
     assert (team_root / "evil" / "weights.bin").read_text() == "hers" and folder.is_symlink(), "hers left alone"
     team_root.chmod(0o1777)
     assert tf.run("wait", str(tf.submit(str(project / "save.py")))).returncode == 0
+
+
+@pytest.mark.parametrize("path", ['/"><script>alert(1)</script>', "/lab?token=x\x1b]2;pwned\x07", "http://evil/"])
+def test_a_service_path_a_daemon_names_is_opened_only_if_it_is_a_plain_url_path(tf: Tfrun, path: str) -> None:
+    """What a daemon names as a service's path goes into the page the browser opens and onto the terminal: markup
+    or a terminal's control sequence there is refused in one line, and nothing is opened or printed."""
+    job = Job(
+        id=7, state=JobState.RUNNING, script="", args=[], command=["tensorboard"], workdir="/w", job_dir="/j",
+        log_path="/j/log", checkpoint_dir="/c", created_at=0.0, name="tensorboard", service="tensorboard",
+    )  # fmt: skip
+    daemon = Hostile(tf, [], {}, ServiceReply(job=job, port=6006, path=path))
+    try:
+        result = tf.run("tensorboard", "--detach", "--open")
+    finally:
+        daemon.stop()
+    assert (result.returncode, result.stdout) == (125, "")
+    assert result.stderr == f"tfrun: error: tfrund answered with a service path tfrun does not open: {path!r}\n"

@@ -206,7 +206,8 @@ def open_page(url: str, keep: bool) -> None:
     folder = Path(tempfile.mkdtemp(prefix="tfrun-open-"))
     page = folder / "open.html"
     with os.fdopen(os.open(page, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        f.write(_REDIRECT.format(url=html.escape(url, quote=True), js=json.dumps(url)))
+        js = json.dumps(url).replace("<", "\\u003c")  # "</script>" in a URL cannot end the script
+        f.write(_REDIRECT.format(url=html.escape(url, quote=True), js=js))
     if not keep:
         atexit.register(shutil.rmtree, folder, True)
     webbrowser.open(page.as_uri())
