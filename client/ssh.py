@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -78,6 +79,8 @@ def _client_keys(host: Host) -> dict[str, Any]:
 def _why(exc: BaseException) -> str:
     """Why a connect failed, as ssh says it: `Connection refused`, not asyncio's `Connect call failed
     ('10.0.0.2', 22)` (the address is in the message already)."""
+    if isinstance(exc, socket.gaierror):  # a name that does not resolve: its errno is the resolver's, not errno's
+        return exc.strerror or str(exc)
     code = getattr(exc, "errno", None)
     if code:
         return os.strerror(code)

@@ -81,6 +81,7 @@ def one_line_error(stderr: str, *expected: str) -> None:
         (["alerts", "--last", "0"], 2, "0 is not in the range 1<=x<=10000 (see tfrun alerts --help)"),
         (["hosts", "frob"], 2, "No such command 'frob' (see tfrun hosts --help)"),
         (["hosts", "add", "nobox"], 2, "no host 'nobox' yet: give its destination, tfrun hosts add nobox USER@HOST"),
+        (["hosts", "add", "x", "tf@"], 2, "cannot read 'tf@' as an ssh destination (user@host:port)"),
     ],
 )
 @local_and_ssh
@@ -88,6 +89,13 @@ def test_bad_input_gets_a_clear_message_and_exit_code(tf: Tfrun, args: list[str]
     result = tf.run(*args)
     assert result.returncode == code, result.stderr
     one_line_error(result.stderr, expected)
+
+
+def test_a_host_whose_name_does_not_resolve_is_told_in_the_resolvers_words(tf: Tfrun) -> None:
+    """A resolver's errno is not errno's: this said "Unknown error -2" where ssh says why."""
+    result = tf.run("ps", "--host", "box.invalid")
+    assert result.returncode == 125 and result.stderr.startswith("tfrun: error: cannot connect to box.invalid: ")
+    assert "Unknown error" not in result.stderr and result.stderr.count("\n") == 1, result.stderr
 
 
 def test_a_message_too_long_is_cut_at_a_word_with_an_ellipsis() -> None:

@@ -106,7 +106,7 @@ def test_hosts_check_and_doctor_use_the_hosts_python_and_name_one_with_tensorflo
     line = next(line for line in lines if "tensorflow:" in line)
     assert line.startswith("FAIL tensorflow: not importable (ModuleNotFoundError"), line
     assert f"{with_tf / 'bin' / 'python'} (TensorFlow {tf_version()})" in line, line
-    assert "tfrun hosts add NAME DEST --python" in line, line
+    assert "tfrun hosts add NAME --python PATH" in line, line
 
     doctor = tf.run("doctor", "--json", timeout=300)  # no --python: the host's
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr

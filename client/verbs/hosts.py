@@ -107,6 +107,7 @@ def hosts_add(
             raise TfrunError(
                 f"no host {name!r} yet: give its destination, tfrun hosts add {name} USER@HOST", EXIT_USAGE
             )
+        config.parse_destination(where)  # one ssh cannot read is refused now, not at every verb that uses it
         old = None if replace else current
         given: dict[str, Any] = {"destination": destination, "tfrund": tfrund_command, "python": python,
                                  "accept_new_host_key": accept_new_host_key,

@@ -167,7 +167,7 @@ class Search:
         two ways jobs get one (per host from the client, or for every client in tfrund's config)."""
         if self._found is None:
             self._found, self.skipped = pythons_with_tensorflow()
-        choose = "`tfrun hosts add NAME DEST --python PATH` (or job_python in tfrund's config.toml)"
+        choose = "`tfrun hosts add NAME --python PATH` (or job_python in tfrund's config.toml)"
         found = [other for other in self._found if other.path != python]
         if not found:
             return (
