@@ -18,7 +18,9 @@ from harness import TFRUN, TFRUND, Tfrun, gated_job, wait_for, write_script
 from harness.alerting import alerts_of
 from harness.disks import fill_up, small_disk
 
+from tfrun.constants import FILE_CHUNK_BYTES
 from tfrun.paths import Layout
+from tfrun.runner.records import jobfiles
 from tfrun.runner.records.store import Store
 
 pytestmark = [pytest.mark.slow]
@@ -235,3 +237,19 @@ def test_at_the_open_files_limit_tfrund_logs_one_line_and_serves_again(tf: Tfrun
         for client in clients:
             client.close()
         served.stop()
+
+
+def test_a_file_read_for_pull_ends_where_it_ended_when_asked(tmp_path: Path) -> None:
+    """`pull` of a log a job keeps writing chased its end as `logs --tail` did: what is written after the first
+    chunk is read is not sent."""
+    log = tmp_path / "output.log"
+    log.write_bytes(b"x" * (FILE_CHUNK_BYTES * 2 + 5))
+    with open(log, "rb") as f:
+        reading = jobfiles.chunks(f, 0)
+        first = next(reading)
+        with open(log, "ab") as job:
+            job.write(b"y" * (FILE_CHUNK_BYTES * 10))
+        rest = list(reading)
+    sent = [first, *rest]
+    assert sum(len(c.data) for c in sent) == FILE_CHUNK_BYTES * 2 + 5 and b"y" not in b"".join(c.data for c in sent)
+    assert [c.last for c in sent] == [False, False, True]

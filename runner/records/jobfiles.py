@@ -156,10 +156,12 @@ def open_at(row: JobRow, path: str, offset: int) -> BinaryIO:
 
 
 def chunks(f: BinaryIO, offset: int) -> Iterator[FileChunk]:
-    """The rest of `f`, read from `offset`, as the chunks a ReadFile reply sends; the last one says so."""
+    """The rest of `f`, read from `offset` up to where it ended when asked, as the chunks a ReadFile reply sends;
+    the last one says so. A file a job keeps writing (its output.log) would otherwise be chased without end."""
+    end = os.fstat(f.fileno()).st_size
     while True:
-        data = f.read(FILE_CHUNK_BYTES)
-        last = len(data) < FILE_CHUNK_BYTES
+        data = f.read(max(0, min(FILE_CHUNK_BYTES, end - offset)))
+        last = not data or offset + len(data) >= end
         yield FileChunk(offset=offset, last=last, data=data)
         offset += len(data)
         if last:
