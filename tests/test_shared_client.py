@@ -15,15 +15,13 @@ import json
 import os
 import shutil
 import stat
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from harness import Receiver, Sshd, Tfrun, no_internet, remote_client, wait_for, write_script
-from harness.otheruser import OtherUser, mallory  # noqa: F401
+from harness.otheruser import CommandLineWatch, OtherUser, mallory  # noqa: F401
 from test_shared_state import daemon_made, refused
 
 pytestmark = [pytest.mark.slow]
@@ -130,33 +128,9 @@ def test_a_secret_that_is_not_there_is_one_line_saying_so(tf: Tfrun, args: list[
 
 PRINT_TOKEN = "import os\nprint('token', os.environ['HF_TOKEN'])\n"
 
+
 # Every process's command line, as `ps` shows it, read by another user until its stdin ends; then the lines
 # holding WATCH_FOR. Each process is read again for 2 s after it appears: an exec comes soon after a fork.
-_WATCH = r"""
-import os, select, sys, time
-secret = os.environ.pop("WATCH_FOR").encode()
-young, looked, hits = {}, set(), set()
-print("watching", flush=True)
-while not select.select([sys.stdin], [], [], 0)[0]:
-    now = time.monotonic()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and pid not in looked:
-            young.setdefault(pid, now)
-    for pid, born in list(young.items()):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                line = f.read()
-        except OSError:
-            line = b""
-        if secret in line:
-            hits.add(line.replace(b"\0", b" ").decode(errors="replace"))
-        if now - born > 2.0:
-            del young[pid]
-            looked.add(pid)
-print(repr(sorted(hits)), flush=True)
-"""
-
-
 @pytest.mark.ssh
 @pytest.mark.root
 def test_env_values_and_notify_urls_stay_off_every_command_line(
@@ -169,9 +143,7 @@ def test_env_values_and_notify_urls_stay_off_every_command_line(
     marker = f"s3cret{uuid.uuid4().hex}"
     remote_client(tf, sshd)
     no_internet(tf.env)
-    watcher = mallory.popen([sys.executable, "-c", _WATCH], env=mallory.env(WATCH_FOR=marker), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)  # fmt: skip
-    assert watcher.stdout is not None and watcher.stdout.readline() == "watching\n"
+    watch = CommandLineWatch(mallory, marker)
     tf.env.update(HF_TOKEN=f"{marker}-job", BOX_TOKEN=f"{marker}-box")
     tf.ok("hosts", "add", "box", "--env", "BOX_TOKEN")
     url = f"json://127.0.0.1:{receiver.port}/{marker}"
@@ -185,10 +157,8 @@ def test_env_values_and_notify_urls_stay_off_every_command_line(
     assert json.loads(tf.ok("config", "--json", "--show-secrets"))["values"]["notify"] == [f"{url}/box"]
     daemon_env = Path(f"/proc/{tf.daemon_pid()}/environ").read_bytes()
     assert f"BOX_TOKEN={marker}-box".encode() in daemon_env, "the box's daemon got it, over the channel's stdin"
-    control = subprocess.run([sys.executable, "-c", "import time; time.sleep(1)", f"{marker}-on-argv"])
-    assert control.returncode == 0
-    out, _ = watcher.communicate(input="", timeout=60)
-    assert out.strip() == repr([f"{sys.executable} -c import time; time.sleep(1) {marker}-on-argv "]), out
+    control = watch.control()
+    assert watch.seen() == [control]
 
 
 @pytest.mark.root

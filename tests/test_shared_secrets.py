@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from harness import Receiver, Sshd, Tfrun, no_internet, remote_client, write_script
-from harness.otheruser import OtherUser, mallory  # noqa: F401
+from harness.otheruser import CommandLineWatch, OtherUser, mallory  # noqa: F401
 
 from tfrun.runner.alerts.outbox import masked
 
@@ -72,40 +72,6 @@ def test_config_and_notify_test_mask_urls_unless_the_user_asks(tf: Tfrun, receiv
         assert secret not in text, text
 
 
-_WATCH = r"""
-import os, sys, time
-secret, seconds = os.environ.pop("WATCH_FOR").encode(), float(sys.argv[1])
-young, looked, hits = {}, set(), set()
-print("watching", flush=True)
-end = time.monotonic() + seconds
-while time.monotonic() < end:
-    now = time.monotonic()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and pid not in looked:
-            young.setdefault(pid, now)
-    for pid, born in list(young.items()):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                line = f.read()
-        except OSError:
-            line = b""
-        if secret in line:
-            hits.add(line.replace(b"\0", b" ").decode(errors="replace"))
-        if now - born > 2.0:  # a process looked at for 2 s after it appeared: its exec is behind it
-            del young[pid]
-            looked.add(pid)
-print(repr(sorted(hits)), flush=True)
-"""
-
-
-def _watching(user: OtherUser, secret: str, seconds: float) -> subprocess.Popen[str]:
-    """`user` watching every process's command line for `secret` (as `ps` shows them) for `seconds`."""
-    watcher = user.popen([sys.executable, "-c", _WATCH, str(seconds)], env=user.env(WATCH_FOR=secret),
-                         stdout=subprocess.PIPE)  # fmt: skip
-    assert watcher.stdout is not None and watcher.stdout.readline().strip() == "watching"
-    return watcher
-
-
 @pytest.fixture
 def slow_login(tmp_path: Path) -> Iterator[Sshd]:
     """A box whose login shell takes a while to start, as one with a conda hook in its startup file does (bash
@@ -123,7 +89,7 @@ def test_a_hosts_env_is_on_no_command_line_of_the_box(tf: Tfrun, slow_login: Ssh
     remote_client(tf, slow_login)
     config = tf.client_home / ".config" / "tfrun" / "config.toml"
     config.write_text(config.read_text().replace("env = { ", f'env = {{ TFRUN_PROBE = "{secret}", '))
-    watcher = _watching(mallory, secret, 40.0)
+    watch = CommandLineWatch(mallory, secret)
     direct = {**tf.env, "TFRUN_SSH_PERSIST": "0"}
     cache = tf.client_home / ".cache" / "tfrun" / "hosts.json"
     for _ in range(3):  # each without the socket learnt: through `tfrund dial-stdio`, which may start tfrund
@@ -136,9 +102,8 @@ def test_a_hosts_env_is_on_no_command_line_of_the_box(tf: Tfrun, slow_login: Ssh
     tf.ok("ps")  # through the keeper
     daemon_env = Path(f"/proc/{tf.daemon_pid()}/environ").read_bytes()
     assert f"TFRUN_PROBE={secret}".encode() in daemon_env, "the box's daemon got it, over stdin"
-    watcher.terminate()
-    out, _ = watcher.communicate(timeout=30)
-    assert out.strip() in ("", "[]"), out
+    control = watch.control()
+    assert watch.seen() == [control], "the secret on no command line but the test's own"
 
 
 def test_jupyter_open_gives_the_browser_no_token(tf: Tfrun, tmp_path: Path) -> None:

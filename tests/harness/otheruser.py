@@ -9,6 +9,7 @@ Python and tfrun, as a second user of a box would run their own install.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import pwd
@@ -99,3 +100,54 @@ def mallory() -> Iterator[OtherUser]:
     """Another user of the box: the one who tries each attack."""
     with other_user("tfm") as user:
         yield user
+
+
+# Reads every process's command line (as `ps` shows them) until its stdin closes, and prints those holding the
+# secret it was given in WATCH_FOR. A process is looked at for 2 s after it appears, so its exec is behind it.
+_WATCH = r"""
+import os, select, sys, time
+secret = os.environ.pop("WATCH_FOR").encode()
+young, looked, hits = {}, set(), set()
+print("watching", flush=True)
+while not select.select([sys.stdin], [], [], 0)[0]:
+    now = time.monotonic()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and pid not in looked:
+            young.setdefault(pid, now)
+    for pid, born in list(young.items()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                line = f.read()
+        except OSError:
+            line = b""
+        if secret in line:
+            hits.add(line.replace(b"\0", b" ").decode(errors="replace"))
+        if now - born > 2.0:
+            del young[pid]
+            looked.add(pid)
+print(repr(sorted(hits)), flush=True)
+"""
+
+
+class CommandLineWatch:
+    """`user` reading every process's command line for `secret`, from now until `seen`: what any user of the box
+    can do with `ps`. `control` puts the secret on a command line of the test's own, so that a watch that saw
+    nothing is known to have been able to see it."""
+
+    def __init__(self, user: OtherUser, secret: str) -> None:
+        self.secret = secret
+        self.proc = user.popen([sys.executable, "-c", _WATCH], env=user.env(WATCH_FOR=secret),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+        assert self.proc.stdout is not None and self.proc.stdout.readline() == "watching\n"
+
+    def control(self) -> str:
+        """Run a process with the secret on its command line; the line the watch must see for it."""
+        argv = [sys.executable, "-c", "import time; time.sleep(1)", f"{self.secret}-on-argv"]
+        assert subprocess.run(argv).returncode == 0
+        return " ".join(argv) + " "
+
+    def seen(self) -> list[str]:
+        """Every command line that held the secret while the watch ran."""
+        out, _ = self.proc.communicate(input="", timeout=60)
+        found: list[str] = ast.literal_eval(out.strip())
+        return found
