@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import TFRUN, Sshd, Tfrun
+from harness import TFRUN, Sshd, Tfrun, write_script
 from harness.paths import REPO
 from test_install import box_python, start_bare_box, trust, wheelhouse
 
@@ -140,3 +140,35 @@ def test_the_readme_remote_boxes_block_works_as_written(tf: Tfrun, box: tuple[Ss
     for verb in ("hosts add", "hosts install", "ssh-config", "hosts check", "submit", "pull"):
         assert verb in ran, f"the README's block no longer runs `tfrun {verb}`: {commands}"
     assert ran.count("pull") == 2, commands
+
+
+def test_hosts_checks_advice_followed_word_for_word_keeps_the_host(tf: Tfrun, tmp_path: Path, project: Path) -> None:
+    """A new user's first hour (issue 44): the box's python3 has no TensorFlow, `hosts check` says which of its
+    interpreters has and how to choose it; done as it says, the host keeps its tfrund and its env (they were
+    dropped: the next verbs talked to a daemon of another home), `hosts check` passes, and a job runs there."""
+    server, box_home = start_bare_box(tmp_path)
+    try:
+        trained = box_home / "venvs" / "train" / "bin"
+        trained.mkdir(parents=True)
+        (trained / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+        (trained / "python").chmod(0o755)
+        destination = trust(tf, server)
+        tfrund = shlex.join([sys.executable, "-m", "tfrun.runner"])
+        tf.ok("hosts", "add", "box", destination, "--tfrund", tfrund, "--env", f"TFRUN_HOME={tf.home}")
+        config = tf.client_home / ".config" / "tfrun" / "config.toml"
+        before = tomllib.loads(config.read_text())["hosts"]["box"]
+
+        check = tf.run("hosts", "check", "box")
+        assert check.returncode == 1, check.stdout + check.stderr
+        advice = re.search(r"`(tfrun hosts add [^`]+)`", check.stdout)
+        assert advice and str(trained / "python") in check.stdout, check.stdout
+        words = [{"NAME": "box", "PATH": str(trained / "python")}.get(word, word) for word in shlex.split(advice[1])]
+        tf.ok(*words[1:])
+        after = tomllib.loads(config.read_text())["hosts"]["box"]
+        assert after == {**before, "python": str(trained / "python")}, (before, after)
+        check = tf.run("hosts", "check", "box")
+        assert check.returncode == 0 and "ok  tensorflow: " in check.stdout, check.stdout + check.stderr
+        write_script(project, "hi.py", "import tensorflow, sys\nprint('tf in', sys.executable)\n")
+        assert "\ntf in " in "\n" + tf.ok("submit", "-f", str(project / "hi.py"))  # after TensorFlow's own lines
+    finally:
+        server.stop(sessions=True)
