@@ -3,14 +3,13 @@ its folder stops taking writes."""
 
 from __future__ import annotations
 
-import errno
 import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Tfrun, alive, gated_job, wait_for, write_script
+from harness import Tfrun, alive, disks, gated_job, wait_for, write_script
 
 from tfrun.runner.faults import CRASH_AT_ENV, END_OF_JOB
 
@@ -81,29 +80,8 @@ def test_a_job_whose_folder_turns_read_only_still_ends_with_its_own_exit_code(
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 32 MiB tmpfs: a disk that a test can fill."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], check=True)
-
-
-def fill_up(disk: Path) -> Path:
-    """Write a file until `disk` has no space left; the file, to free the space again."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * (1 << 16))
-    except OSError as exc:
-        assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return filler
+    with disks.small_disk(tmp_path / "disk") as folder:
+        yield folder
 
 
 def test_a_job_that_ends_on_a_full_disk_still_ends_with_its_own_exit_code(
@@ -116,7 +94,7 @@ def test_a_job_that_ends_on_a_full_disk_still_ends_with_its_own_exit_code(
         job = tf.submit(str(project / "job.py"))
         wait_for(lambda: tf.log(job), what="the job to print its line while it can")
         spare = tf.home / "run" / "exits" / f"{job}.json"
-        filler = fill_up(small_disk)
+        filler = disks.fill_up(small_disk)
         gate.touch()
         wait_for(lambda: spare.read_bytes().strip(), what="the shim to fill its spare exit record")
         filler.unlink()
