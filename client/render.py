@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 from tfrun.client.styled import Styled, wants_color
 from tfrun.constants import GPU_HELD_OUTSIDE
 from tfrun.protocol.fields import JobState
+from tfrun.sizes import shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -322,10 +323,4 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def size(n: float) -> str:
-    """Bytes the way `ls -h` shows them: 512 B, 3.4 kB, 1.2 GB."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
+size = shown  # bytes as tfrun shows them everywhere (tfrun/sizes.py): 512 B, 3.4 kB, 1.2 GB

@@ -133,6 +133,7 @@ def test_bad_alert_options_are_one_line_errors(tf: Tfrun, project: Path) -> None
 def test_a_bad_daemon_config_is_refused_in_one_line(tf: Tfrun) -> None:
     tf.home.mkdir(mode=0o700, parents=True)
     (tf.home / "config.toml").write_text('[alerts]\nrules = ["oom", "stall=later"]\n')
+    (tf.home / "config.toml").chmod(0o600)  # as tfrun writes it: a 0644 one would be closed first, said in a line
     result = tf.daemon("run")
     assert result.returncode != 0 and "stall takes a duration" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

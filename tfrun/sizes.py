@@ -24,3 +24,12 @@ def parse_size(value: Any) -> Optional[int]:
     if match is None or match[2].lower() not in _UNITS:
         return None
     return int(float(match[1]) * _UNITS[match[2].lower()])
+
+
+def shown(n: float) -> str:
+    """Bytes as tfrun shows them everywhere (`tfrun df`, upload notes, the disk-full alert): 512 B, 3.4 kB, 1.2 GB."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")

@@ -27,6 +27,7 @@ from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.box.config import Config
 from tfrun.runner.records import jobdir
 from tfrun.runner.records.store import Store
+from tfrun.sizes import shown
 
 RULE = "disk-full"
 FULL_BELOW_BYTES = 1 << 20
@@ -70,15 +71,6 @@ def describe(path: Path) -> str:
     disk = space(path)
     holds = f" (which holds {path})" if str(path) != disk.mount else ""
     return f"the disk at {disk.mount}{holds} is full: {shown(disk.free)} free of {shown(disk.total)}"
-
-
-def shown(n: float) -> str:
-    """Bytes as `tfrun df` shows them: 512 B, 3.4 kB, 1.2 GB."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 class DiskWatch:
