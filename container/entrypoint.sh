@@ -116,9 +116,13 @@ environment() {
     mv "$profile" /etc/profile.d/tfrun-env.sh
 }
 
-as_user() {
-    env -u TFRUN_AUTHORIZED_KEYS -u TFRUN_AUTHORIZED_KEYS_FILE HOME="$home" USER="$user" LOGNAME="$user" SHELL=/bin/bash \
-        setpriv --reuid "$uid" --regid "$gid" --init-groups -- "$@"
+# Replaces the calling shell with the command, run as the user: called in a `( ... ) &` subshell, `$!` is the
+# command's own PID (env and setpriv exec in turn), so a signal sent to `$!` reaches it. A shell function put in
+# the background is a subshell that forks the command: `$!` was that subshell, the SIGTERM of `docker stop` ended
+# it alone, and tfrund, reparented to tini, was SIGKILLed when the box went down.
+exec_as_user() {
+    exec env -u TFRUN_AUTHORIZED_KEYS -u TFRUN_AUTHORIZED_KEYS_FILE HOME="$home" USER="$user" LOGNAME="$user" \
+        SHELL=/bin/bash setpriv --reuid "$uid" --regid "$gid" --init-groups -- "$@"
 }
 
 # tfrund in the foreground, started again whenever it exits. When it exits because a daemon that a client
@@ -130,7 +134,7 @@ supervise_tfrund() {
     cd /
     while [ -z "$stopping" ]; do
         started=$SECONDS
-        as_user /opt/tfrun/venv/bin/tfrund run &
+        (exec_as_user /opt/tfrun/venv/bin/tfrund run) &
         child=$!
         status=0
         wait "$child" || status=$?

@@ -28,7 +28,6 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.9 and 3.10
     import tomli as tomllib
-from .home import TFRUN
 from .paths import CACHE, REPO
 from .processes import wait_for
 
@@ -40,6 +39,19 @@ MIRROR = os.environ.get("TFRUN_TEST_DEBIAN_MIRROR", "http://deb.debian.org/debia
 
 README_MARK = "<!-- the box: tests/test_container.py runs these commands -->"
 
+# What tensorflow/tensorflow:2.9.0-gpu (from nvidia/cuda) sets as ENV, which a Debian root has not got: the
+# variables a session on the box must see. NVIDIA_REQUIRE_CUDA's spaces, commas and < > are kept on purpose.
+BASE_IMAGE_ENV = {
+    "PATH": "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LD_LIBRARY_PATH": "/usr/local/cuda/extras/CUPTI/lib64:/usr/local/cuda/lib64:/usr/local/nvidia/lib:"
+    "/usr/local/nvidia/lib64",
+    "NVIDIA_VISIBLE_DEVICES": "all",
+    "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+    "NVIDIA_REQUIRE_CUDA": "cuda>=11.2 brand=tesla,driver>=418,driver<419 brand=tesla,driver>=440,driver<441",
+    "CUDA_VERSION": "11.2.1",
+    "LANG": "C.UTF-8",
+}
+
 
 # -- the recipe ------------------------------------------------------------------------------------------
 
@@ -48,6 +60,7 @@ README_MARK = "<!-- the box: tests/test_container.py runs these commands -->"
 class Dockerfile:
     """The instructions this test carries out itself, read from container/Dockerfile."""
 
+    base: str = ""  # FROM, its ${TF_TAG} filled in
     args: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     run: list[str] = field(default_factory=list)
@@ -67,7 +80,9 @@ class Dockerfile:
                 continue
             word, _, rest = line.partition(" ")
             rest = parsed.substitute(rest.strip())
-            if word == "ARG":
+            if word == "FROM":
+                parsed.base = rest
+            elif word == "ARG":
                 name, _, default = rest.partition("=")
                 parsed.args[name] = default
             elif word == "ENV":
@@ -164,18 +179,20 @@ def ssh_banner(address: str, port: int) -> Optional[bytes]:
     return line if line.startswith(b"SSH-2.0-") else None
 
 
-def _base_rootfs(root: Path) -> None:
-    """A minimal Debian, unpacked from the cached tarball that one debootstrap made."""
-    tarball = CACHE / f"debian-{SUITE}-minbase.tar"
+def debian_tarball(suite: str = SUITE, include: tuple[str, ...] = ()) -> Path:
+    """A minimal Debian (with `include`'s packages) as a tarball in the cache: one debootstrap, kept across runs
+    (the Debian root of these tests, and the stand-in for the TF image of tests/test_container_engine.py)."""
+    tarball = CACHE / ("-".join(["debian", suite, "minbase", *include]) + ".tar")
     if not tarball.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         work = CACHE / f"debootstrap.{os.getpid()}"
         shutil.rmtree(work, ignore_errors=True)
-        sh("debootstrap", "--variant=minbase", SUITE, str(work), MIRROR, timeout=1200)
+        packages = [f"--include={','.join(include)}"] * bool(include)
+        sh("debootstrap", "--variant=minbase", *packages, suite, str(work), MIRROR, timeout=1200)
         sh("tar", "-C", str(work), "-cf", f"{tarball}.{os.getpid()}", ".")
         os.replace(f"{tarball}.{os.getpid()}", tarball)
         shutil.rmtree(work, ignore_errors=True)
-    sh("tar", "-C", str(root), "-xpf", str(tarball))
+    return tarball
 
 
 def _wheelhouse() -> Path:
@@ -187,7 +204,7 @@ def _wheelhouse() -> Path:
     wheels = CACHE / "wheels-cp311"
     wheels.mkdir(parents=True, exist_ok=True)
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    requirements = [*project["project"]["dependencies"], *project["build-system"]["requires"], "setuptools>=64"]
+    requirements = [*project["project"]["dependencies"], *project["build-system"]["requires"]]
     arch = os.uname().machine
     platforms = [f"manylinux_2_{minor}_{arch}" for minor in range(17, 37)] + [f"manylinux2014_{arch}"]
     sh(
@@ -215,7 +232,7 @@ def _copy_source(target: Path) -> None:
 
 def build_image(root: Path) -> None:
     """What `docker build` does with container/Dockerfile, on a Debian root instead of the TF image."""
-    _base_rootfs(root)
+    sh("tar", "-C", str(root), "-xpf", str(debian_tarball()))
     shutil.copy("/etc/resolv.conf", root / "etc" / "resolv.conf")
     # As in Docker's Debian images: packages must not start services while the image is built.
     policy = root / "usr" / "sbin" / "policy-rc.d"
@@ -347,39 +364,3 @@ class Box:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-
-
-@dataclass
-class Client:
-    """The user's side: a home with a key pair, ~/.ssh/config from `tfrun ssh-config`, and tfrun."""
-
-    home: Path
-    key: Path
-    box: Box
-
-    @property
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TFRUN_", "SSH_AUTH_SOCK", "XDG_"))}
-        env["HOME"] = str(self.home)
-        return env
-
-    def ssh_args(self, strict: str = "yes") -> list[str]:
-        return ["ssh", "-F", str(self.home / ".ssh" / "config"), "-o", "BatchMode=yes",
-                "-o", f"UserKnownHostsFile={self.home / '.ssh' / 'known_hosts'}",
-                "-o", f"StrictHostKeyChecking={strict}"]  # fmt: skip
-
-    def ssh(self, *command: str, strict: str = "yes", check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [*self.ssh_args(strict), "box", *command], env=self.env, capture_output=True, text=True, timeout=120
-        )
-        if check:
-            assert result.returncode == 0, f"ssh box {command} -> {result.returncode}\n{result.stderr}"
-        return result
-
-    def tfrun(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*TFRUN, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
-
-    def ok(self, *args: str) -> str:
-        result = self.tfrun(*args)
-        assert result.returncode == 0, f"tfrun {shlex.join(args)} -> {result.returncode}\n{result.stderr}"
-        return result.stdout
