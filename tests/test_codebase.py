@@ -238,6 +238,7 @@ NEEDS_BY_IMPORT = {
     "harness.otheruser": "root",
     "harness.netns": "root",
     "harness.fleetbox": "ssh",
+    "harness.podman": "podman",
 }
 NEEDS_BY_NAME = {"sshd": "ssh", "Sshd": "ssh", "box_sshd": "ssh", "remote_client": "ssh"}
 
