@@ -1,0 +1,244 @@
+"""What the UI server follows on the boxes, once however many tabs show it: a page of jobs, a job's record and
+metrics, a job's log (with its filters). Each is a `Feed`: one task that asks the box and publishes events
+(numbered), and any number of readers (the pages' server-sent event streams) that wait for the next one.
+
+A feed runs while someone reads it and LINGER_S more (a page reloaded finds it warm), then stops. One that
+ended on an error (a box down past the reconnect timeout) runs again for the next reader: the page, whose
+stream the browser opens again by itself, resumes once the link is back. A log feed keeps its cursor across
+such restarts, so it carries on at the byte it had reached, as `logs -f` does through a reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Optional
+
+from tfrun.client.asyncclient import AsyncClient, NoSuchJob
+from tfrun.client.calls import jobs as job_calls
+from tfrun.client.calls import watching as watch_calls
+from tfrun.client.errors import TfrunError
+from tfrun.client.follow import LogCursor, LogQuery
+from tfrun.client.ui import boxes
+from tfrun.client.ui.boxes import Box, Unreachable
+from tfrun.protocol.channel import RemoteError
+from tfrun.protocol.fields import JobState
+from tfrun.protocol.watching import MetricSample
+
+LINGER_S = 30.0  # how long a feed nobody reads runs on
+JOBS_EVERY_S = 2.0  # a page of jobs asked again (as `tfrun top` asks each frame)
+JOB_EVERY_S = 1.0  # a job's record and new metrics asked again while it runs
+TAIL_LINES = 1000  # the log lines a page starts with; the rest follow as they come
+KEPT_EVENTS = 2000  # log batches kept for a reader that joins or comes back
+NEW_METRICS = 200  # metric samples asked each second; more new ones than this: all are asked again
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # a terminal's colours and cursor moves
+
+Event = tuple[int, str, Any]  # (number, kind, data as JSON)
+
+
+class Feed:
+    """One thing followed on a box, its events numbered from 1, for every reader at once."""
+
+    def __init__(self, kept: Optional[int]) -> None:
+        self.events: deque[Event] = deque(maxlen=kept)
+        self.number = 0
+        self.readers = 0
+        self.task: Optional[asyncio.Task[None]] = None
+        self.changed = asyncio.Event()
+        self.idle_since = time.monotonic()
+
+    async def run(self) -> None:
+        """Ask the box and `publish` until done (a feed of a job that ended) or cancelled."""
+        raise NotImplementedError
+
+    def publish(self, kind: str, data: Any) -> None:
+        self.number += 1
+        self.events.append((self.number, kind, data))
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def _start(self) -> None:
+        """Run the task, or run it again once it ended: its last error and end are then no longer news."""
+        if self.task is None or self.task.done():
+            kept = [event for event in self.events if event[1] not in ("failure", "ended")]
+            self.events = deque(kept, maxlen=self.events.maxlen)
+            self.task = asyncio.get_running_loop().create_task(self._guarded())
+
+    async def _guarded(self) -> None:
+        """`run`, with any failure published as an `error` event in words, never lost in a task."""
+        try:
+            await self.run()
+        except Unreachable as exc:
+            self.publish("failure", {"message": str(exc)})
+        except (RemoteError, NoSuchJob) as exc:
+            self.publish("failure", {"message": exc.message})
+        except TfrunError as exc:
+            self.publish("failure", {"message": exc.message})
+        self.publish("ended", None)
+
+    async def read(self, after: int) -> AsyncIterator[Event]:
+        """The events numbered after `after` (those still kept), then each new one, until the feed ends."""
+        self.readers += 1
+        self._start()
+        try:
+            while True:
+                changed = self.changed
+                for event in [event for event in self.events if event[0] > after]:
+                    after = event[0]
+                    yield event
+                    if event[1] == "ended":
+                        return
+                await changed.wait()
+        finally:
+            self.readers -= 1
+            self.idle_since = time.monotonic()
+
+    def stop_if_idle(self, now: float) -> bool:
+        """Stop the task once no one has read for LINGER_S; whether the feed is stopped (and may be forgotten)."""
+        if self.readers or now - self.idle_since < LINGER_S:
+            return False
+        if self.task is not None:
+            self.task.cancel()
+        return True
+
+
+class JobsFeed(Feed):
+    """One page of every box's jobs, asked every JOBS_EVERY_S; an event when it changed. Only the latest is
+    kept: a reader wants the table as it is, not its history."""
+
+    def __init__(self, shown: Sequence[Box], page: int) -> None:
+        super().__init__(kept=1)
+        self.shown = shown
+        self.page = page
+
+    async def run(self) -> None:
+        last = None
+        while True:
+            table = await boxes.every_page(self.shown, self.page)
+            if table != last:
+                self.publish("jobs", {**table, "now": time.time()})
+                last = table
+            await asyncio.sleep(JOBS_EVERY_S)
+
+
+class JobFeed(Feed):
+    """A job's record and its metrics by step: the record each second while it runs, and the samples that
+    are new since the last look (`points` events). The whole history is kept for a reader that joins."""
+
+    def __init__(self, box: Box, job: int) -> None:
+        super().__init__(kept=None)
+        self.box = box
+        self.job = job
+        self.steps: list[MetricSample] = []
+
+    async def run(self) -> None:
+        while True:
+            job = await self.box.ask(lambda channel: job_calls.job(str(self.job)).on(channel))
+            self.publish("job", boxes.record(self.box.name, job))
+            await self._metrics()
+            if job.state in JobState.FINAL:
+                return
+            await asyncio.sleep(JOB_EVERY_S)
+
+    async def _metrics(self) -> None:
+        """Ask for the last NEW_METRICS samples, and for all of them when that does not reach back to the
+        last step seen (the first look, or a job printing faster than that a second)."""
+        newest = self.steps[-1].step if self.steps else None
+        asked = NEW_METRICS if newest is not None else None
+        reply = await self.box.ask(lambda channel: watch_calls.metrics(str(self.job), asked).on(channel))
+        samples = reply.samples
+        if newest is not None and samples and samples[0].step > newest:
+            reply = await self.box.ask(lambda channel: watch_calls.metrics(str(self.job)).on(channel))
+            samples = reply.samples
+        fresh = [sample for sample in samples if newest is None or sample.step > newest]
+        if fresh:
+            self.steps += fresh
+            self.publish("points", [_point(sample) for sample in fresh])
+
+
+def _point(sample: MetricSample) -> dict[str, Any]:
+    """A sample as the chart reads it: its step, and each metric's value (not a number as null: JSON has none)."""
+    values = {name: (value if value == value and abs(value) != float("inf") else None) for name, value in
+              sample.values.items()}  # fmt: skip
+    return {"step": sample.step, "values": values}
+
+
+class LogFeed(Feed):
+    """A job's log, the last TAIL_LINES lines (of those that pass the filters) and then each as it comes, in
+    batches of lines; filters run on the box, as `tfrun logs` does them."""
+
+    def __init__(self, box: Box, job: int, query: LogQuery) -> None:
+        super().__init__(kept=KEPT_EVENTS)
+        self.box = box
+        self.job = job
+        query.tail = TAIL_LINES
+        self.query = query
+        self.cursor = LogCursor()
+        self.rest = b""
+        # its own client of the box, whose word that the link is down (and back) is the page's to show
+        self.client = AsyncClient(box.client.target, say=lambda line: self.publish("notice", {"message": line}))
+
+    async def run(self) -> None:
+        async for data in self.client.log_chunks(self.job, follow=True, query=self.query, cursor=self.cursor):
+            *lines, self.rest = (self.rest + data).split(b"\n")
+            if lines:
+                self.publish("lines", [_shown(line) for line in lines])
+        if self.rest:
+            self.publish("lines", [_shown(self.rest)])
+            self.rest = b""
+        end = self.cursor.end
+        self.publish("end", None if end is None else {"state": end.state, "exit_code": end.exit_code})
+
+
+def _shown(line: bytes) -> str:
+    """A line as a terminal would leave it: what follows its last carriage return, colours taken out."""
+    text = line.decode(errors="replace").rstrip("\r")
+    return _ESCAPES.sub("", text.rsplit("\r", 1)[-1])
+
+
+class Feeds:
+    """Every feed by what it follows: one per page of jobs, per job, per job and log filter."""
+
+    def __init__(self, shown: Sequence[Box]) -> None:
+        self.boxes = {box.name: box for box in shown}
+        self.feeds: dict[tuple[Any, ...], Feed] = {}
+
+    def jobs(self, page: int) -> Feed:
+        return self._get(("jobs", page), lambda: JobsFeed(list(self.boxes.values()), page))
+
+    def job(self, box: Box, job: int) -> Feed:
+        return self._get(("job", box.name, job), lambda: JobFeed(box, job))
+
+    def log(self, box: Box, job: int, query: LogQuery) -> Feed:
+        key = ("log", box.name, job, tuple(query.patterns), query.invert, query.ignore_case, query.fixed,
+               query.before, query.after)  # fmt: skip
+        return self._get(key, lambda: LogFeed(box, job, query))
+
+    def _get(self, key: tuple[Any, ...], make: Any) -> Feed:
+        self._forget_idle()
+        feed = self.feeds.get(key)
+        if feed is None:
+            feed = self.feeds[key] = make()
+        return feed
+
+    async def sweep(self) -> None:
+        """Stop the feeds nobody reads, every LINGER_S, for as long as the server runs."""
+        while True:
+            await asyncio.sleep(LINGER_S)
+            self._forget_idle()
+
+    def _forget_idle(self) -> None:
+        now = time.monotonic()
+        for key in [key for key, feed in self.feeds.items() if feed.stop_if_idle(now)]:
+            del self.feeds[key]
+
+    async def close(self) -> None:
+        for feed in self.feeds.values():
+            if feed.task is not None:
+                feed.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await feed.task

@@ -1,0 +1,191 @@
+"""The UI server: pages and their data, on 127.0.0.1, for the user who started it (client/ui/auth.py).
+
+The pages are static files (client/ui/static/, shipped in the wheel: plain HTML and small scripts, uPlot
+vendored for the charts); what they show comes as server-sent events from the feeds (client/ui/feeds.py),
+which follow the boxes once however many tabs are open. Actions (cancel, restart) are POSTs, absent with
+--read-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any, Callable
+
+from aiohttp import web
+
+from tfrun.client.calls import jobs as job_calls
+from tfrun.client.follow import LogQuery
+from tfrun.client.ui.auth import Guard
+from tfrun.client.ui.boxes import Box, Unreachable
+from tfrun.client.ui.feeds import Feed, Feeds
+from tfrun.constants import MAX_CONTEXT, MAX_PATTERNS
+from tfrun.protocol.channel import RemoteError
+
+STATIC = Path(__file__).parent / "static"
+HEARTBEAT_S = 15.0  # a comment on a quiet stream: a page that went away is noticed, its feed let go
+MAX_PAGE = 1000
+SHUTDOWN_S = 1.0  # Ctrl-C: open pages' streams never end by themselves; they are cut after this
+ACTION_S = 120.0  # a cancel is answered once the job has ended: its grace, and SIGKILL's
+
+
+def listen(port: int) -> socket.socket:
+    """A socket on 127.0.0.1:`port` (0: a free one), listening; never any other address."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+class Ui:
+    """The application: its boxes, their feeds, and whether actions are offered."""
+
+    def __init__(self, shown: Sequence[Box], read_only: bool) -> None:
+        self.boxes = {box.name: box for box in shown}
+        self.feeds = Feeds(shown)
+        self.read_only = read_only
+
+    def app(self, guard: Guard) -> web.Application:
+        app = web.Application(middlewares=[guard.check])
+        app.router.add_get("/", _page("jobs.html"))
+        app.router.add_get("/job/{box}/{job:[0-9]+}", _page("job.html"))
+        app.router.add_static("/static/", STATIC, follow_symlinks=False)
+        app.router.add_get("/api/view", self.view)
+        app.router.add_get("/events/jobs", self.jobs)
+        app.router.add_get("/events/job/{box}/{job:[0-9]+}", self.job)
+        app.router.add_get("/events/log/{box}/{job:[0-9]+}", self.log)
+        if not self.read_only:
+            app.router.add_post("/api/job/{box}/{job:[0-9]+}/{action:cancel|restart}", self.act)
+        return app
+
+    async def view(self, request: web.Request) -> web.Response:
+        """What the pages need to know of this server: its boxes, and whether they may offer actions."""
+        return web.json_response({"boxes": list(self.boxes), "read_only": self.read_only})
+
+    async def jobs(self, request: web.Request) -> web.StreamResponse:
+        page = _number(request.query.get("page", "1"), 1, MAX_PAGE, "page")
+        return await _stream(request, self.feeds.jobs(page))
+
+    async def job(self, request: web.Request) -> web.StreamResponse:
+        box, job = self._job(request)
+        return await _stream(request, self.feeds.job(box, job))
+
+    async def log(self, request: web.Request) -> web.StreamResponse:
+        box, job = self._job(request)
+        return await _stream(request, self.feeds.log(box, job, _query(request)))
+
+    async def act(self, request: web.Request) -> web.Response:
+        """Cancel or restart a job, as `tfrun cancel` and `tfrun restart` do; the result in words."""
+        box, job = self._job(request)
+        try:
+            if request.match_info["action"] == "cancel":
+                asked = job_calls.cancel([str(job)])
+                (result,) = await box.ask(asked.on, ACTION_S)
+                return web.json_response({"ok": result.ok, "message": result.message})
+            restarted = await box.ask(job_calls.restart(str(job)).on)
+            return web.json_response({"ok": True, "message": f"restarted as job {restarted.id}", "job": restarted.id})
+        except RemoteError as exc:
+            return web.json_response({"ok": False, "message": exc.message})
+        except Unreachable as exc:
+            return web.json_response({"ok": False, "message": str(exc)})
+
+    def _job(self, request: web.Request) -> tuple[Box, int]:
+        name = request.match_info["box"]
+        if name not in self.boxes:
+            raise web.HTTPNotFound(text=f"tfrun ui: no box {name!r} here (this page shows {', '.join(self.boxes)})\n")
+        return self.boxes[name], int(request.match_info["job"])
+
+
+def _page(name: str) -> Callable[[web.Request], Any]:
+    async def page(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / name)
+
+    return page
+
+
+def _number(text: str, low: int, high: int, what: str) -> int:
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise web.HTTPBadRequest(text=f"tfrun ui: {what} must be a number from {low} to {high}\n")
+    return int(text)
+
+
+def _query(request: web.Request) -> LogQuery:
+    """The log filters of a page's URL, as `tfrun logs` takes them: grep (each an ERE, ORed), i, v, F, A, B, C."""
+    given = request.query
+    patterns = [pattern for pattern in given.getall("grep", []) if pattern][:MAX_PATTERNS]
+    context = _number(given.get("C", "0") or "0", 0, MAX_CONTEXT, "C")
+    return LogQuery(
+        patterns=patterns,
+        ignore_case=given.get("i") == "1",
+        invert=given.get("v") == "1",
+        fixed=given.get("F") == "1",
+        after=_number(given.get("A", "") or str(context), 0, MAX_CONTEXT, "A"),
+        before=_number(given.get("B", "") or str(context), 0, MAX_CONTEXT, "B"),
+    )
+
+
+async def _stream(request: web.Request, feed: Feed) -> web.StreamResponse:
+    """Server-sent events from `feed`, from the one after the browser's Last-Event-ID (it sends that when it
+    opens a stream again): a page whose connection dropped gets what it missed, not everything again."""
+    last = request.headers.get("Last-Event-ID", "0")
+    after = int(last) if last.isdigit() else 0
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+    await response.prepare(request)
+    await response.write(b"retry: 2000\n\n")
+    beat = asyncio.get_running_loop().create_task(_heartbeat(response))
+    try:
+        async for number, kind, data in _events(feed, after):
+            await response.write(f"id: {number}\nevent: {kind}\ndata: {json.dumps(data)}\n\n".encode())
+    except (ConnectionResetError, ConnectionError):
+        pass
+    finally:
+        beat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beat
+    return response
+
+
+async def _events(feed: Feed, after: int) -> AsyncIterator[tuple[int, str, Any]]:
+    events = feed.read(after)
+    try:
+        async for event in events:
+            yield event
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def _heartbeat(response: web.StreamResponse) -> None:
+    with contextlib.suppress(ConnectionError):
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            await response.write(b": still here\n\n")
+
+
+async def serve(ui: Ui, sock: socket.socket, guard: Guard, ready: Callable[[], None]) -> None:
+    """Serve on `sock` until cancelled: each connection accepted here, and closed unread unless `Guard.admitted`
+    says it is this user's; aiohttp is handed only the admitted ones."""
+    runner = web.AppRunner(ui.app(guard), access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
+    await runner.setup()
+    factory = runner.server
+    assert factory is not None
+    loop = asyncio.get_running_loop()
+    sweep = loop.create_task(ui.feeds.sweep())
+    ready()
+    try:
+        while True:
+            connection, _ = await loop.sock_accept(sock)
+            if guard.admitted(connection):
+                await loop.connect_accepted_socket(factory, connection)
+            else:
+                connection.close()
+    finally:
+        sock.close()
+        sweep.cancel()
+        await ui.feeds.close()
+        await runner.cleanup()

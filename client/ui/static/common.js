@@ -1,0 +1,66 @@
+// What both pages share: a live stream of a feed (server-sent events, reopened by the browser when it
+// drops), times as `tfrun ps` shows them, and elements made without innerHTML (no job's text is markup).
+"use strict";
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "class") node.className = value; else node.setAttribute(key, value);
+  }
+  for (const child of children) node.append(child instanceof Node ? child : String(child ?? ""));
+  return node;
+}
+
+function duration(seconds) {
+  if (seconds == null || seconds < 0) return "-";
+  if (seconds < 60) return seconds.toFixed(1) + "s";
+  const minutes = Math.floor(seconds / 60), secs = Math.floor(seconds % 60);
+  if (minutes < 60) return `${minutes}m${String(secs).padStart(2, "0")}s`;
+  const hours = Math.floor(minutes / 60);
+  if (hours < 48) return `${hours}h${String(minutes % 60).padStart(2, "0")}m`;
+  return `${Math.floor(hours / 24)}d${String(hours % 24).padStart(2, "0")}h`;
+}
+
+function runtime(job, now) {
+  if (job.started_at == null) return "-";
+  return duration((job.finished_at ?? now) - job.started_at);
+}
+
+function loss(value) { return value == null ? "-" : Number(value).toPrecision(4).replace(/\.?0+$/, ""); }
+
+// A trend line of the last losses, as `tfrun top` draws one with block characters.
+function sparkline(values) {
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("class", "spark"); svg.setAttribute("width", "80"); svg.setAttribute("height", "18");
+  const finite = values.filter((v) => v != null && isFinite(v));
+  if (finite.length > 1) {
+    const low = Math.min(...finite), high = Math.max(...finite), span = high - low || 1;
+    const points = finite.map((v, i) => `${(i * 78 / (finite.length - 1) + 1).toFixed(1)},${(16 - (v - low) * 14 / span).toFixed(1)}`);
+    const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+    line.setAttribute("points", points.join(" ")); line.setAttribute("fill", "none");
+    line.setAttribute("stroke", "#0a6"); line.setAttribute("stroke-width", "1.5");
+    svg.append(line);
+  }
+  return svg;
+}
+
+// Follow `url`'s events: `handlers[kind](data)`. A stream the server ended after an error is opened again by
+// the browser (its retry), which runs the feed again: the page resumes once the box is back (`failure` says why meanwhile). A feed that
+// ended for good (`ended` with no error before it) is closed here.
+function follow(url, handlers, onState) {
+  const source = new EventSource(url);
+  let failed = false;
+  for (const kind of Object.keys(handlers)) {
+    source.addEventListener(kind, (event) => {
+      if (failed) { failed = false; onState && onState(""); }
+      handlers[kind](JSON.parse(event.data));
+    });
+  }
+  source.addEventListener("failure", (event) => { failed = true; onState && onState(JSON.parse(event.data).message); });
+  source.addEventListener("error", () => {
+    if (source.readyState === EventSource.CONNECTING && !failed) onState && onState("reconnecting to the tfrun ui server...");
+  });
+  source.addEventListener("open", () => { if (!failed) onState && onState(""); });
+  source.addEventListener("ended", () => { if (!failed) source.close(); });
+  return source;
+}
