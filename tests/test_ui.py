@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from harness import Sshd, Tfrun, remote_client, wait_for, write_script
+from harness import Sshd, Tfrun, free_port, remote_client, wait_for, write_script
 from harness.browser import UiServer, chromium, start_ui
 from harness.otheruser import OtherUser, mallory  # noqa: F401
 
@@ -235,3 +235,25 @@ def test_another_user_is_refused_at_the_port(ui: UiServer, mallory: OtherUser) -
     told = [line for line in ui.stderr.read_text().splitlines() if "refused a connection" in line]
     assert told == [f"tfrun: refused a connection to 127.0.0.1:{ui.port} from uid {mallory.uid}, not you: only you "
                     "may use this page"], told  # fmt: skip
+
+
+def test_a_box_that_cannot_be_reached_is_a_row_saying_why(browser: WebDriver, boxes: Boxes) -> None:
+    """A configured host whose sshd is gone: its row says so in ssh's words; the other box's rows still come."""
+    config = boxes.folder / "client-home" / ".config" / "tfrun" / "config.toml"
+    kept = config.read_text()
+    config.write_text(kept + f'\n[hosts.gone]\ndestination = "nobody@127.0.0.1:{free_port()}"\n')
+    try:
+        viewer = start_ui(boxes.local.env, boxes.folder, "--host", "all")
+    finally:
+        config.write_text(kept)
+    try:
+        browser.get(viewer.url)
+        wait_for(lambda: _by_css(browser, 'tr.down[data-box="gone"]'), timeout=30, what="the down box's row")
+        down = _by_css(browser, 'tr.down[data-box="gone"]')[0].text
+        assert "down:" in down and "refused" in down.lower(), down
+        wait_for(lambda: _by_css(browser, f'tr[data-box="box"][data-id="{boxes.box_job}"]'), what="the other box's row")
+        assert not _by_css(browser, 'tr[data-box="local"]'), "--host all: the configured hosts, not this machine"
+        status = _by_css(browser, "#boxes")[0].text
+        assert "gone: down" in status and "box: up" in status, status
+    finally:
+        viewer.stop()
