@@ -137,6 +137,8 @@ def test_the_chart_grows_as_the_job_prints_losses(browser: WebDriver, ui: UiServ
     first = wait_for(lambda: _points(browser), timeout=30, what="the chart's first points")
     wait_for(lambda: _points(browser) >= first + 5, timeout=20, what="the chart to grow")
     assert _by_css(browser, "#chart canvas"), "uPlot drew the chart"
+    errors = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    assert not errors, errors
 
 
 def _points(browser: WebDriver) -> int:

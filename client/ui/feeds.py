@@ -136,9 +136,12 @@ class JobFeed(Feed):
         self.steps: list[MetricSample] = []
 
     async def run(self) -> None:
+        last = None
         while True:
             job = await self.box.ask(lambda channel: job_calls.job(str(self.job)).on(channel))
-            self.publish("job", boxes.record(self.box.name, job))
+            if job != last:  # kept whole for a reader that joins: a record only when it changed
+                self.publish("job", boxes.record(self.box.name, job))
+                last = job
             await self._metrics()
             if job.state in JobState.FINAL:
                 return

@@ -37,6 +37,7 @@ def chromium() -> Iterator[Any]:
         options.binary_location = binary
         for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
             options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the pages' console: a script's errors
         browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
         try:
             yield browser

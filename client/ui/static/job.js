@@ -7,6 +7,7 @@ const base = `${encodeURIComponent(boxName)}/${jobId}`;
 const MAX_LINES = 5000; // lines kept on the page; the log itself is whole on the box (tfrun logs)
 const EVALUATION = ["val", "test", "eval"];
 let job = null;
+let clock = 0; // the server's clock less this browser's: the runtime counts on between records
 let chart = null;
 const steps = [], series = new Map(); // step index -> value, by metric name
 
@@ -17,6 +18,7 @@ function trainingLoss(names) {
 
 function showRecord(record) {
   job = record;
+  clock = record.now - Date.now() / 1000;
   document.title = `tfrun: job ${record.id} on ${record.box}`;
   document.getElementById("where").textContent = record.box;
   document.getElementById("title").replaceChildren(`job ${record.id}${record.name ? " " + record.name : ""} `,
@@ -27,12 +29,12 @@ function showRecord(record) {
     ["command", (record.command || []).join(" ")], ["script", [record.script, ...record.args].join(" ")],
     ["--env names", record.env_names.join(" ") || "none"],
     ["snapshot", record.git_commit ? record.git_commit.slice(0, 12) + (record.git_dirty ? " (dirty)" : "") : record.source],
-    ["runtime", runtime(record, record.now)], ["created", new Date(record.created_at * 1000).toLocaleString()],
+    ["runtime", runtime(record, Date.now() / 1000 + clock)], ["created", new Date(record.created_at * 1000).toLocaleString()],
     ["restart of", record.restart_of], ["restarted as", record.restarted_as],
     ["array", record.array_id != null ? `job ${record.array_id}, task ${record.array_index}` : null],
   ];
   document.getElementById("record").replaceChildren(...rows.filter(([, value]) => value != null && value !== "")
-    .flatMap(([name, value]) => [el("dt", {}, name), el("dd", {}, value)]));
+    .flatMap(([name, value]) => [el("dt", {}, name), el("dd", name === "runtime" ? { id: "runtime" } : {}, value)]));
   const final = ["succeeded", "failed", "cancelled", "lost"].includes(record.state);
   document.getElementById("cancel").hidden = final;
   document.getElementById("restart").hidden = !final;
@@ -108,6 +110,10 @@ async function start() {
   const notice = document.getElementById("notice");
   follow(`/events/job/${base}`, { job: showRecord, points: addPoints }, (message) => { notice.textContent = message; });
   followLog();
+  setInterval(() => {
+    const shown = document.getElementById("runtime");
+    if (job && shown) shown.textContent = runtime(job, Date.now() / 1000 + clock);
+  }, 1000);
 }
 
 start();
