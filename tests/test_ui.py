@@ -22,7 +22,7 @@ from harness.browser import UiServer, chromium, start_ui
 from harness.otheruser import OtherUser, mallory  # noqa: F401
 
 if TYPE_CHECKING:
-    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver import Chrome as WebDriver
     from selenium.webdriver.remote.webelement import WebElement
 
 pytestmark = [pytest.mark.ssh, pytest.mark.browser, pytest.mark.slow]
@@ -137,7 +137,8 @@ def test_the_chart_grows_as_the_job_prints_losses(browser: WebDriver, ui: UiServ
     first = wait_for(lambda: _points(browser), timeout=30, what="the chart's first points")
     wait_for(lambda: _points(browser) >= first + 5, timeout=20, what="the chart to grow")
     assert _by_css(browser, "#chart canvas"), "uPlot drew the chart"
-    errors = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    console = browser.get_log("browser")  # type: ignore[no-untyped-call]  # selenium leaves it untyped
+    errors = [entry["message"] for entry in console if entry["level"] == "SEVERE"]
     assert not errors, errors
 
 
