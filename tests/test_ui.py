@@ -20,6 +20,7 @@ import pytest
 from harness import Sshd, Tfrun, free_port, remote_client, wait_for, write_script
 from harness.browser import UiServer, chromium, start_ui
 from harness.otheruser import OtherUser, mallory  # noqa: F401
+from harness.relay import Relay
 
 if TYPE_CHECKING:
     from selenium.webdriver import Chrome as WebDriver
@@ -47,6 +48,7 @@ class Boxes:
     local: Tfrun
     box: Tfrun
     folder: Path
+    relay: Relay
     local_job: int
     box_job: int
 
@@ -61,11 +63,15 @@ def boxes(tmp_path_factory: pytest.TempPathFactory, sshd: Sshd) -> Iterator[Boxe
     folder = tmp_path_factory.mktemp("ui")
     client = folder / "client-home"
     box = remote_client(Tfrun(folder / "box-home", client_home=client), sshd)
+    relay = Relay(sshd.port)  # the link to the box, which a test freezes
+    for written in (client / ".config" / "tfrun" / "config.toml", client / ".ssh" / "known_hosts"):
+        written.write_text(written.read_text().replace(f"127.0.0.1]:{sshd.port}", f"127.0.0.1]:{relay.port}")
+                           .replace(f"127.0.0.1:{sshd.port}", f"127.0.0.1:{relay.port}"))  # fmt: skip
     local = Tfrun(folder / "local-home", client_home=client)  # the same client config: host "box" in it
     project = folder / "project"
     project.mkdir()
     write_script(project, "printer.py", _PRINTER)
-    found = Boxes(local, box, folder, 0, 0)
+    found = Boxes(local, box, folder, relay, 0, 0)
     try:
         found.local_job = local.submit("--name", "here", str(project / "printer.py"), str(folder / "gate-local"))
         found.box_job = box.submit("--name", "there", str(project / "printer.py"), str(folder / "gate-box"))
@@ -73,6 +79,7 @@ def boxes(tmp_path_factory: pytest.TempPathFactory, sshd: Sshd) -> Iterator[Boxe
     finally:
         box.cleanup()
         local.cleanup()
+        relay.close()
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +126,8 @@ def _loss_shown(browser: WebDriver, row: str) -> bool:
 def test_a_line_the_job_prints_appears_in_its_page(browser: WebDriver, ui: UiServer, boxes: Boxes) -> None:
     browser.get(f"{ui.base}/job/box/{boxes.box_job}")
     wait_for(lambda: "loss=" in _log(browser), timeout=30, what="the log")
-    title = _by_css(browser, "#title")[0].text
-    assert title.startswith(f"job {boxes.box_job} there"), title
+    title = _by_css(browser, "#title")[0]
+    wait_for(lambda: title.text.startswith(f"job {boxes.box_job} there running"), what="its record")  # its own feed
     mark = f"mark-{uuid.uuid4().hex}"
     printed = time.monotonic()
     boxes.gate("box", mark)
@@ -260,3 +267,18 @@ def test_a_box_that_cannot_be_reached_is_a_row_saying_why(browser: WebDriver, bo
         assert "gone: down" in status and "box: up" in status, status
     finally:
         viewer.stop()
+
+
+def test_the_page_resumes_by_itself_after_the_link_froze(browser: WebDriver, ui: UiServer, boxes: Boxes) -> None:
+    """The box's link stops passing bytes (a laptop asleep, a NAT that forgot): the log carries on by itself
+    once the connection is made again (the keeper's next one), from the byte it had reached."""
+    browser.get(f"{ui.base}/job/box/{boxes.box_job}")
+    wait_for(lambda: "loss=" in _log(browser), timeout=30, what="the log")
+    frozen = time.monotonic()
+    assert boxes.relay.freeze_held() >= 1
+    mark = f"after-the-freeze-{uuid.uuid4().hex}"
+    boxes.gate("box", mark)
+    wait_for(lambda: mark in _log(browser), timeout=60, what="the log to resume")
+    print(f"the page's log resumed {time.monotonic() - frozen:.1f} s after the link froze")
+    steps = [int(line.split()[1]) for line in _log(browser).splitlines() if line.startswith("step ")]
+    assert steps == list(range(steps[0], steps[0] + len(steps))), "a line lost or repeated"
