@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar
 
 from tfrun.client import config
-from tfrun.client.asyncclient import AsyncClient, NoSuchJob
+from tfrun.client.asyncclient import AsyncClient
 from tfrun.client.calls import jobs as job_calls
 from tfrun.client.calls import watching as watch_calls
 from tfrun.client.config import Host
@@ -54,7 +54,7 @@ class Box:
             return await asyncio.wait_for(self.client.session(action), wait)
         except asyncio.TimeoutError:
             raise Unreachable(f"no answer within {wait:g}s") from None
-        except (RemoteError, NoSuchJob):
+        except RemoteError:  # NoSuchJob too: the daemon's own word
             raise
         except TfrunError as exc:
             raise Unreachable(exc.message) from None

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Optional
 
-from tfrun.client.asyncclient import AsyncClient, NoSuchJob
+from tfrun.client.asyncclient import AsyncClient
 from tfrun.client.calls import jobs as job_calls
 from tfrun.client.calls import watching as watch_calls
 from tfrun.client.errors import TfrunError
@@ -74,9 +74,7 @@ class Feed:
             await self.run()
         except Unreachable as exc:
             self.publish("failure", {"message": str(exc)})
-        except (RemoteError, NoSuchJob) as exc:
-            self.publish("failure", {"message": exc.message})
-        except TfrunError as exc:
+        except (RemoteError, TfrunError) as exc:  # a job removed meanwhile; a follow that gave up
             self.publish("failure", {"message": exc.message})
         self.publish("ended", None)
 
