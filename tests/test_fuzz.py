@@ -142,7 +142,7 @@ ANSWERS = {
     "list_alerts": ["alerts"], "list_files": ["file_list"], "list_gpus": ["gpus"], "notify_test": ["notify_report"],
     "put_blob": ["ok"], "put_blobs": ["ok"], "read_file": ["file_chunk"],
     "read_log": ["log_chunk", "log_lines", "log_end"], "restart": ["job"], "submit": ["job"], "submit_array": ["jobs"],
-    "top": ["top_reply"], "start_service": ["service"],
+    "top": ["top_reply"], "start_service": ["service"], "check_service": ["service"], "get_daemon_key": ["daemon_key"],
     "wait": ["job"], "get_config": ["config"], "reload_config": ["config"], "set_config": ["config"],
     "remove": ["remove_reply"], "prune": ["remove_reply"], "disk_usage": ["disk_report"],
 }  # fmt: skip
