@@ -19,7 +19,7 @@ from harness.abuse import Raw, abusive_requests, describe, header_line, ps_laten
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfrun.constants import MAX_CANCEL_JOBS, MAX_NODES, MAX_PATTERN_CHARS, MAX_PATTERNS
+from tfrun.constants import MAX_CANCEL_JOBS, MAX_NAME, MAX_NODES, MAX_PATTERN_CHARS, MAX_PATTERNS
 from tfrun.protocol.admin import Shutdown
 from tfrun.protocol.fields import UTF8, Limit, Range
 from tfrun.protocol.wire import _REGISTRY
@@ -243,6 +243,13 @@ def test_every_request_type_takes_hostile_values_without_an_internal_error(box: 
             f"more than {MAX_PATTERN_CHARS} characters together",
         ),
         ({"type": "top", "recent": 10**9}, "top.recent: out of range"),
+        ({"type": "list", "before": -1}, "list.before: out of range"),
+        ({"type": "list", "before": 2**64}, "list.before: out of range"),
+        ({"type": "list", "states": ["failed", "everything"]}, "list.states[1]: expected one of queued, running"),
+        ({"type": "list", "states": ["failed"] * 7}, "list.states: more than 6 items"),
+        ({"type": "list", "match": "x" * (MAX_NAME + 1)}, f"list.match: longer than {MAX_NAME} characters"),
+        ({"type": "list", "match": "\udcff"}, "list.match: not UTF-8 text"),
+        ({"type": "list", "match": ["a"]}, "list.match: expected a string"),
     ],
 )
 def test_values_out_of_their_declared_range_are_refused_naming_the_field(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Optional
 
 from tfrun.client.calls import Call, whole
 from tfrun.protocol.jobs import (
@@ -18,14 +19,27 @@ from tfrun.protocol.jobs import (
     Wait,
 )
 
+if TYPE_CHECKING:
+    from tfrun.protocol.fields import State
+
 
 def job_list(
-    all: bool = False, last: Optional[int] = None, services: bool = False, text: bool = False
+    all: bool = False,
+    last: Optional[int] = None,
+    services: bool = False,
+    text: bool = False,
+    before: Optional[int] = None,
+    states: Sequence[State] = (),
+    match: str = "",
 ) -> Call[JobList, JobList]:
     """The jobs that have not ended (`all`: every one; `last`: the newest `last`; `services`: TensorBoard and
     Jupyter too), as the whole reply: an older tfrund sends every job, and `joblist.newest` cuts it. With
-    `text`, the list comes as JSON text in parts (`ps --json`), for `each`."""
-    return Call(ListJobs(all=all, services=services, last=last, text=text), whole)
+    `text`, the list comes as JSON text in parts (`ps --json`), for `each`. `before` (an id), `states` and
+    `match` (an id, or part of a name) narrow it on the box: a page of `tfrun ui`'s jobs table."""
+    return Call(
+        ListJobs(all=all, services=services, last=last, text=text, before=before, states=list(states), match=match),
+        whole,
+    )
 
 
 def services() -> Call[JobList, list[Job]]:

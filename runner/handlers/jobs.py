@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Optional, Protocol
 from tfrun import __version__
 from tfrun.constants import (
     DEFAULT_GRACE_S,
+    MAX_INT64,
     MAX_PAYLOAD_BYTES,
 )
 from tfrun.content import ManifestError
-from tfrun.protocol.fields import JobState
+from tfrun.protocol.fields import JobState, is_job_id
 from tfrun.protocol.jobs import (
     Cancel,
     CancelReply,
@@ -112,33 +113,61 @@ _ALERTED_ROWS = (
 )
 
 
-def _by_state(req: ListJobs) -> tuple[str, tuple[str, ...]]:
-    """The condition on a job's state that `req` lists by, and its parameters."""
-    if req.all:
-        return "1", ()
-    return f"state NOT IN ({', '.join('?' * len(JobState.FINAL))})", JobState.FINAL
+def _where(req: ListJobs) -> tuple[str, tuple[object, ...]]:
+    """The condition on a job's row that `req` lists by, and its parameters: final or not, its states, its id
+    below the cursor `before`, its id or name matching (a name holds the text, ASCII letters in any case).
+    Each is a condition on the row alone: the page is the newest rows by id that pass, read by the primary
+    key (or the index on state) from the cursor down, never the whole history."""
+    conditions: list[str] = []
+    params: list[object] = []
+    if not req.all:
+        conditions.append(f"state NOT IN ({', '.join('?' * len(JobState.FINAL))})")
+        params += JobState.FINAL
+    if req.states:
+        conditions.append(f"state IN ({', '.join('?' * len(req.states))})")
+        params += req.states
+    if req.before is not None:
+        conditions.append("id < ?")
+        params.append(req.before)
+    if req.match:
+        named = int(req.match) if is_job_id(req.match) and int(req.match) <= MAX_INT64 else -1
+        conditions.append("(id = ? OR instr(lower(name), lower(?)) > 0)")
+        params += [named, req.match]
+    return " AND ".join(conditions) or "1", tuple(params)
 
 
 def _first_listed(daemon: Context, req: ListJobs) -> tuple[Optional[int], int]:
     """The id the listing starts from (None: it lists nothing) and how many listed jobs are older: with
-    `last`, the newest `last` jobs' oldest, counted from the newest by id alone, a spec decoded only where
-    it may be a service's (services left out) and the rest only counted."""
+    `last`, the newest `last` jobs' oldest, read from the newest down by id alone (a spec decoded only where
+    it may be a service's: services left out) until it is found; the older ones are counted by `_older`."""
     if req.last is None:
         return 0, 0
-    where, params = _by_state(req)
+    where, params = _where(req)
     maybe_service = "NULL" if req.services else "CASE WHEN spec LIKE ? THEN spec END"
     query = f"SELECT id, {maybe_service} FROM jobs WHERE {where} ORDER BY id DESC"
     found = daemon.store.db.execute(query, params if req.services else (SERVICE_LIKE, *params))
     first: Optional[int] = None
-    shown = older = 0
+    shown = 0
     for job_id, spec in found:
-        if spec is not None and from_json(spec).service is not None:
-            continue
-        if shown < req.last:
+        if shown == req.last:
+            break
+        if spec is None or from_json(spec).service is None:
             first, shown = job_id, shown + 1
-        else:
-            older += 1
-    return first, older
+    found.close()
+    return first, _older(daemon, req, where, params, first if shown else None)
+
+
+def _older(daemon: Context, req: ListJobs, where: str, params: tuple[object, ...], below: Optional[int]) -> int:
+    """How many jobs `where` takes with an id below `below` (None: any), services left out unless `req` lists
+    them: counted in SQL, where the rows of a history of 10,000 ended jobs cost 1 ms (they cost 7 ms read
+    into Python one by one, at every page of `tfrun ui`); only the specs that may be a service's are read."""
+    if below is not None:
+        where, params = f"{where} AND id < ?", (*params, below)
+    (count,) = daemon.store.db.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}", params).fetchone()
+    if count and not req.services:
+        maybe = daemon.store.db.execute(f"SELECT spec FROM jobs WHERE {where} AND spec LIKE ?", (*params, SERVICE_LIKE))
+        count -= sum(from_json(spec).service is not None for (spec,) in maybe)
+    return int(count)
 
 
 async def _listed(daemon: Context, req: ListJobs, first: Optional[int]) -> AsyncIterator[list[Job]]:
@@ -146,7 +175,7 @@ async def _listed(daemon: Context, req: ListJobs, first: Optional[int]) -> Async
     (one query a page, not one a job), other clients served between pages."""
     if first is None:
         return
-    where, params = _by_state(req)
+    where, params = _where(req)
     query = f"{_ALERTED_ROWS} WHERE j.id >= ? AND {where} ORDER BY j.id LIMIT {_PAGE}"
     texts: dict[Optional[str], list[str]] = {}  # each distinct set of rules once: a history mostly shares one
     while True:
@@ -175,7 +204,7 @@ async def _listed_texts(daemon: Context, req: ListJobs, first: Optional[int]) ->
     history of 10,000 jobs is then read as text, where decoding and encoding each row cost 40 us a job."""
     if first is None:
         return
-    where, params = _by_state(req)
+    where, params = _where(req)
     form = _record_form()
     query = (
         "SELECT j.id, t.text FROM jobs j LEFT JOIN job_texts t ON t.job_id = j.id AND t.form = ? "

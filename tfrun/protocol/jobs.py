@@ -16,8 +16,9 @@ from typing import Annotated, Any, Literal, Optional, Union
 from tfrun.constants import (
     MAX_CANCEL_JOBS,
     MAX_GRACE_S,
+    MAX_NAME,
 )
-from tfrun.protocol.fields import JobRef, Limit, Offset, Range, State
+from tfrun.protocol.fields import JobRef, JobState, Limit, Offset, Range, State, Text
 from tfrun.protocol.wire import Message, Request, tagged
 
 
@@ -120,12 +121,19 @@ class Restart(Request[JobReply]):
 class ListJobs(Request[JobList]):
     """Jobs that are not final, or every job with `all`; services (TensorBoard, Jupyter) too with `services`;
     with `last`, only the newest `last` of them. An older tfrund ignores `last` and `text` and sends every
-    job's record: the client cuts the list itself (protocol 3 either way)."""
+    job's record: the client cuts the list itself (protocol 3 either way).
+
+    `before`, `states` and `match` narrow the list in the daemon's query, so that a page of a long history
+    (`tfrun ui`'s: the 50 newest failed jobs, then the 50 before those) costs what the page holds. They came
+    within protocol 4, which no released tfrund speaks without them."""
 
     all: bool = False
     services: bool = False
     last: Optional[Offset] = None  # only the newest this many (by id); `JobList.older` counts the others
     text: bool = False  # answered by the list's JSON text in parts (`JobList.data`), not by records
+    before: Optional[Offset] = None  # only jobs with a smaller id: the page after one whose oldest job this is
+    states: Annotated[list[State], Limit(items=len(JobState.ALL))] = field(default_factory=list)  # only these
+    match: Annotated[Text, Limit(chars=MAX_NAME)] = ""  # only the job of this id, or whose name holds this text
 
 
 @tagged("get")
