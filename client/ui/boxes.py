@@ -15,8 +15,6 @@ from typing import Any, Callable, Optional, TypeVar
 
 from tfrun.client import config
 from tfrun.client.asyncclient import AsyncClient
-from tfrun.client.calls import jobs as job_calls
-from tfrun.client.calls import watching as watch_calls
 from tfrun.client.config import Host
 from tfrun.client.connection import Target
 from tfrun.client.errors import TfrunError
@@ -129,65 +127,3 @@ def losses_of(samples: Sequence[MetricSample]) -> list[float]:
         if name is not None:
             found.append(sample.values[name])
     return found
-
-
-# -- a page of every box's jobs ---------------------------------------------------------------------------------
-
-
-async def page_of(box: Box, page: int) -> tuple[list[dict[str, Any]], int]:
-    """The box's newest `page` * PAGE jobs as rows with their last losses, and how many older ones it has.
-
-    The listing's `last` is the protocol's paging: page 1 of a box with 10,000 ended jobs asks for 50 of
-    them. Running jobs' losses come in one `Top` round trip; an ended job's are asked once and kept."""
-
-    async def asking(channel: Channel) -> tuple[list[dict[str, Any]], int]:
-        listed = await job_calls.job_list(all=True, last=page * PAGE).on(channel)
-        jobs = listed.jobs[max(0, len(listed.jobs) - page * PAGE) :]  # an older tfrund sends every job
-        older = listed.older + len(listed.jobs) - len(jobs)
-        running = (await watch_calls.top(recent=0, losses=LOSSES).on(channel)).losses
-        rows = []
-        for job in jobs:
-            if str(job.id) in running:
-                losses = list(running[str(job.id)])
-            elif job.finished_at is not None:
-                losses = await _ended_losses(box, job, channel)
-            else:
-                losses = []
-            rows.append(row(box.name, job, losses))
-        return rows, older
-
-    return await box.ask(asking)
-
-
-async def _ended_losses(box: Box, job: Job, channel: Channel) -> list[float]:
-    """An ended job's last losses, asked of its daemon the first time only."""
-    if job.id not in box.ended_losses:
-        reply = await watch_calls.metrics(str(job.id), LOSSES).on(channel)
-        box.ended_losses[job.id] = losses_of(reply.samples)
-    return box.ended_losses[job.id]
-
-
-async def every_page(boxes: Sequence[Box], page: int) -> dict[str, Any]:
-    """Page `page` (from 1) of every box's jobs, newest first, and each box's state: `up`, or why it is
-    down. Each box contributes its newest page * PAGE jobs, so the slice of the merged list is exact."""
-    answers = await asyncio.gather(*(_answer(box, page) for box in boxes))
-    rows: list[dict[str, Any]] = []
-    states = {}
-    older = 0
-    for box, (found, count, down) in zip(boxes, answers):
-        rows += found
-        older += count
-        states[box.name] = {"up": down is None, "why": down}
-    rows.sort(key=lambda shown: (shown["created_at"], shown["id"]), reverse=True)
-    more = len(rows) > page * PAGE or older > 0
-    return {"page": page, "rows": rows[(page - 1) * PAGE : page * PAGE], "boxes": states, "more": more}
-
-
-async def _answer(box: Box, page: int) -> tuple[list[dict[str, Any]], int, Optional[str]]:
-    try:
-        rows, older = await page_of(box, page)
-        return rows, older, None
-    except Unreachable as exc:
-        return [], 0, str(exc)
-    except RemoteError as exc:
-        return [], 0, exc.message

@@ -23,8 +23,9 @@ from tfrun.client.calls import jobs as job_calls
 from tfrun.client.calls import watching as watch_calls
 from tfrun.client.errors import TfrunError
 from tfrun.client.follow import LogCursor, LogQuery
-from tfrun.client.ui import boxes
+from tfrun.client.ui import boxes, jobpages
 from tfrun.client.ui.boxes import Box, Unreachable
+from tfrun.client.ui.jobpages import JobsView
 from tfrun.protocol.channel import RemoteError
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.watching import MetricSample
@@ -105,18 +106,18 @@ class Feed:
 
 
 class JobsFeed(Feed):
-    """One page of every box's jobs, asked every JOBS_EVERY_S; an event when it changed. Only the latest is
-    kept: a reader wants the table as it is, not its history."""
+    """One page of every box's jobs (client/ui/jobpages.py), asked every JOBS_EVERY_S; an event when it
+    changed. Only the latest is kept: a reader wants the table as it is, not its history."""
 
-    def __init__(self, shown: Sequence[Box], page: int) -> None:
+    def __init__(self, shown: Sequence[Box], view: JobsView) -> None:
         super().__init__(kept=1)
         self.shown = shown
-        self.page = page
+        self.view = view
 
     async def run(self) -> None:
         last = None
         while True:
-            table = await boxes.every_page(self.shown, self.page)
+            table = await jobpages.every_page(self.shown, self.view)
             if table != last:
                 self.publish("jobs", {**table, "now": time.time()})
                 last = table
@@ -208,8 +209,8 @@ class Feeds:
         self.boxes = {box.name: box for box in shown}
         self.feeds: dict[tuple[Any, ...], Feed] = {}
 
-    def jobs(self, page: int) -> Feed:
-        return self._get(("jobs", page), lambda: JobsFeed(list(self.boxes.values()), page))
+    def jobs(self, view: JobsView) -> Feed:
+        return self._get(("jobs", view), lambda: JobsFeed(list(self.boxes.values()), view))
 
     def job(self, box: Box, job: int) -> Feed:
         return self._get(("job", box.name, job), lambda: JobFeed(box, job))

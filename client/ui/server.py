@@ -20,6 +20,7 @@ from aiohttp import web
 
 from tfrun.client.calls import jobs as job_calls
 from tfrun.client.follow import LogQuery
+from tfrun.client.ui import jobpages
 from tfrun.client.ui.auth import Guard
 from tfrun.client.ui.boxes import Box, Unreachable
 from tfrun.client.ui.feeds import Feed, Feeds
@@ -28,7 +29,6 @@ from tfrun.protocol.channel import RemoteError
 
 STATIC = Path(__file__).parent / "static"
 HEARTBEAT_S = 15.0  # a comment on a quiet stream: a page that went away is noticed, its feed let go
-MAX_PAGE = 1000
 SHUTDOWN_S = 1.0  # Ctrl-C: open pages' streams never end by themselves; they are cut after this
 ACTION_S = 120.0  # a cancel is answered once the job has ended: its grace, and SIGKILL's
 
@@ -69,8 +69,12 @@ class Ui:
         return web.json_response({"boxes": list(self.boxes), "read_only": self.read_only})
 
     async def jobs(self, request: web.Request) -> web.StreamResponse:
-        page = _number(request.query.get("page", "1"), 1, MAX_PAGE, "page")
-        return await _stream(request, self.feeds.jobs(page))
+        """A page of the jobs table: `box`, `state`, `q` and each box's cursor (`before=BOX:ID`) in its URL."""
+        try:
+            view = jobpages.view_of(request.query, request.query.getall("before", []), list(self.boxes))
+        except jobpages.BadView as exc:
+            raise web.HTTPBadRequest(text=f"tfrun ui: {exc}\n") from None
+        return await _stream(request, self.feeds.jobs(view))
 
     async def job(self, request: web.Request) -> web.StreamResponse:
         box, job = self._job(request)

@@ -1,31 +1,59 @@
 // The jobs page: one page of every box's jobs, newest first, as the server's `jobs` events give it (it asks
-// each box for that page through the protocol's paging); filters narrow what the page shows, kept in the URL.
+// each box for that page, narrowed by the filters, through the protocol's paging); the filters and each box's
+// cursor are kept in the URL, so a page can be bookmarked, and Back is the page before.
 "use strict";
 
 const params = new URLSearchParams(location.search);
-const page = Math.max(1, parseInt(params.get("page") || "1", 10) || 1);
+let page = Math.max(1, parseInt(params.get("page") || "1", 10) || 1); // its number, shown: where it starts is `befores`
+let befores = params.getAll("before"); // each box's cursor, BOX:ID: this page holds that box's jobs below ID
 const filters = { box: params.get("box") || "", state: params.get("state") || "", q: params.get("q") || "" };
 let table = null;
 let clock = 0; // the server's clock less this browser's: a running job's runtime counts on between events
+let source = null; // the stream of the page shown
+let typing = 0; // the text filter is asked for once typing pauses, not at each key
 
-function keepInUrl() {
+// The URL of page `number` of the jobs the filters keep, starting on each box below `cursors` ({box: id}).
+function pageUrl(cursors, number) {
   const shown = new URLSearchParams();
-  if (page > 1) shown.set("page", page);
   for (const [key, value] of Object.entries(filters)) if (value) shown.set(key, value);
-  history.replaceState(null, "", "/" + (shown.toString() ? "?" + shown : ""));
+  if (number > 1) {
+    shown.set("page", number);
+    for (const [box, id] of Object.entries(cursors)) shown.append("before", `${box}:${id}`);
+  }
+  return "/" + (shown.toString() ? "?" + shown : "");
 }
 
-function pageUrl(number) {
-  const shown = new URLSearchParams(location.search);
-  shown.set("page", number);
-  return "/?" + shown;
+// Follow the page the filters and cursors name: the boxes narrow their lists themselves (the server asks each
+// for its newest jobs of that state and text below its cursor), so a filter is a new page, from the first.
+function openPage() {
+  if (source) source.close();
+  const shown = new URLSearchParams();
+  for (const [key, value] of Object.entries(filters)) if (value) shown.set(key, value);
+  for (const cursor of befores) shown.append("before", cursor);
+  const notice = document.getElementById("notice");
+  source = follow(`/events/jobs?${shown}`, { jobs: (data) => { table = data; clock = data.now - Date.now() / 1000; draw(); } },
+    (message) => { notice.textContent = message; });
 }
 
-function passes(row) {
-  if (filters.box && row.box !== filters.box) return false;
-  if (filters.state && row.state !== filters.state) return false;
-  const text = filters.q.trim().toLowerCase();
-  return !text || String(row.id) === text || row.name.toLowerCase().includes(text);
+function filtered(event) {
+  filters[event.target.name] = event.target.value;
+  page = 1;
+  befores = [];
+  history.replaceState(null, "", pageUrl({}, 1));
+  showPager();
+  clearTimeout(typing);
+  typing = setTimeout(() => { table = null; document.querySelector("#jobs tbody").replaceChildren(); openPage(); },
+    event.target.name === "q" ? 300 : 0);
+}
+
+function showPager() {
+  const newest = document.getElementById("newer");
+  newest.hidden = page === 1;
+  newest.textContent = "newest";
+  newest.href = pageUrl({}, 1);
+  document.getElementById("pageno").textContent = `page ${page}`;
+  document.getElementById("older").hidden = !table || !table.more;
+  if (table) document.getElementById("older").href = pageUrl(table.next, page + 1);
 }
 
 function draw() {
@@ -38,7 +66,7 @@ function draw() {
         el("td", { colspan: 6 }, `down: ${state.why}`)));
     }
   }
-  for (const row of table.rows.filter(passes)) {
+  for (const row of table.rows) {
     const link = el("a", { href: `/job/${encodeURIComponent(row.box)}/${row.id}` }, row.id);
     rows.push(el("tr", { "data-box": row.box, "data-id": row.id },
       el("td", {}, row.box), el("td", { class: "num" }, link), el("td", {}, row.name),
@@ -49,7 +77,7 @@ function draw() {
   const boxes = document.getElementById("boxes");
   boxes.replaceChildren(...Object.entries(table.boxes).map(([box, state]) =>
     el("span", { class: state.up ? "up" : "down", title: state.why || "" }, `${box}: ${state.up ? "up" : "down"}`)));
-  document.getElementById("older").hidden = !table.more;
+  showPager();
 }
 
 async function start() {
@@ -57,19 +85,10 @@ async function start() {
   const select = document.getElementById("box");
   for (const box of view.boxes) select.append(el("option", { value: box }, box));
   for (const [key, value] of Object.entries(filters)) document.getElementById(key).value = value;
-  document.getElementById("filters").addEventListener("input", (event) => {
-    filters[event.target.name] = event.target.value;
-    keepInUrl();
-    draw();
-  });
+  document.getElementById("filters").addEventListener("input", filtered);
   document.getElementById("filters").addEventListener("submit", (event) => event.preventDefault());
-  document.getElementById("newer").hidden = page === 1;
-  document.getElementById("newer").href = pageUrl(page - 1);
-  document.getElementById("older").href = pageUrl(page + 1);
-  document.getElementById("pageno").textContent = `page ${page}`;
-  const notice = document.getElementById("notice");
-  follow(`/events/jobs?page=${page}`, { jobs: (data) => { table = data; clock = data.now - Date.now() / 1000; draw(); } },
-    (message) => { notice.textContent = message; });
+  showPager();
+  openPage();
   setInterval(draw, 1000);
 }
 

@@ -1,0 +1,74 @@
+"""`tfrun ui`'s jobs table over a long history, in a real browser: a state or a text narrows the list on the box
+(the newest 50 failed jobs of hundreds, not the failed ones among the newest 50), and "older" goes on below
+the page's oldest job, each box's cursor in the URL.
+
+A local daemon whose history is two jobs that ran copied 400 times over in its store (tests/harness/history.py);
+one `tfrun ui` and one headless Chromium (tests/harness/browser.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pytest
+from harness import Tfrun, wait_for, write_script
+from harness.browser import UiServer, chromium, start_ui
+from harness.history import copy_ended_jobs
+
+if TYPE_CHECKING:
+    from selenium.webdriver import Chrome as WebDriver
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+@dataclass
+class Shown:
+    tf: Tfrun
+    ui: UiServer
+    browser: WebDriver
+    failed: list[int]  # newest first
+
+
+@pytest.fixture(scope="module")
+def shown(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shown]:
+    folder = tmp_path_factory.mktemp("paging")
+    tf = Tfrun(folder / "home")
+    try:
+        write_script(folder, "ok.py", "print('step 1 loss=0.5')\n")
+        write_script(folder, "bad.py", "print('step 1 loss=2.5')\nraise SystemExit(3)\n")
+        good, bad = tf.submit(str(folder / "ok.py")), tf.submit(str(folder / "bad.py"))
+        wait_for(lambda: {tf.job(good)["state"], tf.job(bad)["state"]} == {"succeeded", "failed"}, what="ended")
+        copy_ended_jobs(tf, [good, bad], 400)
+        failed = [job["id"] for job in tf.jobs() if job["state"] == "failed"][::-1]
+        ui = start_ui(tf.env, folder, "--host", "local")
+        try:
+            with chromium() as browser:
+                browser.get(ui.url)
+                yield Shown(tf, ui, browser, failed)
+        finally:
+            ui.stop()
+    finally:
+        tf.cleanup()
+
+
+def _ids(browser: WebDriver) -> list[int]:
+    found = browser.execute_script(
+        "return [...document.querySelectorAll('#jobs tbody tr[data-id]')].map((tr) => tr.dataset.id)"
+    )
+    return [int(x) for x in found]
+
+
+def test_a_state_narrows_the_list_on_the_box_and_older_goes_on_below(shown: Shown) -> None:
+    browser = shown.browser
+    browser.get(shown.ui.base + "/?state=failed")
+    wait_for(lambda: _ids(browser) == shown.failed[:50], timeout=30, what="the 50 newest failed jobs")
+    browser.find_element("id", "older").click()
+    wait_for(lambda: _ids(browser) == shown.failed[50:100], timeout=30, what="the next 50 failed jobs")
+    url = browser.current_url
+    assert "state=failed" in url and f"before=local%3A{shown.failed[49]}" in url and "page=2" in url, url
+    browser.get(shown.ui.base + "/?q=old-39")
+    names = [f"old-39{tail}" for tail in ("9", "8", "7", "6", "5", "4", "3", "2", "1", "0", "")]
+    expected = [job["id"] for name in names for job in shown.tf.jobs() if job["name"] == name]
+    wait_for(lambda: _ids(browser) == expected, timeout=30, what="the jobs named old-39*")
+    assert not browser.find_element("id", "older").is_displayed()
