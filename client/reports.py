@@ -18,11 +18,12 @@ if TYPE_CHECKING:
     # the records are only drawn here: a verb imports the protocol modules it asks with, and no others
     from tfrun.protocol.admin import Check
     from tfrun.protocol.submit import FileEntry
-    from tfrun.protocol.watching import Alert, Gpu, LineReading, MetricSample
+    from tfrun.protocol.watching import Alert, Delivery, Gpu, LineReading, MetricSample
 
 _TF_CHECKPOINT = re.compile(r"^(?P<prefix>.*?)(\.index|\.data-\d+-of-\d+)$")
 _STEP = re.compile(r"-(\d+)$")
 _CHECK_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "bold red")}
+NO_NOTIFY = "not sent: no notify URL configured"
 _DELIVERY_STYLE = {"sent": "green", "pending": "yellow", "expired": "red", "failed": "red"}
 
 
@@ -118,23 +119,26 @@ def alert_lines(alerts: list[Alert], verbose: bool, out: Output, where: Optional
             line.append(f"{where[i]}  ", "cyan")
         lines.append(line + alert.summary)
         if not alert.deliveries:
-            lines.append(Styled("    not sent: no notify URL configured", "dim"))
+            lines.append(Styled(f"    {NO_NOTIFY}", "dim"))
         for delivery in alert.deliveries:
             line = Styled("    ").append(f"{delivery.state:<8}", _DELIVERY_STYLE.get(delivery.state, ""))
-            line.append(f" {delivery.target}")
-            if delivery.state == "sent":
-                line.append(f" at {when(delivery.sent_at)}", "dim")
-            else:
-                line.append(f" ({delivery.attempts} attempt(s)", "dim")
-                if delivery.next_at is not None:
-                    line.append(f", next at {when(delivery.next_at)}", "dim")
-                line.append(")", "dim")
-                if delivery.error:
-                    line.append(f": {delivery.error}")
+            note, error = delivery_note(delivery)
+            line.append(f" {delivery.target}").append(note, "dim")
+            if error:
+                line.append(error)
             lines.append(line)
         if verbose:
             lines.append("\n".join("    | " + line for line in alert.body.rstrip("\n").split("\n")))
     out.write(*lines)
+
+
+def delivery_note(delivery: Delivery) -> tuple[str, str]:
+    """What `alerts` says of a delivery after its target (the web page's Alerts too): when it was sent, or its
+    attempts and next try; and its last error, or ''."""
+    if delivery.state == "sent":
+        return f" at {when(delivery.sent_at)}", ""
+    next_try = "" if delivery.next_at is None else f", next at {when(delivery.next_at)}"
+    return f" ({delivery.attempts} attempt(s){next_try})", f": {delivery.error}" if delivery.error else ""
 
 
 def metric_table(source: str, samples: list[MetricSample], out: Output) -> None:

@@ -92,6 +92,8 @@ def row(box: str, job: Job, losses: Sequence[float]) -> dict[str, Any]:
         "loss": losses[-1] if losses else None,
         "losses": list(losses),
         "reason": job.reason,
+        "array_id": job.array_id,  # the tasks of an array: compared in one click
+        "array_index": job.array_index,
     }
 
 
@@ -112,8 +114,6 @@ def record(box: str, job: Job) -> dict[str, Any]:
         "source": job.source,
         "restart_of": job.restart_of,
         "restarted_as": job.restarted_as,
-        "array_id": job.array_id,
-        "array_index": job.array_index,
         "waiting": job.waiting,
         "now": time.time(),
     }

@@ -23,7 +23,7 @@ from tfrun.client.calls import jobs as job_calls
 from tfrun.client.calls import watching as watch_calls
 from tfrun.client.errors import TfrunError
 from tfrun.client.follow import LogCursor, LogQuery
-from tfrun.client.ui import boxes, jobpages
+from tfrun.client.ui import boxes, extras, jobpages
 from tfrun.client.ui.boxes import Box, Unreachable
 from tfrun.client.ui.jobpages import JobsView
 from tfrun.protocol.channel import RemoteError
@@ -36,6 +36,7 @@ JOB_EVERY_S = 1.0  # a job's record and new metrics asked again while it runs
 TAIL_LINES = 1000  # the log lines a page starts with; the rest follow as they come
 KEPT_EVENTS = 2000  # log batches kept for a reader that joins or comes back
 NEW_METRICS = 200  # metric samples asked each second; more new ones than this: all are asked again
+EXTRAS_EVERY_S = 5.0  # a running job's alerts and checkpoints asked again
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # a terminal's colours and cursor moves
 
 Event = tuple[int, str, Any]  # (number, kind, data as JSON)
@@ -126,13 +127,16 @@ class JobsFeed(Feed):
 
 class JobFeed(Feed):
     """A job's record and its metrics by step: the record each second while it runs, and the samples that
-    are new since the last look (`points` events). The whole history is kept for a reader that joins."""
+    are new since the last look (`points` events); its alerts and checkpoints every EXTRAS_EVERY_S (`extras`).
+    The whole history is kept for a reader that joins."""
 
     def __init__(self, box: Box, job: int) -> None:
         super().__init__(kept=None)
         self.box = box
         self.job = job
         self.steps: list[MetricSample] = []
+        self.extras: Optional[dict[str, Any]] = None
+        self.extras_at = -EXTRAS_EVERY_S
 
     async def run(self) -> None:
         last = None
@@ -142,9 +146,21 @@ class JobFeed(Feed):
                 self.publish("job", boxes.record(self.box.name, job))
                 last = job
             await self._metrics()
-            if job.state in JobState.FINAL:
+            final = job.state in JobState.FINAL
+            if final or time.monotonic() - self.extras_at >= EXTRAS_EVERY_S:
+                await self._extras()
+            if final:
                 return
             await asyncio.sleep(JOB_EVERY_S)
+
+    async def _extras(self) -> None:
+        """The job's alerts and checkpoints (client/ui/extras.py), an `extras` event when they changed."""
+        self.extras_at = time.monotonic()
+        found = await extras.job_extras(self.box, self.job)
+        if found != self.extras:  # only the latest kept: a job's checkpoints listed again at each save add up
+            self.events = deque((event for event in self.events if event[1] != "extras"), maxlen=self.events.maxlen)
+            self.publish("extras", found)
+            self.extras = found
 
     async def _metrics(self) -> None:
         """Ask for the last NEW_METRICS samples, and for all of them when that does not reach back to the
@@ -210,17 +226,18 @@ class Feeds:
         self.feeds: dict[tuple[Any, ...], Feed] = {}
 
     def jobs(self, view: JobsView) -> Feed:
-        return self._get(("jobs", view), lambda: JobsFeed(list(self.boxes.values()), view))
+        return self.get(("jobs", view), lambda: JobsFeed(list(self.boxes.values()), view))
 
     def job(self, box: Box, job: int) -> Feed:
-        return self._get(("job", box.name, job), lambda: JobFeed(box, job))
+        return self.get(("job", box.name, job), lambda: JobFeed(box, job))
 
     def log(self, box: Box, job: int, query: LogQuery) -> Feed:
         key = ("log", box.name, job, tuple(query.patterns), query.invert, query.ignore_case, query.fixed,
                query.before, query.after)  # fmt: skip
-        return self._get(key, lambda: LogFeed(box, job, query))
+        return self.get(key, lambda: LogFeed(box, job, query))
 
-    def _get(self, key: tuple[Any, ...], make: Any) -> Feed:
+    def get(self, key: tuple[Any, ...], make: Any) -> Feed:
+        """The feed of `key`, made by `make` if there is none: the pages' own too (client/ui/watch.py's)."""
         self._forget_idle()
         feed = self.feeds.get(key)
         if feed is None:

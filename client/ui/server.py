@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import socket
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from aiohttp import web
 
 from tfrun.client.calls import jobs as job_calls
 from tfrun.client.follow import LogQuery
-from tfrun.client.ui import jobpages
+from tfrun.client.ui import compare, jobpages, watch
 from tfrun.client.ui.auth import Guard
 from tfrun.client.ui.boxes import Box, Unreachable
 from tfrun.client.ui.feeds import Feed, Feeds
@@ -55,11 +56,17 @@ class Ui:
         app = web.Application(middlewares=[guard.check])
         app.router.add_get("/", _page("jobs.html"))
         app.router.add_get("/job/{box}/{job:[0-9]+}", _page("job.html"))
+        for name in ("compare", "alerts", "gpus"):
+            app.router.add_get(f"/{name}", _page(f"{name}.html"))
         app.router.add_static("/static/", STATIC, follow_symlinks=False)
         app.router.add_get("/api/view", self.view)
         app.router.add_get("/events/jobs", self.jobs)
         app.router.add_get("/events/job/{box}/{job:[0-9]+}", self.job)
         app.router.add_get("/events/log/{box}/{job:[0-9]+}", self.log)
+        app.router.add_get("/events/compare", self.compare)
+        app.router.add_get("/events/alerts", self.alerts)
+        app.router.add_get("/events/gpus", self.gpus)
+        app.router.add_get("/api/array/{box}/{job:[0-9]+}", self.array)
         if not self.read_only:
             app.router.add_post("/api/job/{box}/{job:[0-9]+}/{action:cancel|restart}", self.act)
         return app
@@ -83,6 +90,32 @@ class Ui:
     async def log(self, request: web.Request) -> web.StreamResponse:
         box, job = self._job(request)
         return await _stream(request, self.feeds.log(box, job, _query(request)))
+
+    async def compare(self, request: web.Request) -> web.StreamResponse:
+        """The records and metrics of the jobs in `?jobs=box:1,box:2`, in one stream (client/ui/compare.py)."""
+        try:
+            jobs = compare.named(request.query.get("jobs", ""), self.boxes)
+        except compare.BadJobs as exc:  # said in the page: a stream's own answer, not a status it cannot read
+            return await _sse(request, compare.refused(str(exc)))
+        feeds = [self.feeds.job(box, job) for box, job in jobs]
+        after = compare.resumed_from(request.headers.get("Last-Event-ID", ""), len(feeds))
+        return await _sse(request, compare.merged(feeds, after))
+
+    async def alerts(self, request: web.Request) -> web.StreamResponse:
+        return await _stream(request, self.feeds.get(("alerts",), lambda: watch.AlertsFeed(list(self.boxes.values()))))
+
+    async def gpus(self, request: web.Request) -> web.StreamResponse:
+        return await _stream(request, self.feeds.get(("gpus",), lambda: watch.GpusFeed(list(self.boxes.values()))))
+
+    async def array(self, request: web.Request) -> web.Response:
+        """The ids of the jobs of an array (the id of its first task), for the Compare page's one click."""
+        box, array = self._job(request)
+        try:
+            return web.json_response({"ok": True, "jobs": await compare.array_tasks(box, array)})
+        except RemoteError as exc:
+            return web.json_response({"ok": False, "message": exc.message})
+        except Unreachable as exc:
+            return web.json_response({"ok": False, "message": f"{box.name}: {exc}"})
 
     async def act(self, request: web.Request) -> web.Response:
         """Cancel or restart a job, as `tfrun cancel` and `tfrun restart` do; the result in words."""
@@ -138,30 +171,45 @@ async def _stream(request: web.Request, feed: Feed) -> web.StreamResponse:
     """Server-sent events from `feed`, from the one after the browser's Last-Event-ID (it sends that when it
     opens a stream again): a page whose connection dropped gets what it missed, not everything again."""
     last = request.headers.get("Last-Event-ID", "0")
-    after = int(last) if last.isdigit() else 0
+    return await _sse(request, feed.read(int(last) if last.isdigit() else 0))
+
+
+async def _sse(request: web.Request, events: AsyncIterator[tuple[Any, str, Any]]) -> web.StreamResponse:
+    """`events` (id, kind, data) as server-sent events, for as long as they come and the page reads them."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
     await response.prepare(request)
     await response.write(b"retry: 2000\n\n")
     beat = asyncio.get_running_loop().create_task(_heartbeat(response))
     try:
-        async for number, kind, data in _events(feed, after):
-            await response.write(f"id: {number}\nevent: {kind}\ndata: {json.dumps(data)}\n\n".encode())
+        async for number, kind, data in events:
+            await response.write(f"id: {number}\nevent: {kind}\ndata: {_json(data)}\n\n".encode())
     except (ConnectionResetError, ConnectionError):
         pass
     finally:
+        await events.aclose()  # type: ignore[attr-defined]
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beat
     return response
 
 
-async def _events(feed: Feed, after: int) -> AsyncIterator[tuple[int, str, Any]]:
-    events = feed.read(after)
+def _json(data: Any) -> str:
+    """`data` as JSON a browser parses: a loss that went NaN (a job's last, an alert's) is null there, as in a
+    chart's points; Python's `NaN` would make the page's JSON.parse throw, and the whole event lost."""
     try:
-        async for event in events:
-            yield event
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
+        return json.dumps(data, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(data), allow_nan=False)
+
+
+def _finite(data: Any) -> Any:
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: _finite(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(value) for value in data]
+    return data
 
 
 async def _heartbeat(response: web.StreamResponse) -> None:

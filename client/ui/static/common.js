@@ -64,3 +64,49 @@ function follow(url, handlers, onState) {
   source.addEventListener("ended", () => { if (!failed) source.close(); });
   return source;
 }
+
+// Which metrics are an evaluation's (tfrun/losses.py's EVALUATION_PREFIXES), and which is the training loss
+// (its training_loss_name): the pages chart them as `tfrun metrics` tells them apart.
+const EVALUATION = ["val", "test", "eval"];
+function isEvaluation(name) { return EVALUATION.some((prefix) => name.startsWith(prefix)); }
+function trainingLoss(names) {
+  if (names.includes("loss")) return "loss";
+  return names.find((name) => name.endsWith("loss") && !isEvaluation(name)) || null;
+}
+
+// An alert as `tfrun alerts` prints it: when, its rule, (its job), what it said, how each delivery went; its
+// whole message folded under it.
+function alertItem(alert, withJob) {
+  const head = el("div", { class: "alert-head" }, el("span", { class: "when" }, alert.when), " ",
+    el("b", { class: "rule" }, alert.rule), " ");
+  if (withJob) {
+    head.append(alert.job == null ? el("span", { class: "where" }, `${alert.box} (the box)`)
+      : el("a", { class: "where", href: `/job/${encodeURIComponent(alert.box)}/${alert.job}` }, `${alert.box}:${alert.job}`), " ");
+  }
+  head.append(el("span", { class: "summary" }, alert.summary));
+  const deliveries = el("ul", { class: "deliveries" });
+  if (alert.undelivered) deliveries.append(el("li", { class: "dim" }, alert.undelivered));
+  for (const delivery of alert.deliveries) {
+    deliveries.append(el("li", { "data-state": delivery.state }, el("span", { class: "delivery-" + delivery.state }, delivery.state),
+      ` ${delivery.target}`, el("span", { class: "dim" }, delivery.note), delivery.error));
+  }
+  const body = el("details", {}, el("summary", {}, "message"), el("pre", {}, alert.body));
+  return el("li", { class: "alert", "data-rule": alert.rule, "data-box": alert.box, "data-job": alert.job ?? "" }, head, deliveries, body);
+}
+
+// The colours of a chart's lines, one a series in turn (uPlot's own default is one black for all).
+const PALETTE = ["#06c", "#c60", "#0a6", "#a3c", "#c22", "#088", "#777", "#a80", "#36a", "#6a3"];
+
+// New samples of a job's metrics into `table` ({ steps, columns }): each metric's column grows by one value a
+// sample (null where the sample has none), so a chart is handed the same arrays each time, never copies.
+function addSamples(table, points) {
+  for (const point of points) {
+    const index = table.steps.length;
+    table.steps.push(point.step);
+    for (const [name, value] of Object.entries(point.values)) {
+      if (!table.columns.has(name)) table.columns.set(name, new Array(index).fill(null));
+      table.columns.get(name)[index] = value;
+    }
+    for (const column of table.columns.values()) if (column.length <= index) column.push(null);
+  }
+}

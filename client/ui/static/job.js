@@ -1,20 +1,16 @@
-// A job's page: its record and its loss by step (the `job` feed), its log followed with the filters in the
-// URL (the `log` feed: they run on the box), and cancel and restart, each confirmed.
+// A job's page: its record, its loss and every other metric by step, its alerts and checkpoints (the `job`
+// feed), its log followed with the filters in the URL (the `log` feed: they run on the box), and cancel and
+// restart, each confirmed.
 "use strict";
 
 const [, , boxName, jobId] = location.pathname.split("/").map(decodeURIComponent);
 const base = `${encodeURIComponent(boxName)}/${jobId}`;
 const MAX_LINES = 5000; // lines kept on the page; the log itself is whole on the box (tfrun logs)
-const EVALUATION = ["val", "test", "eval"];
 let job = null;
 let clock = 0; // the server's clock less this browser's: the runtime counts on between records
-let chart = null;
-const steps = [], series = new Map(); // step index -> value, by metric name
-
-function trainingLoss(names) {
-  if (names.includes("loss")) return "loss";
-  return names.find((name) => name.endsWith("loss") && !EVALUATION.some((p) => name.startsWith(p))) || null;
-}
+const samples = { steps: [], columns: new Map() }; // the steps, and each metric's value at each (common.js)
+const charts = new Map(); // chart id -> { plot, names }
+let drawing = false;
 
 function showRecord(record) {
   job = record;
@@ -41,26 +37,67 @@ function showRecord(record) {
 }
 
 function addPoints(points) {
-  for (const point of points) {
-    const index = steps.length;
-    steps.push(point.step);
-    for (const [name, value] of Object.entries(point.values)) {
-      if (!series.has(name)) series.set(name, []);
-      series.get(name)[index] = value;
+  addSamples(samples, points);
+  if (!drawing) { drawing = true; requestAnimationFrame(drawCharts); }
+}
+
+// The loss chart (the training loss and its validation counterpart), then one chart for each other metric:
+// training ones, and evaluation ones apart, as `tfrun metrics` tells them apart.
+function drawCharts() {
+  drawing = false;
+  const names = [...samples.columns.keys()];
+  const train = trainingLoss(names);
+  const lossNames = train ? [train, "val_" + train.replace(/^train_/, "")].filter((name) => samples.columns.has(name)) : [];
+  if (lossNames.length) {
+    document.getElementById("nochart").hidden = true;
+    drawChart(document.getElementById("chart"), "loss", lossNames, 300);
+  }
+  const rest = names.filter((name) => !lossNames.includes(name)).sort();
+  for (const [id, wanted] of [["train-charts", rest.filter((name) => !isEvaluation(name))],
+                              ["eval-charts", rest.filter(isEvaluation)]]) {
+    const section = document.getElementById(id);
+    section.closest("section").hidden = !wanted.length;
+    for (const name of wanted) {
+      let box = [...section.children].find((child) => child.dataset.metric === name);
+      if (!box) {
+        box = el("div", { class: "small-chart", "data-metric": name, "data-points": "0" });
+        section.append(box);
+      }
+      drawChart(box, "metric:" + name, [name], 180);
     }
   }
-  const train = trainingLoss([...series.keys()]);
-  if (!train) return;
-  const names = [train, "val_" + train.replace(/^train_/, "")].filter((name) => series.has(name));
-  const data = [steps, ...names.map((name) => Array.from({ length: steps.length }, (_, i) => series.get(name)[i] ?? null))];
-  const box = document.getElementById("chart");
-  if (!chart) {
-    document.getElementById("nochart").hidden = true;
-    chart = new uPlot({ width: Math.min(900, box.clientWidth || 900), height: 300, scales: { x: { time: false } },
-      series: [{ label: "step" }, ...names.map((name, i) => ({ label: name, stroke: i ? "#c60" : "#06c", spanGaps: true }))] },
-      data, box);
-  } else chart.setData(data);
+}
+
+function drawChart(box, id, names, height) {
+  const data = [samples.steps, ...names.map((name) => samples.columns.get(name))];
+  const shown = charts.get(id);
+  if (shown && shown.names.join() === names.join()) shown.plot.setData(data);
+  else {
+    if (shown) shown.plot.destroy();
+    const width = Math.min(names.length > 1 || height > 200 ? 900 : 440, box.clientWidth || 900);
+    charts.set(id, { names, plot: new uPlot({ width, height, scales: { x: { time: false } },
+      series: [{ label: "step" }, ...names.map((name, i) => lineOf(name, PALETTE[i % PALETTE.length]))] }, data, box) });
+  }
   box.dataset.points = String(data[1].filter((value) => value != null).length);
+}
+
+// A metric's line; an evaluation's with its points shown: it has a value every epoch, not every step.
+function lineOf(name, stroke) {
+  const line = { label: name, stroke, spanGaps: true };
+  if (isEvaluation(name)) line.points = { show: true, size: 4 };
+  return line;
+}
+
+function showExtras(extras) {
+  const alerts = document.getElementById("alerts");
+  alerts.replaceChildren(...extras.alerts.map((alert) => alertItem(alert, false)));
+  document.getElementById("noalerts").hidden = extras.alerts.length > 0;
+  const body = document.querySelector("#checkpoints tbody");
+  body.replaceChildren(...extras.checkpoints.map((point) => el("tr", { "data-name": point.name },
+    el("td", {}, point.name), el("td", { class: "num" }, point.step ?? "-"), el("td", {}, point.saved),
+    el("td", { class: "num" }, point.size))));
+  document.getElementById("checkpoints").hidden = !extras.checkpoints.length;
+  document.getElementById("nocheckpoints").textContent = extras.checkpoints.length ? "" : (extras.checkpoints_why || "no checkpoints");
 }
 
 let log = null;
@@ -108,7 +145,7 @@ async function start() {
   form.addEventListener("change", followLog);
   form.addEventListener("submit", (event) => { event.preventDefault(); followLog(); });
   const notice = document.getElementById("notice");
-  follow(`/events/job/${base}`, { job: showRecord, points: addPoints }, (message) => { notice.textContent = message; });
+  follow(`/events/job/${base}`, { job: showRecord, points: addPoints, extras: showExtras }, (message) => { notice.textContent = message; });
   followLog();
   setInterval(() => {
     const shown = document.getElementById("runtime");

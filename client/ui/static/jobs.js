@@ -62,22 +62,48 @@ function draw() {
   const rows = [];
   for (const [box, state] of Object.entries(table.boxes)) {
     if (!state.up && (!filters.box || filters.box === box)) {
-      rows.push(el("tr", { class: "down", "data-box": box }, el("td", {}, box),
-        el("td", { colspan: 6 }, `down: ${state.why}`)));
+      rows.push(el("tr", { class: "down", "data-box": box }, el("td", {}), el("td", {}, box),
+        el("td", { colspan: 7 }, `down: ${state.why}`)));
     }
   }
   for (const row of table.rows) {
     const link = el("a", { href: `/job/${encodeURIComponent(row.box)}/${row.id}` }, row.id);
+    const ref = `${row.box}:${row.id}`;
+    const tick = el("input", { type: "checkbox", class: "pick", "data-ref": ref, title: "compare this job" });
+    tick.checked = picked.has(ref);
     rows.push(el("tr", { "data-box": row.box, "data-id": row.id },
-      el("td", {}, row.box), el("td", { class: "num" }, link), el("td", {}, row.name),
+      el("td", {}, tick), el("td", {}, row.box), el("td", { class: "num" }, link), el("td", {}, row.name),
       el("td", { class: "state-" + row.state }, row.state), el("td", { class: "num" }, runtime(row, Date.now() / 1000 + clock)),
-      el("td", { class: "num loss" }, loss(row.loss)), el("td", {}, sparkline(row.losses))));
+      el("td", { class: "num loss" }, loss(row.loss)), el("td", {}, sparkline(row.losses)), arrayCell(row)));
   }
   body.replaceChildren(...rows);
   const boxes = document.getElementById("boxes");
   boxes.replaceChildren(...Object.entries(table.boxes).map(([box, state]) =>
     el("span", { class: state.up ? "up" : "down", title: state.why || "" }, `${box}: ${state.up ? "up" : "down"}`)));
   showPager();
+}
+
+// The jobs ticked for Compare, kept for this tab across pages of the table (`box:id`, in the order ticked).
+const picked = new Set(JSON.parse(sessionStorage.getItem("tfrun-ui-picked") || "[]"));
+
+function pick(ref, on) {
+  if (on) picked.add(ref); else picked.delete(ref);
+  sessionStorage.setItem("tfrun-ui-picked", JSON.stringify([...picked]));
+  showPicked();
+}
+
+function showPicked() {
+  const button = document.getElementById("compare");
+  button.disabled = !picked.size;
+  button.textContent = picked.size ? `Compare the ${picked.size} job${picked.size > 1 ? "s" : ""} ticked` : "Compare the jobs ticked";
+  document.getElementById("unpick").hidden = !picked.size;
+}
+
+// A task of an array: its array and index, and the array's tasks compared in one click.
+function arrayCell(row) {
+  if (row.array_id == null) return el("td", {});
+  const link = el("a", { class: "compare-array", href: `/compare?array=${encodeURIComponent(row.box)}:${row.array_id}` }, "compare");
+  return el("td", {}, `${row.array_id}[${row.array_index}] `, link);
 }
 
 async function start() {
@@ -87,6 +113,13 @@ async function start() {
   for (const [key, value] of Object.entries(filters)) document.getElementById(key).value = value;
   document.getElementById("filters").addEventListener("input", filtered);
   document.getElementById("filters").addEventListener("submit", (event) => event.preventDefault());
+  document.querySelector("#jobs tbody").addEventListener("change", (event) => {
+    if (event.target.classList.contains("pick")) pick(event.target.dataset.ref, event.target.checked);
+  });
+  document.getElementById("compare").addEventListener("click", () =>
+    location.assign("/compare?jobs=" + [...picked].map((ref) => encodeURIComponent(ref).replace(/%3A/g, ":")).join(",")));
+  document.getElementById("unpick").addEventListener("click", () => { for (const ref of [...picked]) pick(ref, false); draw(); });
+  showPicked();
   showPager();
   openPage();
   setInterval(draw, 1000);
