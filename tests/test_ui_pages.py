@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from harness import Receiver, Sshd, Tfrun, remote_client, wait_for, write_script
@@ -160,6 +161,21 @@ def test_compare_takes_the_jobs_ticked_and_says_what_it_cannot_show(
     wait_for(lambda: "no box 'nowhere' here" in notice.text, what="the refusal in words")
 
 
+def test_compare_is_live_while_a_job_runs(browser: WebDriver, ui: UiServer, boxes: Boxes, tmp_path: Path) -> None:
+    write_script(tmp_path, "slow.py", "import time\nfor step in range(1, 600):\n"
+                 "    print(f'step {step} loss={1 / step}', flush=True)\n    time.sleep(0.1)\n")  # fmt: skip
+    job = boxes.local.submit(str(tmp_path / "slow.py"))
+    try:
+        browser.get(f"{ui.base}/compare?jobs=local:{boxes.tasks[0]},local:{job}")
+        first = wait_for(
+            lambda: _series(browser)[1:] and _series(browser)[1], timeout=30, what="the running job's curve"
+        )
+        wait_for(lambda: _series(browser)[1] >= first + 10, timeout=20, what="its curve to grow in the page")
+        assert _series(browser)[0] == STEPS
+    finally:
+        boxes.local.run("cancel", str(job))
+
+
 def test_the_alerts_page_lists_a_nan_alert_with_its_delivery(browser: WebDriver, ui: UiServer, boxes: Boxes) -> None:
     browser.get(ui.base + "/alerts")
     item = f'li.alert[data-box="local"][data-job="{boxes.nan_job}"][data-rule="spike"]'
@@ -219,3 +235,31 @@ def test_a_job_page_charts_every_metric_and_lists_alerts_and_checkpoints(
 def _points(browser: WebDriver, css: str) -> int:
     found = _by_css(browser, css)
     return int(found[0].get_attribute("data-points") or 0) if found else -1
+
+
+def test_a_compare_stream_resumes_each_job_where_the_page_had_it(ui: UiServer, boxes: Boxes) -> None:
+    """One stream carries both jobs; its event id is each job's feed's number, so a stream opened again with the
+    last id the page had (as the browser does) sends only what came after, of each job (an ended job's feed
+    asks for its record once more: a restart may have changed it)."""
+    path = f"/events/compare?jobs=local:{boxes.tasks[0]},local:{boxes.tasks[1]}"
+    whole = _events(ui.request("GET", path).body)
+    assert whole[-1][1] == "ended" and {data["job"] for _, kind, data in whole if kind == "points"} == {0, 1}
+    cut = next(i for i, (_, kind, data) in enumerate(whole) if kind == "points" and data["job"] == 1)
+    rest = _events(ui.request("GET", path, {"Last-Event-ID": whole[cut][0]}).body)
+    points = [(kind, data) for _, kind, data in whole[cut + 1 :] if kind == "points"]
+    assert [(kind, data) for _, kind, data in rest if kind == "points"] == points  # none again, none lost
+    had = [int(number) for number in whole[cut][0].split(".")]
+    for number, _, data in rest[:-1]:  # each event of a job is newer than what the page had of that job
+        assert int(number.split(".")[data["job"]]) > had[data["job"]], (number, had)
+    refused = _events(ui.request("GET", "/events/compare?jobs=local:x").body)
+    assert refused == [("0", "refused", {"message": "'local:x' is not BOX:ID (e.g. local:12)"})]
+
+
+def _events(body: bytes) -> list[tuple[str, str, Any]]:
+    """A stream's events as (id, kind, data)."""
+    found = []
+    for block in body.decode().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":"))
+        if "event" in fields:
+            found.append((fields["id"], fields["event"], json.loads(fields["data"])))
+    return found
