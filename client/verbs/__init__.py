@@ -75,8 +75,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
                  "name, job id, state, the box port each listens on, its GPUs and how long it has run."),
     "stop": ("services", "stop", "Stop a service: NAME as `tfrun services` shows it (tensorboard, jupyter-2) or its "
              "job id."),
-    "ui": ("ui", "ui", "See training in a web browser: every box's jobs, each job's log followed live, and its loss "
-           "by step."),
+    "ui": ("ui", "ui", "See training in a web browser: every box's jobs, each job's log followed live and its "
+           "metrics by step, jobs compared, the GPUs and the alerts."),
     "df": ("housekeeping", "df", "What tfrun's folders take on the box: job folders, their logs, uploaded contents "
            "(blobs), spare snapshots, checkpoints, the database; sizes on disk, as `du` counts them."),
 }

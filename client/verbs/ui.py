@@ -23,10 +23,13 @@ if TYPE_CHECKING:
 @click.option("--read-only", is_flag=True, help="Show jobs only: no cancel or restart buttons, and the server refuses "
               "both.")  # fmt: skip
 def ui(port: int, open_browser: bool, read_only: bool) -> None:
-    """See training in a web browser: every box's jobs, each job's log followed live, and its loss by step. The
-    jobs page is one table of every box's jobs (box, state, runtime, last loss and its trend), newest first; a
-    job's page has its command, the names of its --env, its log (filtered on the box, as `tfrun logs` filters)
-    and a chart of its loss, with cancel and restart. It serves on this machine's 127.0.0.1 and talks to each
+    """See training in a web browser: every box's jobs, each job's log followed live and its metrics by step,
+    jobs compared, the GPUs and the alerts. The jobs page is one table of every box's jobs (box, state, runtime,
+    last loss and its trend), newest first; a job's page has its command, the names of its --env, its log
+    (filtered on the box, as `tfrun logs` filters), a chart of each metric, its alerts and checkpoints, with
+    cancel and restart. Compare overlays one metric of the jobs ticked (or an array's tasks) and tables their
+    arguments and final and best values; GPUs shows each box's GPUs, their job and their last hour; Alerts,
+    every alert and its delivery. It serves on this machine's 127.0.0.1 and talks to each
     box's tfrund as every verb does: nothing new listens on a box. It prints its URL, with a key for this run
     (asked once, then kept by the browser as a cookie); only you, in your browser, can use it: another user
     of this machine is refused at the port. Ctrl-C stops it.
