@@ -156,6 +156,9 @@ def test_compare_takes_the_jobs_ticked_and_says_what_it_cannot_show(
     _by_css(browser, "#compare")[0].click()
     wait_for(lambda: _series(browser) == [STEPS, 2], timeout=30, what="both jobs' losses (the NaN is no point)")
     assert f"jobs=local:{boxes.tasks[1]},local:{boxes.nan_job}" in browser.current_url
+    first, second = boxes.tasks
+    browser.get(f"{ui.base}/compare?jobs=local:{first},local:0{first},%20local:{second}")  # one job named twice
+    wait_for(lambda: _series(browser) == [STEPS, STEPS], timeout=30, what="each job once, each its own curve")
     browser.get(f"{ui.base}/compare?jobs=nowhere:1")
     notice = _by_css(browser, "#notice")[0]
     wait_for(lambda: "no box 'nowhere' here" in notice.text, what="the refusal in words")

@@ -20,7 +20,7 @@ from tfrun.client.ui.boxes import Box
 from tfrun.client.ui.feeds import Event, Feed
 from tfrun.protocol.channel import Channel
 
-MAX_COMPARED = 100  # jobs one Compare page follows (an array has up to 1000 tasks: its first 100)
+MAX_COMPARED = 100  # jobs one Compare page follows (an array has up to 1000 tasks: its first 100 are shown)
 
 
 class BadJobs(ValueError):

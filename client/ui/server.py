@@ -111,7 +111,8 @@ class Ui:
         """The ids of the jobs of an array (the id of its first task), for the Compare page's one click."""
         box, array = self._job(request)
         try:
-            return web.json_response({"ok": True, "jobs": await compare.array_tasks(box, array)})
+            tasks = await compare.array_tasks(box, array)
+            return web.json_response({"ok": True, "jobs": tasks[: compare.MAX_COMPARED], "tasks": len(tasks)})
         except RemoteError as exc:
             return web.json_response({"ok": False, "message": exc.message})
         except Unreachable as exc:

@@ -15,6 +15,7 @@ const HIGHER_IS_BETTER = new Set(["acc", "accuracy", "auc", "f1", "precision", "
   "top1", "top5", "r2", "score", "reward"]);
 let runs = []; // { ref, box, id, record, trouble, samples: { steps, columns } }, in the URL's order
 let chart = null, chartKey = "", drawing = false;
+let shortened = ""; // an array of more jobs than a page compares: which of them it shows
 
 function refUrl(refs) { return refs.map((ref) => encodeURIComponent(ref).replace(/%3A/g, ":")).join(","); }
 
@@ -36,6 +37,7 @@ async function arrayRefs(ref) {
   const found = reply.ok ? await reply.json() : { ok: false, message: (await reply.text()).trim() };
   if (!found.ok) throw new Error(found.message);
   if (!found.jobs.length) throw new Error(`${box} has no array ${id}`);
+  if (found.tasks > found.jobs.length) shortened = `the first ${found.jobs.length} of the array's ${found.tasks} jobs`;
   return found.jobs.map((job) => `${box}:${job}`);
 }
 
@@ -57,7 +59,7 @@ function draw() {
   drawChart();
   drawTable(names);
   const troubles = runs.filter((run) => run.trouble).map((run) => `${run.ref}: ${run.trouble}`);
-  document.getElementById("notice").textContent = troubles.join("; ");
+  document.getElementById("notice").textContent = [shortened, ...troubles].filter(Boolean).join("; ");
 }
 
 // Every metric the jobs have: the training loss first, evaluation metrics after the others (as `tfrun metrics`).
@@ -184,7 +186,7 @@ function followRuns() {
 }
 
 async function start() {
-  let refs = (params.get("jobs") || "").split(",").filter(Boolean);
+  let refs = (params.get("jobs") || "").split(",").map((ref) => ref.trim()).filter(Boolean);
   try {
     if (params.get("array")) refs = await arrayRefs(params.get("array"));
   } catch (error) {
@@ -192,10 +194,13 @@ async function start() {
     return;
   }
   if (!refs.length) { document.getElementById("help").hidden = false; return; }
-  runs = refs.map((ref) => {
-    const at = ref.lastIndexOf(":");
-    return { ref, box: ref.slice(0, at), id: ref.slice(at + 1), record: null, trouble: "", samples: { steps: [], columns: new Map() } };
-  });
+  runs = [];
+  for (const given of refs) { // each job once, as the server takes them: the stream's events name them by place
+    const at = given.lastIndexOf(":");
+    const box = given.slice(0, at), id = /^[0-9]+$/.test(given.slice(at + 1)) ? String(Number(given.slice(at + 1))) : given.slice(at + 1);
+    const ref = `${box}:${id}`;
+    if (!runs.some((run) => run.ref === ref)) runs.push({ ref, box, id, record: null, trouble: "", samples: { steps: [], columns: new Map() } });
+  }
   document.getElementById("controls").hidden = false;
   document.getElementById("log").checked = view.log;
   document.getElementById("smooth").value = view.smooth;
