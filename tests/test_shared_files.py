@@ -214,6 +214,12 @@ def test_a_pull_never_writes_through_a_link_or_into_another_users_folder(
     weights = dest / "checkpoints" / "weights.bin"
     assert weights.read_bytes() == WEIGHTS and stat.S_IMODE(weights.stat().st_mode) == umasked(0o777) | 0o600
     assert asyncio.run(read_file(tf, job, "checkpoints/pipe")) == "checkpoints/pipe is not a file"
+    long = "9" * 300  # longer than a file name may be: refused in words, never an internal error (found by the fuzz)
+    assert asyncio.run(read_file(tf, job, long)) == f"cannot read {long}: File name too long"
+    assert (
+        asyncio.run(read_file(tf, job, f"checkpoints/{long}/x"))
+        == f"cannot read checkpoints/{long}/x: File name too long"
+    )
     assert time.monotonic() - started < 20, "a FIFO in the folder never holds the daemon"
     # In a folder anyone may write in, mallory made `checkpoints` and `output.log` first.
     made = mallory.python("import os, sys\nos.mkdir(sys.argv[1] + '/checkpoints', 0o777)\n"

@@ -61,6 +61,9 @@ def resolve(row: JobRow, path: str) -> tuple[int, str, PurePosixPath]:
     except FileNotFoundError:
         os.close(fd)
         raise Refused(f"job {row.id} has no {path}") from None
+    except OSError as exc:  # a name too long for the filesystem, a folder that may not be entered, ...
+        os.close(fd)
+        raise Refused(f"cannot read {path}: {exc.strerror or exc}") from None
     except BaseException:
         os.close(fd)
         raise
