@@ -11,8 +11,10 @@ Rows:
     no feed is warm; the history is two jobs that ran copied in the store: tests/harness/history.py);
   - a line a job prints, from its print to the job page showing it, against `tfrun logs -f` over the same
     link following it at the same time; p50 and p99 over --lines lines;
-  - a chart of --points steps (a job that printed them, ended): from the URL to the points drawn, and the
-    longest task the page's main thread ran meanwhile and in the 5 s after (how long a click may wait);
+  - a chart of --points steps (a job that printed them, ended, and whose log tfrund's metrics watch has read
+    through: `tfrun metrics` waits for that): from the URL to its last step drawn (the first draw is thinned to
+    the chart's pixels: the points drawn say how many), and the longest task the page's main thread ran
+    meanwhile and in the 5 s after (how long a click may wait);
   - 20 jobs printing 10 lines a second each on a local tfrund, one job page open: the UI server's CPU, and
     tfrund's above what it spends with no one watching, against one `tfrun logs -f` of the same job
     (CPU from /proc, over --seconds).
@@ -128,18 +130,20 @@ def line_latencies(browser: Any, tf: Tfrun, work: Path, lines: int) -> tuple[lis
 
 
 def chart_load(browser: Any, tf: Tfrun, work: Path, points: int) -> tuple[float, int, float, float]:
-    """A job that printed `points` steps: seconds from its page's URL to its chart drawn, the points drawn,
-    the longest main-thread task until then, and in the 5 s after."""
+    """A job that printed `points` steps: seconds from its page's URL to its chart drawn to its last step, the
+    points drawn (thinned), the longest main-thread task until then, and in the 5 s after."""
     write_script(work, "points.py", POINTS)
     job = tf.submit(str(work / "points.py"), str(points))
     tf.ok("wait", str(job))
+    tf.ok("metrics", str(job), "--last", "1")  # once the watch read the log: a job printing 100,000 steps at once
     ui = start_ui(tf.env, work, "--host", "box")
     try:
         browser.get("about:blank")
         started = time.perf_counter()
         browser.get(f"{ui.url.split('?')[0]}job/box/{job}?key={ui.key}")
+        last = "return Number((document.getElementById('chart') || {dataset: {}}).dataset.last ?? -1)"
         count = "return Number((document.getElementById('chart') || {dataset: {}}).dataset.points || 0)"
-        took = time.perf_counter() - started + poll(lambda: browser.execute_script(count) >= points * 0.99)
+        took = time.perf_counter() - started + poll(lambda: browser.execute_script(last) == points - 1)
         loading = float(browser.execute_script("const l = longest; longest = 0; return l"))
         time.sleep(5)
         return took, int(browser.execute_script(count)), loading, float(browser.execute_script("return longest"))

@@ -97,6 +97,7 @@ SPARE_MAX_BYTES = 256 << 20  # no spare of a snapshot larger than this: it would
 # `tfrun metrics` of an ended job waits up to this long for the alert watch to finish reading its log.
 METRICS_SETTLE_S = 5.0
 MAX_METRIC_SAMPLES = 100_000  # the newest samples `tfrun metrics` gets at most: about 10 MB in one frame
+MAX_METRIC_BUCKETS = 10_000  # a thinned answer's step ranges at most (GetMetrics.buckets): a chart's pixels
 COMPLETE_VAR = "_TFRUN_COMPLETE"  # what the completion scripts set to ask `tfrun` for completions (click's name)
 COMPLETION_TIMEOUT_S = 3.0  # Tab on a JOB asks the box for its job ids; one that has not answered by then offers none
 

@@ -34,9 +34,13 @@ def notify_test(url: Optional[str] = None) -> Call[NotifyReport, list[Delivery]]
     return Call(NotifyTest(url=url), lambda reply: reply.results)
 
 
-def metrics(job: str, last: Optional[int] = None) -> Call[MetricsReply, MetricsReply]:
-    """The job's metrics by step (the last `last` samples, or all) and where they were read from."""
-    return Call(GetMetrics(job=job, last=last), whole)
+def metrics(
+    job: str, last: Optional[int] = None, after: Optional[int] = None, upto: Optional[int] = None,
+    buckets: Optional[int] = None,
+) -> Call[MetricsReply, MetricsReply]:  # fmt: skip
+    """The job's metrics by step (the last `last` samples, or all; above step `after` and up to `upto`;
+    thinned to a chart of `buckets` pixels: GetMetrics) and where they were read from."""
+    return Call(GetMetrics(job=job, last=last, after=after, upto=upto, buckets=buckets), whole)
 
 
 def explain_metrics(job: str, lines: int = 30) -> Call[MetricsExplained, MetricsExplained]:

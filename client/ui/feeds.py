@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
 import time
 from collections import deque
@@ -26,16 +27,17 @@ from tfrun.client.follow import LogCursor, LogQuery
 from tfrun.client.ui import boxes, extras, jobpages
 from tfrun.client.ui.boxes import Box, Unreachable
 from tfrun.client.ui.jobpages import JobsView
-from tfrun.protocol.channel import RemoteError
+from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import JobState
-from tfrun.protocol.watching import MetricSample
+from tfrun.protocol.jobs import Job
+from tfrun.protocol.watching import MetricSample, MetricsReply
 
 LINGER_S = 30.0  # how long a feed nobody reads runs on
 JOBS_EVERY_S = 2.0  # a page of jobs asked again (as `tfrun top` asks each frame)
 JOB_EVERY_S = 1.0  # a job's record and new metrics asked again while it runs
 TAIL_LINES = 1000  # the log lines a page starts with; the rest follow as they come
 KEPT_EVENTS = 2000  # log batches kept for a reader that joins or comes back
-NEW_METRICS = 200  # metric samples asked each second; more new ones than this: all are asked again
+CHART_BUCKETS = 1000  # a chart's first draw, and each zoom's: about its width in pixels (GetMetrics.buckets)
 EXTRAS_EVERY_S = 5.0  # a running job's alerts and checkpoints asked again
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # a terminal's colours and cursor moves
 
@@ -126,32 +128,49 @@ class JobsFeed(Feed):
 
 
 class JobFeed(Feed):
-    """A job's record and its metrics by step: the record each second while it runs, and the samples that
-    are new since the last look (`points` events); its alerts and checkpoints every EXTRAS_EVERY_S (`extras`).
-    The whole history is kept for a reader that joins."""
+    """A job's record and its metrics by step: each second while it runs, the record and the samples past the
+    last step seen, on one connection (`points` events: a page's chart grows by them); its alerts and
+    checkpoints every EXTRAS_EVERY_S (`extras`). The first look asks for the samples thinned to a chart's
+    CHART_BUCKETS (100,000 steps would be 7 MB through the box's link and a second of tfrund's): the page asks
+    a zoom's own (`zoomed`). The whole history is kept for a reader that joins."""
 
     def __init__(self, box: Box, job: int) -> None:
         super().__init__(kept=None)
         self.box = box
         self.job = job
-        self.steps: list[MetricSample] = []
+        self.newest: Optional[int] = None  # the last step seen
         self.extras: Optional[dict[str, Any]] = None
         self.extras_at = -EXTRAS_EVERY_S
 
     async def run(self) -> None:
         last = None
         while True:
-            job = await self.box.ask(lambda channel: job_calls.job(str(self.job)).on(channel))
+            job, reply = await self.box.ask(self._look)
             if job != last:  # kept whole for a reader that joins: a record only when it changed
                 self.publish("job", boxes.record(self.box.name, job))
                 last = job
-            await self._metrics()
+            self._points(reply)
             final = job.state in JobState.FINAL
             if final or time.monotonic() - self.extras_at >= EXTRAS_EVERY_S:
                 await self._extras()
             if final:
                 return
             await asyncio.sleep(JOB_EVERY_S)
+
+    async def _look(self, channel: Channel) -> tuple[Job, MetricsReply]:
+        """The record, and the samples past the last step seen (thinned, the first time)."""
+        job = await job_calls.job(str(self.job)).on(channel)
+        first = self.newest is None
+        asked = watch_calls.metrics(str(self.job), after=self.newest, buckets=CHART_BUCKETS if first else None)
+        return job, await asked.on(channel)
+
+    def _points(self, reply: MetricsReply) -> None:
+        """A `points` event of the samples new here (a daemon before GetMetrics.after sends all of them)."""
+        newest = self.newest
+        fresh = [sample for sample in reply.samples if newest is None or sample.step > newest]
+        if fresh:
+            self.newest = max(sample.step for sample in fresh)
+            self.publish("points", columns(fresh, reply.thinned))
 
     async def _extras(self) -> None:
         """The job's alerts and checkpoints (client/ui/extras.py), an `extras` event when they changed."""
@@ -162,27 +181,20 @@ class JobFeed(Feed):
             self.publish("extras", found)
             self.extras = found
 
-    async def _metrics(self) -> None:
-        """Ask for the last NEW_METRICS samples, and for all of them when that does not reach back to the
-        last step seen (the first look, or a job printing faster than that a second)."""
-        newest = self.steps[-1].step if self.steps else None
-        asked = NEW_METRICS if newest is not None else None
-        reply = await self.box.ask(lambda channel: watch_calls.metrics(str(self.job), asked).on(channel))
-        samples = reply.samples
-        if newest is not None and samples and samples[0].step > newest:
-            reply = await self.box.ask(lambda channel: watch_calls.metrics(str(self.job)).on(channel))
-            samples = reply.samples
-        fresh = [sample for sample in samples if newest is None or sample.step > newest]
-        if fresh:
-            self.steps += fresh
-            self.publish("points", [_point(sample) for sample in fresh])
 
-
-def _point(sample: MetricSample) -> dict[str, Any]:
-    """A sample as the chart reads it: its step, and each metric's value (not a number as null: JSON has none)."""
-    values = {name: (value if value == value and abs(value) != float("inf") else None) for name, value in
-              sample.values.items()}  # fmt: skip
-    return {"step": sample.step, "values": values}
+def columns(samples: Sequence[MetricSample], thinned: bool) -> dict[str, Any]:
+    """Samples as a chart takes them, a column a metric (no object a sample: 100,000 of those are 5 MB and a
+    second of the page's parsing): `steps`, and each metric's value at each step, null where the sample has
+    none and its name where it is not a number ("nan", "inf": JSON has none; the chart draws a gap there);
+    `thinned` when steps between these were left out (the page asks for them when it zooms in)."""
+    found: dict[str, list[Any]] = {}
+    for index, sample in enumerate(samples):
+        for name, value in sample.values.items():
+            column = found.get(name)
+            if column is None:
+                column = found[name] = [None] * len(samples)
+            column[index] = value if math.isfinite(value) else str(value)
+    return {"steps": [sample.step for sample in samples], "columns": found, "thinned": thinned}
 
 
 class LogFeed(Feed):

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 import socket
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -20,8 +21,9 @@ from typing import Any, Callable
 from aiohttp import web
 
 from tfrun.client.calls import jobs as job_calls
+from tfrun.client.calls import watching as watch_calls
 from tfrun.client.follow import LogQuery
-from tfrun.client.ui import compare, jobpages, watch
+from tfrun.client.ui import compare, feeds, jobpages, watch
 from tfrun.client.ui.auth import Guard
 from tfrun.client.ui.boxes import Box, Unreachable
 from tfrun.client.ui.feeds import Feed, Feeds
@@ -67,6 +69,7 @@ class Ui:
         app.router.add_get("/events/alerts", self.alerts)
         app.router.add_get("/events/gpus", self.gpus)
         app.router.add_get("/api/array/{box}/{job:[0-9]+}", self.array)
+        app.router.add_get("/api/metrics/{box}/{job:[0-9]+}", self.zoomed)
         if not self.read_only:
             app.router.add_post("/api/job/{box}/{job:[0-9]+}/{action:cancel|restart}", self.act)
         return app
@@ -118,6 +121,21 @@ class Ui:
         except Unreachable as exc:
             return web.json_response({"ok": False, "message": f"{box.name}: {exc}"})
 
+    async def zoomed(self, request: web.Request) -> web.Response:
+        """A zoomed chart's samples: those at steps above `after` and up to `upto`, thinned as a first draw is
+        (feeds.CHART_BUCKETS) where they are more than it draws, so that a zoom in far enough shows each one."""
+        box, job = self._job(request)
+        after, upto = (_step(request.query.get(name, ""), name) for name in ("after", "upto"))
+        asked = watch_calls.metrics(str(job), after=after, upto=upto, buckets=feeds.CHART_BUCKETS)
+        try:
+            reply = await box.ask(asked.on)
+        except RemoteError as exc:
+            return web.json_response({"ok": False, "message": exc.message})
+        except Unreachable as exc:
+            return web.json_response({"ok": False, "message": f"{box.name}: {exc}"})
+        return web.Response(text=_json({"ok": True, **feeds.columns(reply.samples, reply.thinned)}),
+                            content_type="application/json")  # fmt: skip
+
     async def act(self, request: web.Request) -> web.Response:
         """Cancel or restart a job, as `tfrun cancel` and `tfrun restart` do; the result in words."""
         box, job = self._job(request)
@@ -150,6 +168,13 @@ def _page(name: str) -> Callable[[web.Request], Any]:
 def _number(text: str, low: int, high: int, what: str) -> int:
     if not text.isdigit() or not low <= int(text) <= high:
         raise web.HTTPBadRequest(text=f"tfrun ui: {what} must be a number from {low} to {high}\n")
+    return int(text)
+
+
+def _step(text: str, what: str) -> int:
+    """A step of a zoom's URL: a whole number, negative too (a step is what the job printed)."""
+    if not re.fullmatch(r"-?[0-9]{1,18}", text):
+        raise web.HTTPBadRequest(text=f"tfrun ui: {what} must be a step, a whole number\n")
     return int(text)
 
 

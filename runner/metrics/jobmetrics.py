@@ -96,9 +96,12 @@ def callback_losses(path: str, offset: int, limit: int) -> Optional[tuple[int, l
     return len(lines), points, offset + len(data) >= size
 
 
-def read_metrics(job_dir: Path, last: Optional[int]) -> tuple[str, list[MetricSample]]:
-    """A job's metrics for `tfrun metrics`: its own metrics.jsonl when it wrote one, else what was read from
-    its log, one sample a step; the last `last` samples."""
+def read_metrics(
+    job_dir: Path, last: Optional[int], after: Optional[int] = None, upto: Optional[int] = None
+) -> tuple[str, list[MetricSample]]:
+    """A job's metrics for `tfrun metrics` and charts: its own metrics.jsonl when it wrote one, else what was
+    read from its log, one sample a step; the last `last` samples of those at steps above `after`, up to
+    `upto` (a chart's new points, a zoom's)."""
     for source, name in (("callback", jobdir.METRICS), ("log", jobdir.LOG_METRICS)):
         path = job_dir / name
         if path.exists() and path.stat().st_size:
@@ -112,8 +115,34 @@ def read_metrics(job_dir: Path, last: Optional[int]) -> tuple[str, list[MetricSa
                         samples[-1] = _updated(samples[-1], sample)
                     else:
                         samples.append(sample)
+            if after is not None or upto is not None:
+                samples = [s for s in samples if (after is None or s.step > after) and (upto is None or s.step <= upto)]
             return source, samples[-last:] if last else samples
     return "none", []
+
+
+def thinned(samples: list[MetricSample], buckets: int) -> list[MetricSample]:
+    """The samples a chart `buckets` pixels wide needs to draw `samples` as it would draw them all, as uPlot's
+    users thin a series (min/max per pixel): in each of `buckets` equal ranges of steps, the first and last
+    sample, and each metric's lowest, highest and first non-finite (a gap the chart must show). Real samples
+    only, in their order: what a zoom asks again is the same points, more of them."""
+    low = min(sample.step for sample in samples)
+    span = max(sample.step for sample in samples) - low + 1
+    kept: dict[tuple[int, str], int] = {}  # (bucket, what) -> the index of the sample kept for it
+    for index, sample in enumerate(samples):
+        bucket = (sample.step - low) * buckets // span
+        kept.setdefault((bucket, ""), index)
+        kept[(bucket, "\0last")] = index
+        for name, value in sample.values.items():
+            if not math.isfinite(value):
+                kept.setdefault((bucket, "\0odd" + name), index)
+                continue
+            lowest, highest = (bucket, "\0low" + name), (bucket, "\0high" + name)
+            if lowest not in kept or value < samples[kept[lowest]].values[name]:
+                kept[lowest] = index
+            if highest not in kept or value > samples[kept[highest]].values[name]:
+                kept[highest] = index
+    return [samples[index] for index in sorted(set(kept.values()))]
 
 
 def _lines_until(f: BinaryIO, end: int) -> Iterator[bytes]:

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 from tfrun.constants import (
     MAX_ALERTS,
     MAX_INT64,
+    MAX_METRIC_BUCKETS,
     MAX_TOP_LOSSES,
     MAX_TOP_RECENT,
 )
@@ -97,6 +98,7 @@ class MetricsReply(Message):
 
     source: str
     samples: list[MetricSample]
+    thinned: bool = False  # some samples of the steps asked were left out (GetMetrics.buckets)
 
 
 @tagged("metrics_explained")
@@ -145,10 +147,17 @@ class NotifyTest(Request[NotifyReport]):
 @tagged("get_metrics")
 @dataclass
 class GetMetrics(Request[MetricsReply]):
-    """A job's metrics, the last `last` samples (all when None); answered by `MetricsReply`."""
+    """A job's metrics, the last `last` samples (all when None) of those at steps above `after` and up to
+    `upto`; with `buckets`, thinned to what a chart of that many pixels draws: of each of `buckets` equal
+    ranges of steps, its first and last sample and, of each metric, the sample of its lowest, its highest and
+    its first non-finite value (real samples, none made up). Answered by `MetricsReply`. A daemon before these
+    three ignores them and answers every sample."""
 
     job: JobRef
     last: Optional[Annotated[int, Range(1, MAX_INT64)]] = None
+    after: Optional[Annotated[int, Range(-MAX_INT64, MAX_INT64)]] = None
+    upto: Optional[Annotated[int, Range(-MAX_INT64, MAX_INT64)]] = None
+    buckets: Optional[Annotated[int, Range(1, MAX_METRIC_BUCKETS)]] = None
 
 
 @tagged("explain_metrics")

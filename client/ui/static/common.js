@@ -97,16 +97,20 @@ function alertItem(alert, withJob) {
 // The colours of a chart's lines, one a series in turn (uPlot's own default is one black for all).
 const PALETTE = ["#06c", "#c60", "#0a6", "#a3c", "#c22", "#088", "#777", "#a80", "#36a", "#6a3"];
 
-// New samples of a job's metrics into `table` ({ steps, columns }): each metric's column grows by one value a
-// sample (null where the sample has none), so a chart is handed the same arrays each time, never copies.
+// New samples of a job's metrics into `table` ({ steps, columns }), from a `points` event's columns: each
+// metric's column grows by one value a step; undefined where the sample has none (the line runs on across it,
+// as an evaluation's every few steps), null where it was not a number (a gap the chart shows). The same arrays
+// each time, never copies, so a chart is handed them as they grow.
 function addSamples(table, points) {
-  for (const point of points) {
-    const index = table.steps.length;
-    table.steps.push(point.step);
-    for (const [name, value] of Object.entries(point.values)) {
-      if (!table.columns.has(name)) table.columns.set(name, new Array(index).fill(null));
-      table.columns.get(name)[index] = value;
-    }
-    for (const column of table.columns.values()) if (column.length <= index) column.push(null);
+  const index = table.steps.length, count = points.steps.length;
+  table.steps.push(...points.steps);
+  for (const [name, values] of Object.entries(points.columns)) {
+    if (!table.columns.has(name)) table.columns.set(name, new Array(index).fill(undefined));
+    const column = table.columns.get(name);
+    for (let i = 0; i < count; i++) column.push(valueOf(values[i]));
   }
+  for (const column of table.columns.values()) while (column.length < index + count) column.push(undefined);
 }
+
+// A sample's value as a chart takes it: none (null in JSON) is undefined, not a number ("nan") a gap (null).
+function valueOf(value) { return value === null ? undefined : typeof value === "string" ? null : value; }

@@ -8,8 +8,11 @@ const base = `${encodeURIComponent(boxName)}/${jobId}`;
 const MAX_LINES = 5000; // lines kept on the page; the log itself is whole on the box (tfrun logs)
 let job = null;
 let clock = 0; // the server's clock less this browser's: the runtime counts on between records
-const samples = { steps: [], columns: new Map() }; // the steps, and each metric's value at each (common.js)
-const charts = new Map(); // chart id -> { plot, names }
+// the steps, and each metric's value at each (common.js); `thinned`: steps between these were left out for the
+// first draw (client/ui/feeds.py), each zoom asks for those it shows, and they are kept here
+const samples = { steps: [], columns: new Map(), thinned: false };
+const charts = new Map(); // chart id -> { plot, names, zoomed }
+let zooming = null; // the zoom whose samples are being asked for
 let drawing = false;
 
 function showRecord(record) {
@@ -37,8 +40,51 @@ function showRecord(record) {
 }
 
 function addPoints(points) {
+  samples.thinned ||= points.thinned;
   addSamples(samples, points);
-  if (!drawing) { drawing = true; requestAnimationFrame(drawCharts); }
+  redraw();
+}
+
+function redraw() { if (!drawing) { drawing = true; requestAnimationFrame(drawCharts); } }
+
+// A chart zoomed in (or out: back to all its steps). Where the first draw was thinned, the samples of the steps
+// now shown are asked for (thinned again while more than the chart's width) and merged in: a zoom far enough in
+// shows every real point.
+function zoomed(plot, id) {
+  const scale = plot.scales.x, steps = samples.steps;
+  const chart = charts.get(id);
+  if (!chart || scale.min == null || !steps.length) return;
+  chart.zoomed = scale.min > steps[0] || scale.max < steps[steps.length - 1];
+  if (!chart.zoomed || !samples.thinned) return;
+  const after = Math.floor(scale.min) - 1, upto = Math.ceil(scale.max), asked = `${after}:${upto}`;
+  if (zooming === asked) return;
+  zooming = asked;
+  fetch(`/api/metrics/${base}?after=${after}&upto=${upto}`).then((reply) => reply.json()).then((found) => {
+    if (zooming !== asked) return;
+    zooming = null;
+    if (found.ok) { mergeSamples(samples, found); redraw(); }
+    else document.getElementById("notice").textContent = found.message;
+  });
+}
+
+// A zoom's samples into `table`, in step order, each step once.
+function mergeSamples(table, points) {
+  const detail = { steps: [], columns: new Map() };
+  addSamples(detail, points);
+  const names = new Set([...table.columns.keys(), ...detail.columns.keys()]);
+  const merged = { steps: [], columns: new Map([...names].map((name) => [name, []])) };
+  let i = 0, j = 0;
+  const take = (from, k) => {
+    merged.steps.push(from.steps[k]);
+    for (const name of names) merged.columns.get(name).push((from.columns.get(name) || [])[k]);
+  };
+  while (i < table.steps.length || j < detail.steps.length) {
+    const mine = table.steps[i], theirs = detail.steps[j];
+    if (j >= detail.steps.length || (i < table.steps.length && mine < theirs)) take(table, i++);
+    else { take(detail, j++); if (mine === theirs) i++; }
+  }
+  table.steps = merged.steps;
+  table.columns = merged.columns;
 }
 
 // The loss chart (the training loss and its validation counterpart), then one chart for each other metric:
@@ -71,19 +117,24 @@ function drawCharts() {
 function drawChart(box, id, names, height) {
   const data = [samples.steps, ...names.map((name) => samples.columns.get(name))];
   const shown = charts.get(id);
-  if (shown && shown.names.join() === names.join()) shown.plot.setData(data);
+  if (shown && shown.names.join() === names.join()) shown.plot.setData(data, !shown.zoomed);
   else {
     if (shown) shown.plot.destroy();
     const width = Math.min(names.length > 1 || height > 200 ? 900 : 440, box.clientWidth || 900);
-    charts.set(id, { names, plot: new uPlot({ width, height, scales: { x: { time: false } },
-      series: [{ label: "step" }, ...names.map((name, i) => lineOf(name, PALETTE[i % PALETTE.length]))] }, data, box) });
+    const chart = { names, zoomed: false };
+    charts.set(id, chart);
+    chart.plot = new uPlot({ width, height, scales: { x: { time: false } },
+      hooks: { setScale: [(plot, key) => { if (key === "x") zoomed(plot, id); }] },
+      series: [{ label: "step" }, ...names.map((name, i) => lineOf(name, PALETTE[i % PALETTE.length]))] }, data, box);
   }
   box.dataset.points = String(data[1].filter((value) => value != null).length);
+  box.dataset.last = String(samples.steps[samples.steps.length - 1]);
 }
 
-// A metric's line; an evaluation's with its points shown: it has a value every epoch, not every step.
+// A metric's line (not across a value that was not a number: a gap); an evaluation's with its points shown: it
+// has a value every epoch, not every step.
 function lineOf(name, stroke) {
-  const line = { label: name, stroke, spanGaps: true };
+  const line = { label: name, stroke };
   if (isEvaluation(name)) line.points = { show: true, size: 4 };
   return line;
 }
