@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 from harness import Sshd, Tfrun, free_port, remote_client, wait_for, write_script
-from harness.browser import UiServer, chromium, start_ui
+from harness.browser import UiServer, by_css, signed_in, start_ui
 from harness.otheruser import OtherUser, mallory  # noqa: F401
 from harness.relay import Relay
 
 if TYPE_CHECKING:
     from selenium.webdriver import Chrome as WebDriver
-    from selenium.webdriver.remote.webelement import WebElement
 
 pytestmark = [pytest.mark.ssh, pytest.mark.browser, pytest.mark.slow]
 
@@ -91,13 +90,8 @@ def ui(boxes: Boxes) -> Iterator[UiServer]:
 
 @pytest.fixture(scope="module")
 def browser(ui: UiServer) -> Iterator[WebDriver]:
-    with chromium() as driver:
-        driver.get(ui.url)  # the key, once: exchanged for the cookie
+    with signed_in(ui) as driver:
         yield driver
-
-
-def _by_css(driver: WebDriver, css: str) -> list[WebElement]:
-    return driver.find_elements("css selector", css)
 
 
 def test_the_jobs_page_lists_the_jobs_of_both_boxes(browser: WebDriver, ui: UiServer, boxes: Boxes) -> None:
@@ -105,28 +99,28 @@ def test_the_jobs_page_lists_the_jobs_of_both_boxes(browser: WebDriver, ui: UiSe
     browser.get(ui.base + "/")
     local_row = f'tr[data-box="local"][data-id="{boxes.local_job}"]'
     box_row = f'tr[data-box="box"][data-id="{boxes.box_job}"]'
-    wait_for(lambda: _by_css(browser, local_row) and _by_css(browser, box_row), timeout=30, what="both boxes' rows")
+    wait_for(lambda: by_css(browser, local_row) and by_css(browser, box_row), timeout=30, what="both boxes' rows")
     print(f"jobs page: both boxes' rows in {time.monotonic() - started:.2f} s")
     assert browser.current_url == ui.base + "/"  # the key is not in the address bar
-    row = _by_css(browser, box_row)[0]
+    row = by_css(browser, box_row)[0]
     assert "there" in row.text and "running" in row.text, row.text
     assert wait_for(lambda: _loss_shown(browser, box_row), what="a last loss in the row")
-    status = _by_css(browser, "#boxes")[0].text
+    status = by_css(browser, "#boxes")[0].text
     assert "local: up" in status and "box: up" in status, status
-    _by_css(browser, "#state")[0].send_keys("succeeded")  # a filter: no running row
-    wait_for(lambda: not _by_css(browser, box_row), what="the filter to hide the running job")
+    by_css(browser, "#state")[0].send_keys("succeeded")  # a filter: no running row
+    wait_for(lambda: not by_css(browser, box_row), what="the filter to hide the running job")
     assert "state=succeeded" in browser.current_url
 
 
 def _loss_shown(browser: WebDriver, row: str) -> bool:
-    cells = _by_css(browser, f"{row} td.loss")
+    cells = by_css(browser, f"{row} td.loss")
     return bool(cells) and cells[0].text not in ("", "-")
 
 
 def test_a_line_the_job_prints_appears_in_its_page(browser: WebDriver, ui: UiServer, boxes: Boxes) -> None:
     browser.get(f"{ui.base}/job/box/{boxes.box_job}")
     wait_for(lambda: "loss=" in _log(browser), timeout=30, what="the log")
-    title = _by_css(browser, "#title")[0]
+    title = by_css(browser, "#title")[0]
     wait_for(lambda: title.text.startswith(f"job {boxes.box_job} there running"), what="its record")  # its own feed
     mark = f"mark-{uuid.uuid4().hex}"
     printed = time.monotonic()
@@ -143,7 +137,7 @@ def test_the_chart_grows_as_the_job_prints_losses(browser: WebDriver, ui: UiServ
     browser.get(f"{ui.base}/job/local/{boxes.local_job}")
     first = wait_for(lambda: _points(browser), timeout=30, what="the chart's first points")
     wait_for(lambda: _points(browser) >= first + 5, timeout=20, what="the chart to grow")
-    assert _by_css(browser, "#chart canvas"), "uPlot drew the chart"
+    assert by_css(browser, "#chart canvas"), "uPlot drew the chart"
     console = browser.get_log("browser")  # type: ignore[no-untyped-call]  # selenium leaves it untyped
     errors = [entry["message"] for entry in console if entry["level"] == "SEVERE"]
     assert not errors, errors
@@ -159,7 +153,7 @@ def test_the_log_filter_runs_on_the_box(browser: WebDriver, ui: UiServer, boxes:
     wait_for(lambda: "step 19 " in _log(browser), timeout=30, what="the filtered log")
     steps = [int(line.split()[1]) for line in _log(browser).splitlines()]
     assert steps == list(range(10, 20)), steps
-    field = _by_css(browser, "#grep")[0].get_attribute("value")
+    field = by_css(browser, "#grep")[0].get_attribute("value")
     assert field == "^step 1[0-9] loss", field
 
 
@@ -167,12 +161,12 @@ def test_cancel_from_the_page_cancels_the_job(browser: WebDriver, ui: UiServer, 
     write_script(tmp_path, "sleeper.py", "import time\nprint('loss 1.0', flush=True)\ntime.sleep(600)\n")
     job = boxes.local.submit(str(tmp_path / "sleeper.py"))
     browser.get(f"{ui.base}/job/local/{job}")
-    wait_for(lambda: _by_css(browser, "#state") and _by_css(browser, "#state")[0].text == "running", timeout=30,
+    wait_for(lambda: by_css(browser, "#state") and by_css(browser, "#state")[0].text == "running", timeout=30,
              what="the job running in its page")  # fmt: skip
-    _by_css(browser, "#cancel")[0].click()
+    by_css(browser, "#cancel")[0].click()
     browser.switch_to.alert.accept()  # "Cancel job N on local?"
     wait_for(lambda: boxes.local.job(job)["state"] == "cancelled", timeout=30, what="the job cancelled")
-    wait_for(lambda: _by_css(browser, "#state")[0].text == "cancelled", timeout=10, what="the page to say so")
+    wait_for(lambda: by_css(browser, "#state")[0].text == "cancelled", timeout=10, what="the page to say so")
 
 
 # -- who may use it ----------------------------------------------------------------------------------------------
@@ -258,12 +252,12 @@ def test_a_box_that_cannot_be_reached_is_a_row_saying_why(browser: WebDriver, bo
         config.write_text(kept)
     try:
         browser.get(viewer.url)
-        wait_for(lambda: _by_css(browser, 'tr.down[data-box="gone"]'), timeout=30, what="the down box's row")
-        down = _by_css(browser, 'tr.down[data-box="gone"]')[0].text
+        wait_for(lambda: by_css(browser, 'tr.down[data-box="gone"]'), timeout=30, what="the down box's row")
+        down = by_css(browser, 'tr.down[data-box="gone"]')[0].text
         assert "down:" in down and "refused" in down.lower(), down
-        wait_for(lambda: _by_css(browser, f'tr[data-box="box"][data-id="{boxes.box_job}"]'), what="the other box's row")
-        assert not _by_css(browser, 'tr[data-box="local"]'), "--host all: the configured hosts, not this machine"
-        status = _by_css(browser, "#boxes")[0].text
+        wait_for(lambda: by_css(browser, f'tr[data-box="box"][data-id="{boxes.box_job}"]'), what="the other box's row")
+        assert not by_css(browser, 'tr[data-box="local"]'), "--host all: the configured hosts, not this machine"
+        status = by_css(browser, "#boxes")[0].text
         assert "gone: down" in status and "box: up" in status, status
     finally:
         viewer.stop()

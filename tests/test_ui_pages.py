@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from harness import Receiver, Sshd, Tfrun, remote_client, wait_for, write_script
 from harness.alerting import configure
-from harness.browser import UiServer, chromium, start_ui
+from harness.browser import UiServer, by_css, signed_in, start_ui
 
 if TYPE_CHECKING:
     from selenium.webdriver import Chrome as WebDriver
-    from selenium.webdriver.remote.webelement import WebElement
 
 pytestmark = [pytest.mark.ssh, pytest.mark.browser, pytest.mark.slow]
 
@@ -100,13 +99,8 @@ def ui(boxes: Boxes) -> Iterator[UiServer]:
 
 @pytest.fixture(scope="module")
 def browser(ui: UiServer) -> Iterator[WebDriver]:
-    with chromium() as driver:
-        driver.get(ui.url)  # the key, once: exchanged for the cookie
+    with signed_in(ui) as driver:
         yield driver
-
-
-def _by_css(driver: WebDriver, css: str) -> list[WebElement]:
-    return driver.find_elements("css selector", css)
 
 
 def _series(browser: WebDriver) -> list[int]:
@@ -120,8 +114,8 @@ def test_compare_shows_the_array_s_two_curves(browser: WebDriver, ui: UiServer, 
     first, second = boxes.tasks
     browser.get(ui.base + "/")
     link = f'tr[data-box="local"][data-id="{first}"] a.compare-array'
-    wait_for(lambda: _by_css(browser, link), timeout=30, what="the array's compare link")
-    _by_css(browser, link)[0].click()
+    wait_for(lambda: by_css(browser, link), timeout=30, what="the array's compare link")
+    by_css(browser, link)[0].click()
     wait_for(lambda: _series(browser) == [STEPS, STEPS], timeout=30, what="both tasks' losses in the chart")
     assert browser.current_url == f"{ui.base}/compare?jobs=local:{first},local:{second}&metric=loss"
     rows = _table(browser)
@@ -133,7 +127,7 @@ def test_compare_shows_the_array_s_two_curves(browser: WebDriver, ui: UiServer, 
     wait_for(lambda: [row["lr"] for row in _table(browser)] == ["0.2", "0.1"], what="sorted by lr, descending")
     browser.get(f"{ui.base}/compare?jobs=local:{first},local:{second}&metric=val_accuracy&log=1&smooth=0.6")
     wait_for(lambda: _series(browser) == [STEPS // 5, STEPS // 5], timeout=30, what="the evaluations, log scale")
-    assert _by_css(browser, "#log")[0].is_selected() and _by_css(browser, "#metric")[0].get_attribute("value") == (
+    assert by_css(browser, "#log")[0].is_selected() and by_css(browser, "#metric")[0].get_attribute("value") == (
         "val_accuracy")  # fmt: skip
 
 
@@ -151,16 +145,16 @@ def test_compare_takes_the_jobs_ticked_and_says_what_it_cannot_show(
     browser.get(ui.base + "/")
     for job in (boxes.tasks[1], boxes.nan_job):
         tick = f'tr[data-box="local"][data-id="{job}"] input.pick'
-        wait_for(lambda: _by_css(browser, tick), timeout=30, what="the row's tick box")  # noqa: B023
-        _by_css(browser, tick)[0].click()
-    _by_css(browser, "#compare")[0].click()
+        wait_for(lambda: by_css(browser, tick), timeout=30, what="the row's tick box")  # noqa: B023
+        by_css(browser, tick)[0].click()
+    by_css(browser, "#compare")[0].click()
     wait_for(lambda: _series(browser) == [STEPS, 2], timeout=30, what="both jobs' losses (the NaN is no point)")
     assert f"jobs=local:{boxes.tasks[1]},local:{boxes.nan_job}" in browser.current_url
     first, second = boxes.tasks
     browser.get(f"{ui.base}/compare?jobs=local:{first},local:0{first},%20local:{second}")  # one job named twice
     wait_for(lambda: _series(browser) == [STEPS, STEPS], timeout=30, what="each job once, each its own curve")
     browser.get(f"{ui.base}/compare?jobs=nowhere:1")
-    notice = _by_css(browser, "#notice")[0]
+    notice = by_css(browser, "#notice")[0]
     wait_for(lambda: "no box 'nowhere' here" in notice.text, what="the refusal in words")
 
 
@@ -182,14 +176,14 @@ def test_compare_is_live_while_a_job_runs(browser: WebDriver, ui: UiServer, boxe
 def test_the_alerts_page_lists_a_nan_alert_with_its_delivery(browser: WebDriver, ui: UiServer, boxes: Boxes) -> None:
     browser.get(ui.base + "/alerts")
     item = f'li.alert[data-box="local"][data-job="{boxes.nan_job}"][data-rule="spike"]'
-    wait_for(lambda: _by_css(browser, f"{item} li[data-state=sent]"), timeout=30, what="the alert, delivered")
-    text = _by_css(browser, item)[0].text
+    wait_for(lambda: by_css(browser, f"{item} li[data-state=sent]"), timeout=30, what="the alert, delivered")
+    text = by_css(browser, item)[0].text
     assert "loss is nan at step 3" in text and f"sent json://127.0.0.1:{boxes.receiver.port}/*** at " in text, text
-    link = _by_css(browser, f"{item} a.where")[0]
+    link = by_css(browser, f"{item} a.where")[0]
     assert (
         link.get_attribute("href") == f"{ui.base}/job/local/{boxes.nan_job}" and link.text == f"local:{boxes.nan_job}"
     )
-    assert "box: up" in _by_css(browser, "#boxes")[0].text
+    assert "box: up" in by_css(browser, "#boxes")[0].text
     assert ui.request("GET", "/events/alerts", cookie=False).status == 403  # the new pages are behind the key too
 
 
@@ -198,17 +192,17 @@ def test_the_gpus_page_shows_each_box_s_gpus_and_the_job_holding_one(
 ) -> None:
     browser.get(ui.base + "/gpus")
     local = 'section[data-box="local"]'
-    wait_for(lambda: len(_by_css(browser, f"{local} table.gpus tbody tr")) == 2, what="the stand-in's two GPUs")
+    wait_for(lambda: len(by_css(browser, f"{local} table.gpus tbody tr")) == 2, what="the stand-in's two GPUs")
     held = boxes.local.job(boxes.holder)["gpus"]
-    row = _by_css(browser, f'{local} tr[data-device="{held[0]}"]')[0].text
+    row = by_css(browser, f'{local} tr[data-device="{held[0]}"]')[0].text
     assert f"job {boxes.holder} {HOLDER}" in row and "NVIDIA H200" in row, row
-    assert not _by_css(browser, f"{local} table i"), "a job's name is text, never markup"
-    assert "(21%)" in _by_css(browser, f'{local} tr[data-device="0"]')[0].text  # 30 of 141 GiB, as `tfrun gpus`
+    assert not by_css(browser, f"{local} table i"), "a job's name is text, never markup"
+    assert "(21%)" in by_css(browser, f'{local} tr[data-device="0"]')[0].text  # 30 of 141 GiB, as `tfrun gpus`
     box_state = 'section[data-box="box"] .state'
-    wait_for(lambda: _by_css(browser, box_state), timeout=30, what="the box's section")
-    assert _by_css(browser, box_state)[0].text == "no GPUs on this box (or none NVML can see)"
+    wait_for(lambda: by_css(browser, box_state), timeout=30, what="the box's section")
+    assert by_css(browser, box_state)[0].text == "no GPUs on this box (or none NVML can see)"
     chart = f'{local} [data-chart="memory"]'
-    wait_for(lambda: int(_by_css(browser, chart)[0].get_attribute("data-points") or 0) >= 3, timeout=10,
+    wait_for(lambda: int(by_css(browser, chart)[0].get_attribute("data-points") or 0) >= 3, timeout=10,
              what="the memory history to grow")  # fmt: skip
 
 
@@ -219,24 +213,24 @@ def test_a_job_page_charts_every_metric_and_lists_alerts_and_checkpoints(
     evaluation = '#eval-charts [data-metric="val_accuracy"]'
     wait_for(lambda: _points(browser, evaluation) == STEPS // 5, timeout=30, what="the evaluation's chart")
     assert _points(browser, '#train-charts [data-metric="accuracy"]') == STEPS
-    assert not _by_css(browser, '#train-charts [data-metric^="val_"]'), "evaluations apart from training metrics"
+    assert not by_css(browser, '#train-charts [data-metric^="val_"]'), "evaluations apart from training metrics"
     assert _points(browser, "#chart") == STEPS
-    wait_for(lambda: _by_css(browser, "#checkpoints tbody tr"), what="its checkpoints")
-    names = [row.get_attribute("data-name") for row in _by_css(browser, "#checkpoints tbody tr")]
+    wait_for(lambda: by_css(browser, "#checkpoints tbody tr"), what="its checkpoints")
+    names = [row.get_attribute("data-name") for row in by_css(browser, "#checkpoints tbody tr")]
     assert names == [f"ckpt-{step}" for step in range(STEPS, 0, -5)], names  # newest first, one row each
     rules = [alert["rule"] for alert in json.loads(boxes.local.ok("alerts", "--json", str(boxes.tasks[0])))]
-    wait_for(lambda: [item.get_attribute("data-rule") for item in _by_css(browser, "#alerts li.alert")] == rules,
+    wait_for(lambda: [item.get_attribute("data-rule") for item in by_css(browser, "#alerts li.alert")] == rules,
              what="its alerts, as `tfrun alerts` lists them")  # fmt: skip
     browser.get(f"{ui.base}/job/local/{boxes.nan_job}")
-    wait_for(lambda: _by_css(browser, '#alerts li.alert[data-rule="spike"] li[data-state="sent"]'), timeout=30,
+    wait_for(lambda: by_css(browser, '#alerts li.alert[data-rule="spike"] li[data-state="sent"]'), timeout=30,
              what="its alert, delivered")  # fmt: skip
-    assert _by_css(browser, "#nocheckpoints")[0].text == "no checkpoints"
+    assert by_css(browser, "#nocheckpoints")[0].text == "no checkpoints"
     errors = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]  # type: ignore[no-untyped-call]
     assert not errors, errors
 
 
 def _points(browser: WebDriver, css: str) -> int:
-    found = _by_css(browser, css)
+    found = by_css(browser, css)
     return int(found[0].get_attribute("data-points") or 0) if found else -1
 
 

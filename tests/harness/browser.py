@@ -45,6 +45,11 @@ def chromium() -> Iterator[Any]:
             browser.quit()
 
 
+def by_css(driver: Any, css: str) -> list[Any]:
+    """The elements `css` selects on the page as it is now."""
+    return list(driver.find_elements("css selector", css))
+
+
 @dataclass
 class Reply:
     status: int
@@ -107,3 +112,11 @@ def start_ui(env: dict[str, str], folder: Path, *args: str) -> UiServer:
     url = proc.stdout.readline().strip()
     assert url.startswith("http://127.0.0.1:"), stderr.read_text()
     return UiServer(proc, url, stderr)
+
+
+@contextlib.contextmanager
+def signed_in(ui: UiServer) -> Iterator[Any]:
+    """A browser given the UI's key once, which it exchanged for the cookie every later request needs."""
+    with chromium() as driver:
+        driver.get(ui.url)
+        yield driver
