@@ -32,7 +32,12 @@ def pool_options(command: F) -> F:
     return _host_options(command, pools=True)
 
 
-def _host_options(command: F, pools: bool) -> F:
+def every_box_options(command: F) -> F:
+    """`pool_options` for a verb that shows every box unless --host names some (`ui`): its help says so."""
+    return _host_options(command, pools=True, default="this machine's daemon and every configured host")
+
+
+def _host_options(command: F, pools: bool, default: str = "") -> F:
     @functools.wraps(command)
     def verb(*args: Any, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
@@ -60,8 +65,9 @@ def _host_options(command: F, pools: bool) -> F:
         metavar="HOST",
         callback=_set_target,
         shell_complete=complete_hosts_and_pools if pools else complete_hosts,
-        help=f"The box: a configured host (tfrun hosts list), or user@host[:port]{pool_help}. Default: the "
-        "configured default host, else the daemon on this machine ('local').",
+        help=f"The box: a configured host (tfrun hosts list), or user@host[:port]{pool_help}. Default: "
+        + (default or "the configured default host, else the daemon on this machine ('local')")
+        + ".",
     )(verb)
     return verb  # type: ignore[return-value]
 

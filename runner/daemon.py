@@ -50,6 +50,7 @@ from tfrun.runner.alerts.watch import Alerts
 from tfrun.runner.box import liveconfig
 from tfrun.runner.box.blobs import BlobStore, Spares
 from tfrun.runner.box.config import Config, ConfigError
+from tfrun.runner.box.gpuhistory import GpuHistory
 from tfrun.runner.box.gpus import device_ids
 from tfrun.runner.executors.executor import Executor
 from tfrun.runner.executors.local import LocalExecutor
@@ -202,12 +203,15 @@ class Daemon:
         watch = asyncio.create_task(self.alerts.run(self.log_growth))
         outbox = asyncio.create_task(self.outbox.run())
         home = asyncio.create_task(self._watch_home())
+        # each job's GPUs over its life; none sampled where Slurm places jobs (this NVML does not see theirs)
+        held = lambda: {} if self.runs.executor.places_jobs() else self.scheduler.held()  # noqa: E731
+        gpu_use = asyncio.create_task(GpuHistory(held, self.store).run())
         log.info("tfrund %s (pid %d) serving %s", tfrun.__version__, os.getpid(), socket_path)
         try:
             await self._stopping.wait()
         finally:
             server.close()
-            for task in (monitor, watch, outbox, home):
+            for task in (monitor, watch, outbox, home, gpu_use):
                 task.cancel()
             self.log_growth.stop()
             self.heavy.shutdown(wait=False)

@@ -13,6 +13,7 @@ from harness.metriclogs import KERAS_LOGS, LIGHTNING, brief, feed_in_pieces, sam
 from harness.paths import DATA
 
 from tfrun.runner.metrics import LogMetrics, PatternError, training_loss
+from tfrun.runner.metrics.jobmetrics import read_metrics
 
 # LogMetrics: user patterns
 
@@ -91,7 +92,6 @@ def test_training_loss_picks_the_loss_to_watch() -> None:
 def test_tfrun_metrics_shows_a_step_read_from_the_log_once_its_last_value_winning(tmp_path: Path) -> None:
     """Lines the watch appended at one step (a training loss, then the evaluation placed at the step training got
     to, then that evaluation's value as the log printed it again) are one sample, as a terminal shows the last."""
-    from tfrun.runner.metrics.jobmetrics import read_metrics
 
     lines = [
         {"step": 100, "time": 1.0, "loss": 2.3},
@@ -100,10 +100,29 @@ def test_tfrun_metrics_shows_a_step_read_from_the_log_once_its_last_value_winnin
         {"step": 200, "time": 4.0, "loss": 2.1},
     ]
     (tmp_path / "logmetrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    source, samples = read_metrics(tmp_path, None)
+    source, samples, _ = read_metrics(tmp_path, None)
     assert source == "log"
     assert [(s.step, s.values, s.time) for s in samples] == [
         (100, {"loss": 2.3, "eval_loss": 2.4}, 3.0),
         (200, {"loss": 2.1}, 4.0),
     ]
     assert [s.step for s in read_metrics(tmp_path, 1)[1]] == [200]
+
+
+def test_a_cursor_reads_only_the_lines_written_since_and_never_half_a_line(tmp_path: Path) -> None:
+    """A chart's page asks each second: the daemon reads from where its last reply ended (GetMetrics.cursor),
+    a line the job is still writing is read again once whole, and a cursor of another file reads from the start."""
+    path = tmp_path / "logmetrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')
+    _, samples, cursor = read_metrics(tmp_path, None)
+    assert [s.step for s in samples] == [1, 2]
+    whole = len('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n')
+    assert cursor == f"log@{whole}"
+    with open(path, "a") as f:
+        f.write('ss": 1.2}\n{"step": 4, "loss": 1.1}\n')
+    _, samples, later = read_metrics(tmp_path, None, cursor=cursor)
+    assert [(s.step, s.values) for s in samples] == [(3, {"loss": 1.2}), (4, {"loss": 1.1})]
+    assert later == f"log@{path.stat().st_size}"
+    assert read_metrics(tmp_path, None, cursor=later)[1] == []
+    for elsewhere in ("callback@10", f"log@{path.stat().st_size + 1}", "log@-5", "nonsense"):
+        assert [s.step for s in read_metrics(tmp_path, None, cursor=elsewhere)[1]] == [1, 2, 3, 4], elsewhere

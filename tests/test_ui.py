@@ -8,7 +8,9 @@ Two boxes: this machine's daemon and one reached through the tests' sshd (anothe
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,6 +23,8 @@ from harness import Sshd, Tfrun, free_port, remote_client, wait_for, write_scrip
 from harness.browser import UiServer, by_css, signed_in, start_ui
 from harness.otheruser import OtherUser, mallory  # noqa: F401
 from harness.relay import Relay
+
+from tfrun.protocol.wire import PROTOCOL_VERSION, Hello, encode
 
 if TYPE_CHECKING:
     from selenium.webdriver import Chrome as WebDriver
@@ -227,6 +231,13 @@ def test_read_only_offers_no_action(boxes: Boxes) -> None:
         viewer.stop()
 
 
+def test_its_help_says_every_box_is_shown_without_host(boxes: Boxes) -> None:
+    """`--host`'s help is shared by the verbs; ui's default is every box, not the default host's."""
+    shown = " ".join(boxes.local.ok("ui", "--help").split())
+    assert "Default: this machine's daemon and every configured host." in shown, shown
+    assert "Default: the configured default host" in " ".join(boxes.local.ok("ps", "--help").split())
+
+
 @pytest.mark.root
 def test_another_user_is_refused_at_the_port(ui: UiServer, mallory: OtherUser) -> None:  # noqa: F811
     """mallory has the URL, key and all (a shoulder surfed): her connection is closed unheard, and told once."""
@@ -261,6 +272,42 @@ def test_a_box_that_cannot_be_reached_is_a_row_saying_why(browser: WebDriver, bo
         assert "gone: down" in status and "box: up" in status, status
     finally:
         viewer.stop()
+
+
+def test_a_daemon_of_an_older_tfrun_is_a_row_naming_its_version_and_the_way_out(
+    browser: WebDriver, boxes: Boxes, tmp_path: Path
+) -> None:
+    """What answers on a box's socket speaks an older protocol: its row says which tfrund it is and how to
+    upgrade, in the words the CLI prints, and the page asks it nothing more than a hello."""
+    old = Tfrun(tmp_path / "old-home", client_home=boxes.folder / "client-home")
+    (old.home / "run").mkdir(parents=True, mode=0o700)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(old.home / "run" / "tfrund.sock"))
+    listener.listen()
+    heard: list[bytes] = []
+
+    def answer() -> None:  # each connection: its first frame heard, an older daemon's hello answered
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                heard.append(conn.makefile("rb").readline())
+                conn.sendall(encode(Hello(protocol=PROTOCOL_VERSION - 1, version="0.0.9", role="daemon")))
+
+    threading.Thread(target=answer, daemon=True).start()
+    viewer = start_ui(old.env, tmp_path, "--host", "local")
+    try:
+        browser.get(viewer.url)
+        wait_for(lambda: by_css(browser, 'tr.down[data-box="local"]'), timeout=30, what="the old daemon's row")
+        down = by_css(browser, 'tr.down[data-box="local"]')[0].text
+        assert f"tfrund 0.0.9 speaks protocol {PROTOCOL_VERSION - 1}" in down, down
+        assert "pip install -U tfrun" in down and "tfrund stop" in down, down
+        assert heard and all(b'"type":"hello"' in frame for frame in heard), heard
+    finally:
+        viewer.stop()
+        listener.close()
 
 
 def test_the_page_resumes_by_itself_after_the_link_froze(browser: WebDriver, ui: UiServer, boxes: Boxes) -> None:

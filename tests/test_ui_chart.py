@@ -44,11 +44,14 @@ def test_thinning_keeps_each_ranges_ends_extremes_and_gaps() -> None:
 
 @pytest.fixture(scope="module")
 def long_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Tfrun, int, Path]]:
+    """A job of STEPS steps, ended (and a short one after it, job + 1, to compare it with)."""
     folder = tmp_path_factory.mktemp("ui-chart")
     tf = Tfrun(folder / "home")
     try:
         write_script(folder, "points.py", _POINTS)
+        write_script(folder, "short.py", "for i in range(10):\n    print(f'step {i} loss={2 - i / 10}')\n")
         job = tf.submit(str(folder / "points.py"))
+        tf.ok("wait", str(tf.submit(str(folder / "short.py"))))
         tf.ok("wait", str(job))
         yield tf, job, folder
     finally:
@@ -80,6 +83,33 @@ def test_a_chart_of_100000_steps_draws_its_end_and_zooms_to_real_points(long_job
         ui.stop()
 
 
+@pytest.mark.browser
+@pytest.mark.slow
+def test_compare_zooms_each_thinned_job_to_its_real_points(long_job: tuple[Tfrun, int, Path]) -> None:
+    """The Compare page's first draw of a long job is thinned as its own page's is; a zoom asks for the real
+    samples of the steps shown, and keeps its zoom as the others' points come."""
+    tf, job, folder = long_job
+    ui = start_ui(tf.env, folder, "--host", "local")
+    try:
+        with chromium() as browser:
+            browser.get(ui.url)
+            browser.get(f"{ui.base}/compare?jobs=local:{job},local:{job + 1}")
+            ready = f"return typeof chart !== 'undefined' && chart && chart.data[0].at(-1) === {STEPS - 1}"
+            wait_for(lambda: browser.execute_script(ready), timeout=30, what="both jobs in the chart")
+            steps, _, short = browser.execute_script("return chart.data")
+            assert len(steps) < STEPS / 10, "the first draw is thinned"
+            assert [loss for loss in short if loss is not None] == [2 - i / 10 for i in range(10)]
+            browser.execute_script("chart.setScale('x', {min: 49990, max: 50100})")
+            pairs = "return chart.data[0].map((step, i) => [step, chart.data[1][i]])"
+            wait_for(lambda: len(_between(browser.execute_script(pairs), 49990, 50100)) == 111, timeout=20,
+                     what="the zoom's every step")  # fmt: skip
+            for step, loss in _between(browser.execute_script(pairs), 49990, 50100):
+                assert loss is None if step == 50000 else loss == float(f"{1 / (step + 1):.6f}"), (step, loss)
+            assert browser.execute_script("return [chart.scales.x.min, chart.scales.x.max]") == [49990, 50100]
+    finally:
+        ui.stop()
+
+
 def _last(browser: WebDriver) -> object:
     """The chart's last step and its loss, once the chart is drawn."""
     return browser.execute_script(
@@ -91,4 +121,8 @@ def _last(browser: WebDriver) -> object:
 def _shown(browser: WebDriver, low: int, high: int) -> list[tuple[int, object]]:
     """The chart's (step, loss) from `low` to `high` steps."""
     steps, losses = browser.execute_script(f"return {_CHART}")
-    return [(step, loss) for step, loss in zip(steps, losses) if low <= step <= high]
+    return _between(list(zip(steps, losses)), low, high)
+
+
+def _between(points: list[tuple[int, object]], low: int, high: int) -> list[tuple[int, object]]:
+    return [(step, value) for step, value in points if low <= step <= high]

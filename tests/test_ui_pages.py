@@ -206,6 +206,30 @@ def test_the_gpus_page_shows_each_box_s_gpus_and_the_job_holding_one(
              what="the memory history to grow")  # fmt: skip
 
 
+def test_a_job_page_charts_its_gpus_memory_and_load_over_its_life(
+    browser: WebDriver, ui: UiServer, boxes: Boxes
+) -> None:
+    """The daemon samples the GPUs a job holds into its folder (runner/box/gpuhistory.py); its page charts
+    them by time with the peak, which is what the next run's memory is sized by."""
+    device = boxes.local.job(boxes.holder)["gpus"][0]
+    browser.get(f"{ui.base}/job/local/{boxes.holder}")
+    wait_for(lambda: _points(browser, "#gpu-memory") >= 2, timeout=30, what="two samples of the held GPU")
+    assert _points(browser, "#gpu-load") == _points(browser, "#gpu-memory")
+    used = (30 + int(device)) * GIB / 1e9  # the stand-in's figures for that GPU, in `tfrun gpus`' units
+    assert (
+        by_css(browser, "#gpu-peak")[0].text == f"GPU {device}: peak memory {used:.1f} GB of {141 * GIB / 1e9:.1f} GB"
+    )
+    loads = browser.execute_script("return gpuCharts['gpu-load'].plot.data[1].filter((v) => v != null)")
+    assert set(loads) == {40 + int(device)}
+    samples = [json.loads(line) for line in (boxes.local.job_dir(boxes.holder) / "gpus.jsonl").read_text().splitlines()]
+    assert {sample["device"] for sample in samples} == {device}, "only the GPU the job holds"
+    for other in (boxes.tasks[0], boxes.nan_job):  # jobs that hold none: no samples, no section
+        assert not (boxes.local.job_dir(other) / "gpus.jsonl").exists()
+    browser.get(f"{ui.base}/job/local/{boxes.tasks[0]}")
+    wait_for(lambda: _points(browser, "#chart") > 0, timeout=30, what="the task's page")
+    assert not by_css(browser, "#gpu-section")[0].is_displayed()
+
+
 def test_a_job_page_charts_every_metric_and_lists_alerts_and_checkpoints(
     browser: WebDriver, ui: UiServer, boxes: Boxes
 ) -> None:

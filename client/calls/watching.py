@@ -10,9 +10,11 @@ from tfrun.protocol.watching import (
     AlertList,
     Delivery,
     ExplainMetrics,
+    GetGpuUse,
     GetMetrics,
     Gpu,
     GpuList,
+    GpuUseReply,
     ListAlerts,
     ListGpus,
     MetricsExplained,
@@ -36,11 +38,19 @@ def notify_test(url: Optional[str] = None) -> Call[NotifyReport, list[Delivery]]
 
 def metrics(
     job: str, last: Optional[int] = None, after: Optional[int] = None, upto: Optional[int] = None,
-    buckets: Optional[int] = None,
+    buckets: Optional[int] = None, cursor: Optional[str] = None,
 ) -> Call[MetricsReply, MetricsReply]:  # fmt: skip
     """The job's metrics by step (the last `last` samples, or all; above step `after` and up to `upto`;
-    thinned to a chart of `buckets` pixels: GetMetrics) and where they were read from."""
-    return Call(GetMetrics(job=job, last=last, after=after, upto=upto, buckets=buckets), whole)
+    thinned to a chart of `buckets` pixels; written since the reply whose `cursor` this is: GetMetrics) and
+    where they were read from."""
+    asked = GetMetrics(job=job, last=last, after=after, upto=upto, buckets=buckets, cursor=cursor)
+    return Call(asked, whole)
+
+
+def gpu_use(job: str, since: int = 0, buckets: Optional[int] = None) -> Call[GpuUseReply, GpuUseReply]:
+    """The memory and load of the GPUs the job held, sampled by its daemon: those written since byte `since`
+    (a reply's `next`), thinned to `buckets` ranges of time where they are more (GetGpuUse)."""
+    return Call(GetGpuUse(job=job, since=since, buckets=buckets), whole)
 
 
 def explain_metrics(job: str, lines: int = 30) -> Call[MetricsExplained, MetricsExplained]:

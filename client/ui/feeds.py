@@ -130,17 +130,20 @@ class JobsFeed(Feed):
 class JobFeed(Feed):
     """A job's record and its metrics by step: each second while it runs, the record and the samples past the
     last step seen, on one connection (`points` events: a page's chart grows by them); its alerts and
-    checkpoints every EXTRAS_EVERY_S (`extras`). The first look asks for the samples thinned to a chart's
-    CHART_BUCKETS (100,000 steps would be 7 MB through the box's link and a second of tfrund's): the page asks
-    a zoom's own (`zoomed`). The whole history is kept for a reader that joins."""
+    checkpoints every EXTRAS_EVERY_S (`extras`), and the samples of its GPUs' memory and load (`gpus`). The
+    first look asks for the samples thinned to a chart's CHART_BUCKETS (100,000 steps would be 7 MB through the
+    box's link and a second of tfrund's): the page asks a zoom's own (`zoomed`). The whole history is kept for
+    a reader that joins."""
 
     def __init__(self, box: Box, job: int) -> None:
         super().__init__(kept=None)
         self.box = box
         self.job = job
         self.newest: Optional[int] = None  # the last step seen
+        self.cursor: Optional[str] = None  # where the daemon's last read of the metrics ended (GetMetrics.cursor)
         self.extras: Optional[dict[str, Any]] = None
         self.extras_at = -EXTRAS_EVERY_S
+        self.gpu_since: Optional[int] = None  # where the next read of the GPUs' samples starts (GetGpuUse.since)
 
     async def run(self) -> None:
         last = None
@@ -153,16 +156,22 @@ class JobFeed(Feed):
             final = job.state in JobState.FINAL
             if final or time.monotonic() - self.extras_at >= EXTRAS_EVERY_S:
                 await self._extras()
+                if job.gpus:
+                    await self._gpu_use()
             if final:
                 return
             await asyncio.sleep(JOB_EVERY_S)
 
     async def _look(self, channel: Channel) -> tuple[Job, MetricsReply]:
-        """The record, and the samples past the last step seen (thinned, the first time)."""
+        """The record, and the samples past the last step seen (thinned, the first time), read by the daemon
+        from where its last read ended: a look costs a running job's new lines, not its whole history."""
         job = await job_calls.job(str(self.job)).on(channel)
         first = self.newest is None
-        asked = watch_calls.metrics(str(self.job), after=self.newest, buckets=CHART_BUCKETS if first else None)
-        return job, await asked.on(channel)
+        buckets = CHART_BUCKETS if first else None
+        asked = watch_calls.metrics(str(self.job), after=self.newest, buckets=buckets, cursor=self.cursor)
+        reply = await asked.on(channel)
+        self.cursor = reply.cursor
+        return job, reply
 
     def _points(self, reply: MetricsReply) -> None:
         """A `points` event of the samples new here (a daemon before GetMetrics.after sends all of them)."""
@@ -180,6 +189,17 @@ class JobFeed(Feed):
             self.events = deque((event for event in self.events if event[1] != "extras"), maxlen=self.events.maxlen)
             self.publish("extras", found)
             self.extras = found
+
+    async def _gpu_use(self) -> None:
+        """A `gpus` event of the job's GPU samples new since the last (thinned to a chart the first time)."""
+        first = self.gpu_since is None
+        asked = watch_calls.gpu_use(str(self.job), self.gpu_since or 0, buckets=CHART_BUCKETS if first else None)
+        reply = await self.box.ask(asked.on)
+        self.gpu_since = reply.next
+        if reply.samples:
+            shown = [{"time": s.time, "device": s.device, "used": s.used, "total": s.total, "load": s.load}
+                     for s in reply.samples]  # fmt: skip
+            self.publish("gpus", {"samples": shown, "thinned": reply.thinned})
 
 
 def columns(samples: Sequence[MetricSample], thinned: bool) -> dict[str, Any]:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@hostoptions.pool_options
+@hostoptions.every_box_options
 @click.option("--port", type=click.IntRange(0, 65535), default=0, metavar="PORT",
               help="The local port to serve on, 127.0.0.1 only (default: any free one).")  # fmt: skip
 @click.option("--open", "open_browser", is_flag=True, help="Open the page in a web browser.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from tfrun.constants import (
     FOLLOW_POLL_S,
@@ -15,9 +15,11 @@ from tfrun.constants import (
 from tfrun.protocol.watching import (
     AlertList,
     ExplainMetrics,
+    GetGpuUse,
     GetMetrics,
     Gpu,
     GpuList,
+    GpuUseReply,
     ListAlerts,
     ListGpus,
     MetricSample,
@@ -29,6 +31,7 @@ from tfrun.protocol.watching import (
     TopReply,
 )
 from tfrun.runner.alerts.outbox import diagnose, usable
+from tfrun.runner.box.gpuhistory import read_gpu_use
 from tfrun.runner.box.gpus import held_outside, read_gpu_memory
 from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
 from tfrun.runner.metrics import PatternError as MetricPatternError
@@ -85,17 +88,25 @@ async def get_metrics(daemon: Context, req: GetMetrics, conn: Connection) -> Non
     daemon.alerts.keep_now(row.id)  # the samples read so far, not only those kept every KEEP_EVERY_S
     last = min(req.last or MAX_METRIC_SAMPLES, MAX_METRIC_SAMPLES)
     work = functools.partial(_metrics_asked, Path(row.job_dir), last, req)
-    source, samples, thin = await asyncio.get_running_loop().run_in_executor(None, work)
-    await conn.send(MetricsReply(source=source, samples=samples, thinned=thin))
+    source, samples, thin, cursor = await asyncio.get_running_loop().run_in_executor(None, work)
+    await conn.send(MetricsReply(source=source, samples=samples, thinned=thin, cursor=cursor))
 
 
-def _metrics_asked(job_dir: Path, last: int, req: GetMetrics) -> tuple[str, list[MetricSample], bool]:
+def _metrics_asked(job_dir: Path, last: int, req: GetMetrics) -> tuple[str, list[MetricSample], bool, Optional[str]]:
     """The samples `req` asks for, thinned to its `buckets` where they are more than a chart draws (a sample
     a bucket's first, last, each metric's lowest and highest: up to four times as many as a one-metric chart's
     buckets), and whether they were: in a thread, as thinning 100,000 samples takes a tenth of a second."""
-    source, samples = read_metrics(job_dir, last, req.after, req.upto)
+    source, samples, cursor = read_metrics(job_dir, last, req.after, req.upto, req.cursor)
     thin = req.buckets is not None and len(samples) > 4 * req.buckets
-    return source, thinned(samples, req.buckets) if thin and req.buckets else samples, thin
+    return source, thinned(samples, req.buckets) if thin and req.buckets else samples, thin, cursor
+
+
+@handles(GetGpuUse)
+async def get_gpu_use(daemon: Context, req: GetGpuUse, conn: Connection) -> None:
+    row = find(daemon, req.job)
+    work = functools.partial(read_gpu_use, Path(row.job_dir), req.since, req.buckets)
+    samples, after, thin = await asyncio.get_running_loop().run_in_executor(None, work)
+    await conn.send(GpuUseReply(samples=samples, next=after, thinned=thin))
 
 
 @handles(ExplainMetrics)

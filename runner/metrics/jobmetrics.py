@@ -97,17 +97,30 @@ def callback_losses(path: str, offset: int, limit: int) -> Optional[tuple[int, l
 
 
 def read_metrics(
-    job_dir: Path, last: Optional[int], after: Optional[int] = None, upto: Optional[int] = None
-) -> tuple[str, list[MetricSample]]:
+    job_dir: Path,
+    last: Optional[int],
+    after: Optional[int] = None,
+    upto: Optional[int] = None,
+    cursor: Optional[str] = None,
+) -> tuple[str, list[MetricSample], Optional[str]]:
     """A job's metrics for `tfrun metrics` and charts: its own metrics.jsonl when it wrote one, else what was
     read from its log, one sample a step; the last `last` samples of those at steps above `after`, up to
-    `upto` (a chart's new points, a zoom's)."""
+    `upto` (a chart's new points, a zoom's). `cursor`, a reply's own, reads only the lines written since that
+    reply (a chart's page asks each second: reading the whole file each time cost tfrund 130 ms a look at
+    36,000 steps); the cursor returned is where the next read starts (the source, and the byte after the
+    last whole line read)."""
     for source, name in (("callback", jobdir.METRICS), ("log", jobdir.LOG_METRICS)):
         path = job_dir / name
         if path.exists() and path.stat().st_size:
             samples: list[MetricSample] = []
             with open(path, "rb") as f:
-                for line in _lines_until(f, os.fstat(f.fileno()).st_size):
+                size = os.fstat(f.fileno()).st_size
+                start = _resumed_at(cursor, source, size)
+                f.seek(start)
+                whole = start
+                for line in _lines_until(f, size - start):
+                    if line.endswith(b"\n"):  # a line still being written is read again next time
+                        whole += len(line)
                     sample = _sample(line)
                     if sample is None:
                         continue
@@ -117,8 +130,16 @@ def read_metrics(
                         samples.append(sample)
             if after is not None or upto is not None:
                 samples = [s for s in samples if (after is None or s.step > after) and (upto is None or s.step <= upto)]
-            return source, samples[-last:] if last else samples
-    return "none", []
+            return source, samples[-last:] if last else samples, f"{source}@{whole}"
+    return "none", [], None
+
+
+def _resumed_at(cursor: Optional[str], source: str, size: int) -> int:
+    """The byte a read of `source` starts at: where `cursor` says the last one ended, if it names this source
+    and a place within the file; else its start (a cursor of the log's when the job's own metrics.jsonl has
+    appeared since, one from a file replaced, or none)."""
+    named, _, at = (cursor or "").partition("@")
+    return int(at) if named == source and at.isdigit() and len(at) <= 19 and int(at) <= size else 0
 
 
 def thinned(samples: list[MetricSample], buckets: int) -> list[MetricSample]:

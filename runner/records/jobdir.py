@@ -16,6 +16,7 @@ Standard library only, and no typing at run time: the shim imports this.
     shim.log      the shim's own complaints, if any
     metrics.jsonl per-step metrics the job writes through tfrun.jobs (TFRUN_METRICS_FILE)
     logmetrics.jsonl  metrics the daemon read from the log, for jobs that write no metrics.jsonl
+    gpus.jsonl    the memory and load of the GPUs the job holds, sampled by the daemon (runner/box/gpuhistory.py)
 
 Every JSON file is written to a temporary name and renamed, so a reader sees all of it or nothing. The
 records' keys are defined once, by the TypedDicts below (mypy checks each use); what a reader gets is a
@@ -88,6 +89,7 @@ LAUNCH = "spec.json"  # the launch record (the file keeps the name older tfrunds
 FILES = "files.json"
 METRICS = "metrics.jsonl"
 LOG_METRICS = "logmetrics.jsonl"
+GPU_USE = "gpus.jsonl"
 TENSORBOARD = (
     "tensorboard"  # TFRUN_TENSORBOARD_DIR: the job's TensorBoard runs (runner/metrics/eventfile.py writes one)
 )

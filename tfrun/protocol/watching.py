@@ -9,10 +9,11 @@ from tfrun.constants import (
     MAX_ALERTS,
     MAX_INT64,
     MAX_METRIC_BUCKETS,
+    MAX_NAME,
     MAX_TOP_LOSSES,
     MAX_TOP_RECENT,
 )
-from tfrun.protocol.fields import JobRef, Range, Reading, Text
+from tfrun.protocol.fields import JobRef, Limit, Range, Reading, Text
 from tfrun.protocol.jobs import Job
 from tfrun.protocol.wire import Message, Request, tagged
 
@@ -58,6 +59,18 @@ class Gpu:
 
 
 @dataclass
+class GpuUse:
+    """A GPU a job held, sampled by its daemon (runner/box/gpuhistory.py): when, which, its memory in use and
+    in all (bytes) and its load (percent; None where NVML did not say)."""
+
+    time: float
+    device: str
+    used: int
+    total: int
+    load: Optional[int] = None
+
+
+@dataclass
 class MetricSample:
     """Metrics at one step of a job: from the tfrun.jobs callback (exact) or read from its log."""
 
@@ -99,6 +112,18 @@ class MetricsReply(Message):
     source: str
     samples: list[MetricSample]
     thinned: bool = False  # some samples of the steps asked were left out (GetMetrics.buckets)
+    cursor: Optional[str] = None  # where this read ended, for the next's GetMetrics.cursor
+
+
+@tagged("gpu_use")
+@dataclass
+class GpuUseReply(Message):
+    """`next`: the byte of the job's samples file the next GetGpuUse starts at; `thinned`: some samples of
+    the time asked were left out (GetGpuUse.buckets)."""
+
+    samples: list[GpuUse]
+    next: int = 0
+    thinned: bool = False
 
 
 @tagged("metrics_explained")
@@ -150,14 +175,16 @@ class GetMetrics(Request[MetricsReply]):
     """A job's metrics, the last `last` samples (all when None) of those at steps above `after` and up to
     `upto`; with `buckets`, thinned to what a chart of that many pixels draws: of each of `buckets` equal
     ranges of steps, its first and last sample and, of each metric, the sample of its lowest, its highest and
-    its first non-finite value (real samples, none made up). Answered by `MetricsReply`. A daemon before these
-    three ignores them and answers every sample."""
+    its first non-finite value (real samples, none made up); with `cursor` (a `MetricsReply`'s), of the lines
+    written since that reply only (a cursor that names another file, or a place past its end, reads from the
+    start). Answered by `MetricsReply`. A daemon before these four ignores them and answers every sample."""
 
     job: JobRef
     last: Optional[Annotated[int, Range(1, MAX_INT64)]] = None
     after: Optional[Annotated[int, Range(-MAX_INT64, MAX_INT64)]] = None
     upto: Optional[Annotated[int, Range(-MAX_INT64, MAX_INT64)]] = None
     buckets: Optional[Annotated[int, Range(1, MAX_METRIC_BUCKETS)]] = None
+    cursor: Optional[Annotated[Text, Limit(chars=MAX_NAME)]] = None
 
 
 @tagged("explain_metrics")
@@ -168,6 +195,18 @@ class ExplainMetrics(Request[MetricsExplained]):
 
     job: JobRef
     lines: Annotated[int, Range(1, 1000)] = 30
+
+
+@tagged("get_gpu_use")
+@dataclass
+class GetGpuUse(Request[GpuUseReply]):
+    """The memory and load of the GPUs a job held over its life, as its daemon sampled them: those written at
+    or after byte `since` of its samples file (a reply's `next`: only the new ones), thinned with `buckets` to
+    each GPU's first sample and its peaks of memory and load in each of that many ranges of time."""
+
+    job: JobRef
+    since: Annotated[int, Range(0, MAX_INT64)] = 0
+    buckets: Optional[Annotated[int, Range(1, MAX_METRIC_BUCKETS)]] = None
 
 
 @tagged("list_gpus")

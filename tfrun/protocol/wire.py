@@ -20,7 +20,9 @@ from tfrun.protocol.fields import UTF8, BadValue, Limit, Text, bytes_field, chec
 from tfrun.shorten import shorten
 
 # Bump on any change a peer of the previous version would misread. Both sides refuse a mismatch.
-PROTOCOL_VERSION = 4  # 4: GetDaemonKey and a hello's proof, CheckService, the no_room error: a daemon of 3 knows none
+# 5: GetGpuUse, GetMetrics' cursor/after/upto/buckets, ListJobs' before/states/match: a daemon of 4 would
+# refuse the first and answer the others as if unasked. 4: GetDaemonKey and a hello's proof, CheckService, no_room.
+PROTOCOL_VERSION = 5
 
 
 class ProtocolError(Exception):

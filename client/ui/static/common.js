@@ -97,11 +97,17 @@ function alertItem(alert, withJob) {
 // The colours of a chart's lines, one a series in turn (uPlot's own default is one black for all).
 const PALETTE = ["#06c", "#c60", "#0a6", "#a3c", "#c22", "#088", "#777", "#a80", "#36a", "#6a3"];
 
-// New samples of a job's metrics into `table` ({ steps, columns }), from a `points` event's columns: each
+// A job's samples as its charts take them: the steps, and each metric's value at each; `thinned`: steps between
+// these were left out for the first draw (client/ui/feeds.py), and a zoom asks for those it shows (`zoomInto`);
+// `zooming`: the zoom whose samples are being asked for.
+function newSamples() { return { steps: [], columns: new Map(), thinned: false, zooming: null }; }
+
+// New samples of a job's metrics into `table` (`newSamples`), from a `points` event's columns: each
 // metric's column grows by one value a step; undefined where the sample has none (the line runs on across it,
 // as an evaluation's every few steps), null where it was not a number (a gap the chart shows). The same arrays
 // each time, never copies, so a chart is handed them as they grow.
 function addSamples(table, points) {
+  table.thinned ||= Boolean(points.thinned);
   const index = table.steps.length, count = points.steps.length;
   table.steps.push(...points.steps);
   for (const [name, values] of Object.entries(points.columns)) {
@@ -114,3 +120,42 @@ function addSamples(table, points) {
 
 // A sample's value as a chart takes it: none (null in JSON) is undefined, not a number ("nan") a gap (null).
 function valueOf(value) { return value === null ? undefined : typeof value === "string" ? null : value; }
+
+// A chart of `table`'s samples zoomed in (or out: back to all its steps); whether it is zoomed. Where the
+// first draw was thinned, the samples of the steps now shown are asked of `url` (thinned again while more
+// than the chart's width) and merged in, then `done()`: a zoom far enough in shows every real point.
+function zoomInto(plot, table, url, done, failed) {
+  const scale = plot.scales.x, steps = table.steps;
+  if (scale.min == null || !steps.length) return false;
+  const zoomed = scale.min > steps[0] || scale.max < steps[steps.length - 1];
+  if (!zoomed || !table.thinned) return zoomed;
+  const after = Math.floor(scale.min) - 1, upto = Math.ceil(scale.max), asked = `${after}:${upto}`;
+  if (table.zooming === asked) return zoomed;
+  table.zooming = asked;
+  fetch(`${url}?after=${after}&upto=${upto}`).then((reply) => reply.json()).then((found) => {
+    if (table.zooming !== asked) return;
+    table.zooming = null;
+    if (found.ok) { mergeSamples(table, found); done(); } else failed(found.message);
+  });
+  return zoomed;
+}
+
+// A zoom's samples into `table`, in step order, each step once.
+function mergeSamples(table, points) {
+  const detail = newSamples();
+  addSamples(detail, points);
+  const names = new Set([...table.columns.keys(), ...detail.columns.keys()]);
+  const merged = { steps: [], columns: new Map([...names].map((name) => [name, []])) };
+  let i = 0, j = 0;
+  const take = (from, k) => {
+    merged.steps.push(from.steps[k]);
+    for (const name of names) merged.columns.get(name).push((from.columns.get(name) || [])[k]);
+  };
+  while (i < table.steps.length || j < detail.steps.length) {
+    const mine = table.steps[i], theirs = detail.steps[j];
+    if (j >= detail.steps.length || (i < table.steps.length && mine < theirs)) take(table, i++);
+    else { take(detail, j++); if (mine === theirs) i++; }
+  }
+  table.steps = merged.steps;
+  table.columns = merged.columns;
+}

@@ -14,7 +14,7 @@ const LOWER_IS_BETTER = new Set(["loss", "error", "err", "perplexity", "ppl", "m
 const HIGHER_IS_BETTER = new Set(["acc", "accuracy", "auc", "f1", "precision", "recall", "bleu", "rouge", "iou", "map",
   "top1", "top5", "r2", "score", "reward"]);
 let runs = []; // { ref, box, id, record, trouble, samples: { steps, columns } }, in the URL's order
-let chart = null, chartKey = "", drawing = false;
+let chart = null, chartKey = "", drawing = false, chartZoomed = false;
 let shortened = ""; // an array of more jobs than a page compares: which of them it shows
 
 function refUrl(refs) { return refs.map((ref) => encodeURIComponent(ref).replace(/%3A/g, ":")).join(","); }
@@ -92,15 +92,28 @@ function drawChart() {
   const data = uPlot.join(tables);
   const labels = runs.map((run) => run.ref + (run.record && run.record.name ? " " + run.record.name : ""));
   const key = `${view.log}|${labels.join("\n")}`;
-  if (chart && chartKey === key) chart.setData(data);
+  if (chart && chartKey === key) chart.setData(data, !chartZoomed);
   else {
     if (chart) chart.destroy();
+    chartZoomed = false;
     chart = new uPlot({
       width: Math.min(1100, box.clientWidth || 1100), height: 380,
       scales: { x: { time: false }, y: view.log ? { distr: 3 } : {} },
+      hooks: { setScale: [(plot, key) => { if (key === "x") zoomed(plot); }] },
       series: [{ label: "step" }, ...labels.map((label, i) => ({ label, stroke: PALETTE[i % PALETTE.length], spanGaps: true }))],
     }, data, box);
     chartKey = key;
+  }
+}
+
+// The chart zoomed in (or out): each job's samples of the steps now shown, where its first draw was thinned
+// (common.js's zoomInto), and the zoom kept as points come.
+function zoomed(plot) {
+  const steps = plot.data[0], scale = plot.scales.x;
+  chartZoomed = scale.min != null && steps.length > 0 && (scale.min > steps[0] || scale.max < steps[steps.length - 1]);
+  for (const run of runs) {
+    zoomInto(plot, run.samples, `/api/metrics/${encodeURIComponent(run.box)}/${run.id}`, later,
+      (message) => { run.trouble = message; later(); });
   }
 }
 
@@ -199,7 +212,7 @@ async function start() {
     const at = given.lastIndexOf(":");
     const box = given.slice(0, at), id = /^[0-9]+$/.test(given.slice(at + 1)) ? String(Number(given.slice(at + 1))) : given.slice(at + 1);
     const ref = `${box}:${id}`;
-    if (!runs.some((run) => run.ref === ref)) runs.push({ ref, box, id, record: null, trouble: "", samples: { steps: [], columns: new Map() } });
+    if (!runs.some((run) => run.ref === ref)) runs.push({ ref, box, id, record: null, trouble: "", samples: newSamples() });
   }
   document.getElementById("controls").hidden = false;
   document.getElementById("log").checked = view.log;

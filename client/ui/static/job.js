@@ -8,11 +8,9 @@ const base = `${encodeURIComponent(boxName)}/${jobId}`;
 const MAX_LINES = 5000; // lines kept on the page; the log itself is whole on the box (tfrun logs)
 let job = null;
 let clock = 0; // the server's clock less this browser's: the runtime counts on between records
-// the steps, and each metric's value at each (common.js); `thinned`: steps between these were left out for the
-// first draw (client/ui/feeds.py), each zoom asks for those it shows, and they are kept here
-const samples = { steps: [], columns: new Map(), thinned: false };
+// the steps, and each metric's value at each (common.js's addSamples, zoomInto)
+const samples = newSamples();
 const charts = new Map(); // chart id -> { plot, names, zoomed }
-let zooming = null; // the zoom whose samples are being asked for
 let drawing = false;
 
 function showRecord(record) {
@@ -40,51 +38,18 @@ function showRecord(record) {
 }
 
 function addPoints(points) {
-  samples.thinned ||= points.thinned;
   addSamples(samples, points);
   redraw();
 }
 
 function redraw() { if (!drawing) { drawing = true; requestAnimationFrame(drawCharts); } }
 
-// A chart zoomed in (or out: back to all its steps). Where the first draw was thinned, the samples of the steps
-// now shown are asked for (thinned again while more than the chart's width) and merged in: a zoom far enough in
-// shows every real point.
+// A chart zoomed in (or out: back to all its steps): its samples of the steps now shown (common.js's zoomInto).
 function zoomed(plot, id) {
-  const scale = plot.scales.x, steps = samples.steps;
   const chart = charts.get(id);
-  if (!chart || scale.min == null || !steps.length) return;
-  chart.zoomed = scale.min > steps[0] || scale.max < steps[steps.length - 1];
-  if (!chart.zoomed || !samples.thinned) return;
-  const after = Math.floor(scale.min) - 1, upto = Math.ceil(scale.max), asked = `${after}:${upto}`;
-  if (zooming === asked) return;
-  zooming = asked;
-  fetch(`/api/metrics/${base}?after=${after}&upto=${upto}`).then((reply) => reply.json()).then((found) => {
-    if (zooming !== asked) return;
-    zooming = null;
-    if (found.ok) { mergeSamples(samples, found); redraw(); }
-    else document.getElementById("notice").textContent = found.message;
-  });
-}
-
-// A zoom's samples into `table`, in step order, each step once.
-function mergeSamples(table, points) {
-  const detail = { steps: [], columns: new Map() };
-  addSamples(detail, points);
-  const names = new Set([...table.columns.keys(), ...detail.columns.keys()]);
-  const merged = { steps: [], columns: new Map([...names].map((name) => [name, []])) };
-  let i = 0, j = 0;
-  const take = (from, k) => {
-    merged.steps.push(from.steps[k]);
-    for (const name of names) merged.columns.get(name).push((from.columns.get(name) || [])[k]);
-  };
-  while (i < table.steps.length || j < detail.steps.length) {
-    const mine = table.steps[i], theirs = detail.steps[j];
-    if (j >= detail.steps.length || (i < table.steps.length && mine < theirs)) take(table, i++);
-    else { take(detail, j++); if (mine === theirs) i++; }
-  }
-  table.steps = merged.steps;
-  table.columns = merged.columns;
+  if (!chart) return;
+  chart.zoomed = zoomInto(plot, samples, `/api/metrics/${base}`, redraw,
+    (message) => { document.getElementById("notice").textContent = message; });
 }
 
 // The loss chart (the training loss and its validation counterpart), then one chart for each other metric:
@@ -173,6 +138,43 @@ function followLog() {
   }, (message) => { notice.textContent = message; });
 }
 
+// The job's GPUs over its life, as its daemon sampled them (client/ui/feeds.py's `gpus`): each GPU's memory in
+// GB and its load in %, by time, and the peak of each (what the next run's memory is sized by).
+const gpuUse = { times: [], devices: new Map() }; // device -> { used: [], load: [], total }
+const gpuCharts = {};
+function addGpuUse(found) {
+  for (const sample of found.samples) {
+    if (!gpuUse.devices.has(sample.device)) gpuUse.devices.set(sample.device, { used: new Array(gpuUse.times.length).fill(undefined),
+      load: new Array(gpuUse.times.length).fill(undefined), total: sample.total });
+    const last = gpuUse.times.length - 1;
+    if (last < 0 || gpuUse.times[last] !== sample.time) {
+      gpuUse.times.push(sample.time);
+      for (const series of gpuUse.devices.values()) { series.used.push(undefined); series.load.push(undefined); }
+    }
+    const series = gpuUse.devices.get(sample.device);
+    series.used[series.used.length - 1] = sample.used / 1e9;
+    series.load[series.load.length - 1] = sample.load ?? undefined;
+  }
+  document.getElementById("gpu-section").hidden = !gpuUse.times.length;
+  const devices = [...gpuUse.devices.keys()];
+  for (const [id, what, label] of [["gpu-memory", "used", "GB"], ["gpu-load", "load", "%"]]) {
+    const data = [gpuUse.times, ...devices.map((device) => gpuUse.devices.get(device)[what])];
+    const box = document.getElementById(id);
+    if (gpuCharts[id] && gpuCharts[id].devices === devices.join()) gpuCharts[id].plot.setData(data);
+    else {
+      if (gpuCharts[id]) gpuCharts[id].plot.destroy();
+      gpuCharts[id] = { devices: devices.join(), plot: new uPlot({ width: Math.min(440, box.clientWidth || 440), height: 180,
+        series: [{ label: "time" }, ...devices.map((device, i) => ({ label: `GPU ${device} ${label}`, stroke: PALETTE[i % PALETTE.length], spanGaps: true }))],
+        scales: { y: what === "load" ? { range: [0, 100] } : {} } }, data, box) };
+    }
+    box.dataset.points = String(data.slice(1).reduce((count, values) => count + values.filter((v) => v != null).length, 0));
+  }
+  document.getElementById("gpu-peak").textContent = devices.map((device) => {
+    const series = gpuUse.devices.get(device), peak = Math.max(...series.used.filter((v) => v != null));
+    return `GPU ${device}: peak memory ${peak.toFixed(1)} GB of ${(series.total / 1e9).toFixed(1)} GB`;
+  }).join("; ");
+}
+
 async function act(action) {
   const what = action === "cancel" ? `Cancel job ${jobId} on ${boxName}?` : `Run job ${jobId} on ${boxName} again, as a new job?`;
   if (!confirm(what)) return;
@@ -196,7 +198,7 @@ async function start() {
   form.addEventListener("change", followLog);
   form.addEventListener("submit", (event) => { event.preventDefault(); followLog(); });
   const notice = document.getElementById("notice");
-  follow(`/events/job/${base}`, { job: showRecord, points: addPoints, extras: showExtras }, (message) => { notice.textContent = message; });
+  follow(`/events/job/${base}`, { job: showRecord, points: addPoints, extras: showExtras, gpus: addGpuUse }, (message) => { notice.textContent = message; });
   followLog();
   setInterval(() => {
     const shown = document.getElementById("runtime");
