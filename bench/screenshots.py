@@ -5,19 +5,26 @@ chromium and chromium-driver, as the tests of the pages do):
 
     .venv/bin/python -m bench.screenshots [--out docs/img]
 
-It lives with bench/ as they use the tests' real parts (tests/harness/): two boxes, this machine's daemon
-and one reached through a loopback sshd, each running a few real jobs of a small script that prints its loss
-as a training loop does (one still running, some done, one failed, an array of three to compare); one
-`tfrun ui` showing both; each page read by the tests' headless Chromium at a 1280x800 viewport, saved as a
-PNG of 256 colours (no dithering: the text stays sharp), some 10-40 KB a page. A page this tfrun does not
-serve (404) is left out.
+It lives with bench/ as they use the tests' real parts (tests/harness/): two boxes, this machine's daemon and one
+reached through a loopback sshd, each running a few real jobs of a small script that prints its loss as a training
+loop does (one still running, some done, one failed, an array of three to compare); one `tfrun ui` showing both.
+This machine's daemon sees two GPUs through the tests' NVML stand-in (TFRUN_GPU_STANDIN; the machine that takes the
+screenshots need not have one), whose figures a thread moves as a training job's would, and the running job holds
+one of them: the GPUs page and that job's page show them; each page read by the tests' headless Chromium at a
+1280x800 viewport, saved as a PNG of 256 colours (no dithering: the text stays sharp), some 10-40 KB a page. A page
+this tfrun does not serve (404) is left out.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
+import math
+import os
+import random
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,22 +53,43 @@ for epoch in range(1, epochs + 1):
         sys.exit(1)
 """
 PAGES = ("jobs", "job", "compare", "gpus", "alerts")
+GB = 10**9
+
+
+def stand_in_gpus(path: Path, age: float) -> None:
+    """Two H100s as NVML would report them `age` seconds into the run (the daemon reads the file afresh at each
+    look): GPU 0 as a training job holds it (its memory climbing to 61 GB in 20 s, then steady; its load near
+    90 %), GPU 1 idle. Written whole, then renamed: a look never reads half of it."""
+    used = int((2 + 59 * min(1.0, age / 20) + random.uniform(-0.4, 0.4)) * GB)
+    load = max(0, min(100, int(88 + 6 * math.sin(age / 3) + random.uniform(-3, 3))))
+    figures = [(used, load), (GB // 2, 0)]
+    gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "used": memory, "total": 80 * GB, "utilization": busy,
+             "uuid": f"GPU-{i}"} for i, (memory, busy) in enumerate(figures)]  # fmt: skip
+    path.with_suffix(".tmp").write_text(json.dumps(gpus))
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+def moving(path: Path, stop: threading.Event) -> None:
+    """The stand-in's figures moved every half second until `stop`."""
+    started = time.monotonic()
+    while not stop.wait(0.5):
+        stand_in_gpus(path, time.monotonic() - started)
 
 
 def jobs(local: Tfrun, box: Tfrun, project: Path) -> dict[str, Any]:
     """The jobs of both boxes; the ids the pages are shown with."""
     train = str(project / "train.py")
+    running = local.submit("--name", "resnet-long", "--gpus", "1", "--env", "LR=0.002", train, "200", "0.05")
     done = [
         local.submit("--name", f"baseline-{lr}", "--env", f"LR={lr}", train, "4", "0.01") for lr in ("0.001", "0.003")
     ]
     failed = box.submit("--name", "big-lr", "--env", "LR=0.05", train, "6", "0.01", "fail")
     sweep = box.ok("submit", "--name", "sweep", "--array", "lr=0.002,0.004,0.008", train, "6", "0.02")
     tasks = [int(x) for x in sweep.split()]
-    running = local.submit("--name", "resnet-long", "--env", "LR=0.002", train, "200", "0.05")
     for tf, job in [(local, j) for j in done] + [(box, failed)] + [(box, t) for t in tasks]:
         tf.run("wait", str(job), timeout=300)
     wait_for(lambda: local.job(running)["state"] == "running", what="the long job running")
-    time.sleep(8)  # its chart has some 150 points
+    time.sleep(12)  # its chart has some 150 points, its GPU chart a few samples more
     return {"running": running, "tasks": tasks, "done": done}
 
 
@@ -85,6 +113,10 @@ def main() -> None:
     client = work / "client-home"
     box = remote_client(Tfrun(work / "box-home", client_home=client), sshd)
     local = Tfrun(work / "local-home", client_home=client)
+    local.env["TFRUN_GPU_STANDIN"] = str(work / "nvml.json")
+    stand_in_gpus(work / "nvml.json", 0.0)  # there before the daemon starts: it counts its GPUs then
+    stop = threading.Event()
+    threading.Thread(target=moving, args=(work / "nvml.json", stop), daemon=True).start()
     project = work / "project"
     project.mkdir()
     write_script(project, "train.py", TRAIN)
@@ -95,9 +127,12 @@ def main() -> None:
         refs = ",".join(f"box:{task}" for task in shown["tasks"])
         urls = {
             "jobs": (f"{base}/", "document.querySelectorAll('#jobs tbody tr[data-id]').length >= 7"),
-            "job": (f"{base}/job/local/{shown['running']}", "document.getElementById('log').textContent.length > 0"),
+            "job": (f"{base}/job/local/{shown['running']}", "document.getElementById('gpu-memory').dataset.points > 2"),
             "compare": (f"{base}/compare?jobs={refs}", "document.querySelector('canvas')"),
-            "gpus": (f"{base}/gpus", "document.querySelector('main') && document.readyState === 'complete'"),
+            "gpus": (
+                f"{base}/gpus",
+                "document.querySelector('[data-chart=\"memory\"][data-points]')?.dataset.points >= 20",
+            ),
             "alerts": (f"{base}/alerts", "document.querySelector('main') && document.readyState === 'complete'"),
         }
         try:
@@ -115,6 +150,7 @@ def main() -> None:
         finally:
             ui.stop()
     finally:
+        stop.set()
         local.run("cancel", "--all", "--grace", "1")
         local.cleanup()
         box.cleanup()

@@ -24,7 +24,7 @@ function showRecord(record) {
     ["box", record.box], ["state", record.state + (record.cause ? ` (${record.cause})` : "")],
     ["why", record.reason || record.waiting], ["exit code", record.exit_code ?? (record.signal ? `signal ${record.signal}` : null)],
     ["command", (record.command || []).join(" ")], ["script", [record.script, ...record.args].join(" ")],
-    ["--env names", record.env_names.join(" ") || "none"],
+    ["--env names", record.env_names.join(" ") || "none"], ["GPUs", (record.gpus || []).join(", ")],
     ["snapshot", record.git_commit ? record.git_commit.slice(0, 12) + (record.git_dirty ? " (dirty)" : "") : record.source],
     ["runtime", runtime(record, Date.now() / 1000 + clock)], ["created", new Date(record.created_at * 1000).toLocaleString()],
     ["restart of", record.restart_of], ["restarted as", record.restarted_as],
@@ -157,13 +157,13 @@ function addGpuUse(found) {
   }
   document.getElementById("gpu-section").hidden = !gpuUse.times.length;
   const devices = [...gpuUse.devices.keys()];
-  for (const [id, what, label] of [["gpu-memory", "used", "GB"], ["gpu-load", "load", "%"]]) {
+  for (const [id, what, label, title] of [["gpu-memory", "used", "GB", "memory in use (GB)"], ["gpu-load", "load", "%", "load (%)"]]) {
     const data = [gpuUse.times, ...devices.map((device) => gpuUse.devices.get(device)[what])];
     const box = document.getElementById(id);
     if (gpuCharts[id] && gpuCharts[id].devices === devices.join()) gpuCharts[id].plot.setData(data);
     else {
       if (gpuCharts[id]) gpuCharts[id].plot.destroy();
-      gpuCharts[id] = { devices: devices.join(), plot: new uPlot({ width: Math.min(440, box.clientWidth || 440), height: 180,
+      gpuCharts[id] = { devices: devices.join(), plot: new uPlot({ title, width: Math.min(440, box.clientWidth || 440), height: 180,
         series: [{ label: "time" }, ...devices.map((device, i) => ({ label: `GPU ${device} ${label}`, stroke: PALETTE[i % PALETTE.length], spanGaps: true }))],
         scales: { y: what === "load" ? { range: [0, 100] } : {} } }, data, box) };
     }
