@@ -138,6 +138,7 @@ def record(cls: Any, chaos: bool) -> st.SearchStrategy[dict[str, Any]]:
 ANSWERS = {
     "attach": ["attach_reply"], "cancel": ["cancelled"], "daemon_status": ["daemon_info"], "doctor": ["doctor_report"],
     "get": ["job"], "get_metrics": ["metrics"], "explain_metrics": ["metrics_explained"], "get_gpu_use": ["gpu_use"],
+    "get_losses": ["losses"],
     "have_blobs": ["missing_blobs"], "list": ["jobs"],
     "list_alerts": ["alerts"], "list_files": ["file_list"], "list_gpus": ["gpus"], "notify_test": ["notify_report"],
     "put_blob": ["ok"], "put_blobs": ["ok"], "read_file": ["file_chunk"],

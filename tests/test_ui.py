@@ -23,6 +23,8 @@ from harness import Sshd, Tfrun, free_port, remote_client, wait_for, write_scrip
 from harness.browser import UiServer, by_css, signed_in, start_ui
 from harness.otheruser import OtherUser, mallory  # noqa: F401
 from harness.relay import Relay
+from selenium.webdriver.support.expected_conditions import alert_is_present
+from selenium.webdriver.support.wait import WebDriverWait
 
 from tfrun.protocol.wire import PROTOCOL_VERSION, Hello, encode
 
@@ -168,7 +170,7 @@ def test_cancel_from_the_page_cancels_the_job(browser: WebDriver, ui: UiServer, 
     wait_for(lambda: by_css(browser, "#state") and by_css(browser, "#state")[0].text == "running", timeout=30,
              what="the job running in its page")  # fmt: skip
     by_css(browser, "#cancel")[0].click()
-    browser.switch_to.alert.accept()  # "Cancel job N on local?"
+    WebDriverWait(browser, 10).until(alert_is_present()).accept()  # "Cancel job N on local?", in its time
     wait_for(lambda: boxes.local.job(job)["state"] == "cancelled", timeout=30, what="the job cancelled")
     wait_for(lambda: by_css(browser, "#state")[0].text == "cancelled", timeout=10, what="the page to say so")
 

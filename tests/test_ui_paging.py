@@ -7,6 +7,9 @@ one `tfrun ui` and one headless Chromium (tests/harness/browser.py)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -72,3 +75,29 @@ def test_a_state_narrows_the_list_on_the_box_and_older_goes_on_below(shown: Show
     expected = [job["id"] for name in names for job in shown.tf.jobs() if job["name"] == name]
     wait_for(lambda: _ids(browser) == expected, timeout=30, what="the jobs named old-39*")
     assert not browser.find_element("id", "older").is_displayed()
+
+
+# Asks the daemon of TFRUN_HOME for the losses of the jobs named on its command line, prints the reply as JSON.
+_ASK_LOSSES = """
+import asyncio, json, sys
+from tfrun.client.asyncclient import AsyncClient
+from tfrun.client.calls import watching
+reply = asyncio.run(AsyncClient().call(watching.losses(sys.argv[1:], 30)))
+print(json.dumps([reply.losses, reply.reading]))
+"""
+
+
+def test_a_page_s_losses_come_in_one_request_each_row_its_own(shown: Shown) -> None:
+    """GetLosses: 50 jobs' trend lines in one round trip (the page asked one request a job), a job removed
+    since skipped; the page's rows show them."""
+    newest = shown.failed[:3]
+    asked = [*map(str, newest), "999999", str(newest[0])]
+    ran = subprocess.run([sys.executable, "-c", _ASK_LOSSES, *asked], env=shown.tf.env, capture_output=True,
+                         text=True, timeout=60, check=True)  # fmt: skip
+    losses, reading = json.loads(ran.stdout)
+    assert losses == {str(job): [2.5] for job in newest} and reading == []
+    browser = shown.browser
+    browser.get(shown.ui.base + "/?state=failed")
+    wait_for(lambda: _ids(browser) == shown.failed[:50], timeout=30, what="the 50 newest failed jobs")
+    cells = browser.execute_script("return [...document.querySelectorAll('#jobs td.loss')].map((td) => td.textContent)")
+    assert cells == ["2.5"] * 50

@@ -63,6 +63,7 @@ MAX_ALERTS = 10_000  # alerts one `tfrun alerts` lists
 MAX_TOP_RECENT = 100  # ended jobs `tfrun top` shows
 PS_ALL_LAST = 100  # jobs `tfrun ps -a`'s table shows, the newest (`-n N` chooses; 0: all)
 MAX_TOP_LOSSES = 1000  # losses per job `tfrun top` draws
+MAX_LOSS_JOBS = 1000  # jobs one GetLosses asks about (a page of the jobs table asks about 50)
 
 # A link that dies without closing (a laptop asleep, a Wi-Fi or VPN change, a NAT that forgot the flow): every
 # SSH connection tfrun opens sends a keepalive after SSH_ALIVE_INTERVAL_S without a word from the box and is

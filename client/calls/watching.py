@@ -11,12 +11,14 @@ from tfrun.protocol.watching import (
     Delivery,
     ExplainMetrics,
     GetGpuUse,
+    GetLosses,
     GetMetrics,
     Gpu,
     GpuList,
     GpuUseReply,
     ListAlerts,
     ListGpus,
+    LossesReply,
     MetricsExplained,
     MetricsReply,
     NotifyReport,
@@ -45,6 +47,11 @@ def metrics(
     where they were read from."""
     asked = GetMetrics(job=job, last=last, after=after, upto=upto, buckets=buckets, cursor=cursor)
     return Call(asked, whole)
+
+
+def losses(jobs: list[str], last: int = 30) -> Call[LossesReply, LossesReply]:
+    """The last `last` training losses of each of `jobs` in one round trip, and which ended ones may grow yet."""
+    return Call(GetLosses(jobs=jobs, last=last), whole)
 
 
 def gpu_use(job: str, since: int = 0, buckets: Optional[int] = None) -> Call[GpuUseReply, GpuUseReply]:

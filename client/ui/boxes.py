@@ -18,10 +18,8 @@ from tfrun.client.asyncclient import AsyncClient
 from tfrun.client.config import Host
 from tfrun.client.connection import Target
 from tfrun.client.errors import TfrunError
-from tfrun.losses import training_loss_name
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.jobs import Job
-from tfrun.protocol.watching import MetricSample
 from tfrun.protocol.wire import ProtocolError
 
 T = TypeVar("T")
@@ -117,13 +115,3 @@ def record(box: str, job: Job) -> dict[str, Any]:
         "waiting": job.waiting,
         "now": time.time(),
     }
-
-
-def losses_of(samples: Sequence[MetricSample]) -> list[float]:
-    """The training loss of each sample that has one (tfrun/losses.py's rule, as `top` and alerts use)."""
-    found = []
-    for sample in samples:
-        name = training_loss_name(sample.values)
-        if name is not None:
-            found.append(sample.values[name])
-    return found

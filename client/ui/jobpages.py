@@ -17,11 +17,10 @@ from typing import Any, Optional
 
 from tfrun.client.calls import jobs as job_calls
 from tfrun.client.calls import watching as watch_calls
-from tfrun.client.ui.boxes import LOSSES, PAGE, Box, Unreachable, losses_of, row
+from tfrun.client.ui.boxes import LOSSES, PAGE, Box, Unreachable, row
 from tfrun.constants import MAX_INT64, MAX_NAME
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import JobState, State
-from tfrun.protocol.jobs import Job
 
 
 class BadView(Exception):
@@ -92,31 +91,24 @@ async def _answer(box: Box, before: Optional[int], view: JobsView) -> tuple[list
 
 async def page_of(box: Box, before: Optional[int], view: JobsView) -> tuple[list[dict[str, Any]], int]:
     """The box's newest PAGE jobs below `before` that pass the view's state and text, as rows with their
-    last losses, and how many more of them are older. Running jobs' losses come in one `Top` round trip; an
-    ended job's are asked once and kept."""
+    last losses, and how many more of them are older: two round trips, the page and its losses (`GetLosses`:
+    the running jobs', and the ended ones' not asked before, which never change once the daemon has read their
+    log to its end, and are kept)."""
 
     async def asking(channel: Channel) -> tuple[list[dict[str, Any]], int]:
         states = [view.state] if view.state else []
         asked = job_calls.job_list(all=True, last=PAGE, before=before, states=states, match=view.text)
         listed = await asked.on(channel)
-        running = (await watch_calls.top(recent=0, losses=LOSSES).on(channel)).losses
+        wanted = [str(job.id) for job in listed.jobs if job.finished_at is None or job.id not in box.ended_losses]
+        found = await watch_calls.losses(wanted, LOSSES).on(channel) if wanted else None
         rows = []
         for job in listed.jobs:
-            if str(job.id) in running:
-                losses = list(running[str(job.id)])
-            elif job.finished_at is not None:
-                losses = await _ended_losses(box, job, channel)
-            else:
-                losses = []
+            losses = box.ended_losses.get(job.id) if job.finished_at is not None else None
+            if losses is None:
+                losses = list(found.losses.get(str(job.id), ())) if found else []
+                if job.finished_at is not None and found and job.id not in found.reading:
+                    box.ended_losses[job.id] = losses
             rows.append(row(box.name, job, losses))
         return rows, listed.older
 
     return await box.ask(asking)
-
-
-async def _ended_losses(box: Box, job: Job, channel: Channel) -> list[float]:
-    """An ended job's last losses, asked of its daemon the first time only."""
-    if job.id not in box.ended_losses:
-        reply = await watch_calls.metrics(str(job.id), LOSSES).on(channel)
-        box.ended_losses[job.id] = losses_of(reply.samples)
-    return box.ended_losses[job.id]

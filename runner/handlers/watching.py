@@ -16,12 +16,14 @@ from tfrun.protocol.watching import (
     AlertList,
     ExplainMetrics,
     GetGpuUse,
+    GetLosses,
     GetMetrics,
     Gpu,
     GpuList,
     GpuUseReply,
     ListAlerts,
     ListGpus,
+    LossesReply,
     MetricSample,
     MetricsExplained,
     MetricsReply,
@@ -99,6 +101,25 @@ def _metrics_asked(job_dir: Path, last: int, req: GetMetrics) -> tuple[str, list
     source, samples, cursor = read_metrics(job_dir, last, req.after, req.upto, req.cursor)
     thin = req.buckets is not None and len(samples) > 4 * req.buckets
     return source, thinned(samples, req.buckets) if thin and req.buckets else samples, thin, cursor
+
+
+@handles(GetLosses)
+async def get_losses(daemon: Context, req: GetLosses, conn: Connection) -> None:
+    """Each job's last losses (as `top` reads them: the end of its metrics file), a job not found skipped (one
+    removed since its page was drawn); an ended job whose log the watch is still reading is named in `reading`."""
+    loop = asyncio.get_running_loop()
+    losses, reading = {}, []
+    for ref in dict.fromkeys(req.jobs):
+        row = daemon.store.find(ref)
+        if row is None:
+            continue
+        daemon.alerts.keep_now(row.id)
+        if row.final and daemon.store.watch_state(row.id) is not None:
+            reading.append(row.id)
+        found = await loop.run_in_executor(None, recent_losses, Path(row.job_dir), req.last)
+        if found:
+            losses[str(row.id)] = found
+    await conn.send(LossesReply(losses=losses, reading=reading))
 
 
 @handles(GetGpuUse)

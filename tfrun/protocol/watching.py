@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 from tfrun.constants import (
     MAX_ALERTS,
     MAX_INT64,
+    MAX_LOSS_JOBS,
     MAX_METRIC_BUCKETS,
     MAX_NAME,
     MAX_TOP_LOSSES,
@@ -115,6 +116,17 @@ class MetricsReply(Message):
     cursor: Optional[str] = None  # where this read ended, for the next's GetMetrics.cursor
 
 
+@tagged("losses")
+@dataclass
+class LossesReply(Message):
+    """`losses`: each job's last training losses, oldest first, by its id (absent: none printed yet, or no such
+    job); `reading`: the ended jobs among them whose log the daemon has not read to its end yet (their losses
+    may still grow; the others' never change)."""
+
+    losses: dict[str, list[Reading]]
+    reading: list[int] = field(default_factory=list)
+
+
 @tagged("gpu_use")
 @dataclass
 class GpuUseReply(Message):
@@ -195,6 +207,16 @@ class ExplainMetrics(Request[MetricsExplained]):
 
     job: JobRef
     lines: Annotated[int, Range(1, 1000)] = 30
+
+
+@tagged("get_losses")
+@dataclass
+class GetLosses(Request[LossesReply]):
+    """The last `last` training losses of each of `jobs`, in one round trip: the trend lines of a page of jobs
+    (`tfrun ui`), where a request a job cost a page of 50 ended jobs 50 round trips. Answered by `LossesReply`."""
+
+    jobs: Annotated[list[JobRef], Limit(items=MAX_LOSS_JOBS)]
+    last: Annotated[int, Range(1, MAX_TOP_LOSSES)] = 30
 
 
 @tagged("get_gpu_use")
