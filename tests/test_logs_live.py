@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -110,6 +112,49 @@ KERAS3_LOSS_LINES = [
     "9/9 ━━━━━━━━━━━━━━━━━━━━ 1s 84ms/step - accuracy: 0.4028 - loss: 0.7180 - val_accuracy: 0.5833 - val_loss: 0.6814",
     "12/12 ━━━━━━━━━━━━━━━━━━━━ 0s 13ms/step - accuracy: 0.4479 - loss: 0.7055",
 ]
+
+
+# Follows job argv[1] with --tail 2 at the protocol's level; prints each frame's type and data, as JSON lines.
+_FRAMES = """
+import asyncio, json, sys
+from tfrun.client.asyncclient import AsyncClient
+from tfrun.protocol.logs import LogEnd, ReadLog
+
+async def main():
+    channel = await AsyncClient().connect()
+    request = ReadLog(job=sys.argv[1], follow=True, tail=2)
+    await channel.send(request)
+    while True:
+        msg = await channel.reply_to(request)
+        print(json.dumps([msg.TYPE, getattr(msg, "data", b"").decode()]), flush=True)
+        if isinstance(msg, LogEnd):
+            return
+
+asyncio.run(main())
+"""
+
+
+def test_a_follower_s_tail_comes_as_lines_and_what_follows_as_bytes(tf: Tfrun, project: Path, gate: Path) -> None:
+    """`logs -f -n 2`: the tail is lines; once it is out, nothing else reads lines, so what the job writes next
+    is sent as read (as a follower that reconnected gets it: a line at a time through the terminal reader cost
+    tfrund a third more), every byte once, a last line without newline too."""
+    write_script(project, "later.py", "import os, time\n"
+                 "print('\\n'.join(f'line {i}' for i in range(5)), flush=True)\n"
+                 f"while not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)\n"
+                 "print('line 5\\nline 6', flush=True)\nprint('partial', end='', flush=True)\n")  # fmt: skip
+    job = tf.submit(str(project / "later.py"))
+    wait_for(lambda: tf.log(job).count(b"\n") == 5, what="the first lines")
+    follower = subprocess.Popen(
+        [sys.executable, "-c", _FRAMES, str(job)], env=tf.env, stdout=subprocess.PIPE, text=True
+    )
+    assert follower.stdout is not None
+    first = json.loads(follower.stdout.readline())
+    gate.touch()
+    frames = [first, *(json.loads(line) for line in follower.stdout)]
+    assert follower.wait(timeout=60) == 0
+    assert first == ["log_lines", "line 3\nline 4\n"]
+    assert "".join(data for _, data in frames) == "line 3\nline 4\nline 5\nline 6\npartial"
+    assert {kind for kind, _ in frames[1:-1]} == {"log_chunk"} and frames[-1][0] == "log_end", frames
 
 
 @local_and_ssh

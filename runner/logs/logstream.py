@@ -133,6 +133,10 @@ async def stream(
             if asked_end is not None and offset >= asked_end and req.follow:
                 if lines is not None:
                     await lines.caught_up(final=False, end=offset)  # the --tail as asked is out; then, what comes
+                    if _only_a_tail(req, index) and lines.resume_at == lines.boundary:
+                        # nothing else reads lines: what comes is sent as read, as a reconnected follower gets it
+                        # (a line at a time through the terminal reader cost tfrund a third more than bytes)
+                        offset, lines = lines.resume_at, None
                 asked_end = None
             data = b""
             if handle is not None:
@@ -163,6 +167,11 @@ async def stream(
                 return
             await grew.wait(FOLLOW_POLL_S)
             state_read = False
+
+
+def _only_a_tail(req: ReadLog, index: Optional[LogIndex]) -> bool:
+    """Whether a request reads lines only for its --tail: no pattern, context or inversion, no time."""
+    return not req.patterns and not req.invert and not req.after and not req.before and index is None
 
 
 def _line_reader(
