@@ -13,7 +13,8 @@ from harness.metriclogs import KERAS_LOGS, LIGHTNING, brief, feed_in_pieces, sam
 from harness.paths import DATA
 
 from tfrun.runner.metrics import LogMetrics, PatternError, training_loss
-from tfrun.runner.metrics.jobmetrics import read_metrics
+from tfrun.runner.metrics.jobmetrics import pending, read_metrics, recent_losses
+from tfrun.runner.metrics.state import Sample
 
 # LogMetrics: user patterns
 
@@ -126,3 +127,19 @@ def test_a_cursor_reads_only_the_lines_written_since_and_never_half_a_line(tmp_p
     assert read_metrics(tmp_path, None, cursor=later)[1] == []
     for elsewhere in ("callback@10", f"log@{path.stat().st_size + 1}", "log@-5", "nonsense"):
         assert [s.step for s in read_metrics(tmp_path, None, cursor=elsewhere)[1]] == [1, 2, 3, 4], elsewhere
+
+
+def test_a_live_view_adds_the_samples_not_kept_yet_as_they_will_read_once_kept(tmp_path: Path) -> None:
+    """A chart's look, `top` and a jobs page take the samples the watch read and has not written yet from its
+    memory (the files take them every KEEP_EVERY_S; a look each second forced a write each second): one a step,
+    its later values winning, after the file's own; a job's own metrics.jsonl is preferred, as ever."""
+    (tmp_path / "logmetrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    unkept = [Sample(2, {"loss": 1.5}), Sample(2, {"val_loss": 1.7}, epoch=1), Sample(3, {"loss": float("nan")})]
+    shown = pending(unkept)
+    assert [(s.step, s.epoch) for s in shown] == [(2, 1), (3, None)]
+    assert shown[0].values == {"loss": 1.5, "val_loss": 1.7} and math.isnan(shown[1].values["loss"])
+    losses = recent_losses(tmp_path, 10, shown)
+    assert losses[:2] == [2.0, 1.5] and math.isnan(losses[2]) and len(losses) == 3
+    assert recent_losses(tmp_path, 1, shown[:1]) == [1.5]
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    assert recent_losses(tmp_path, 10, shown) == [9.0]

@@ -34,7 +34,7 @@ from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.alerts.spikes import DEFAULT_FACTOR, SpikeDetector
 from tfrun.runner.box.config import Config
 from tfrun.runner.logs.loggrowth import LogGrowth, Subscription
-from tfrun.runner.metrics import LogMetrics, PatternError
+from tfrun.runner.metrics import LogMetrics, PatternError, Sample
 from tfrun.runner.metrics.jobmetrics import (
     LossPoint,
     callback_losses,
@@ -57,7 +57,7 @@ MIN_LOOK_INTERVAL_S = 0.25
 SAVE_EVERY_S = 10.0  # a running job's watch saved this often (and after every alert): what a restart reads again;
 # the saves that came due are made together every WATCH_INTERVAL_S, as one commit
 KEEP_EVERY_S = 10.0  # the metrics read from a log are appended to its files this often (and at every save,
-# and when a client asks for them: `keep_now`), as one write: TensorBoard sees them that late
+# and when `tfrun metrics` asks: `keep_now`), as one write: TensorBoard sees them that late (a live view: `unkept`)
 KEEP_MAX_SAMPLES = 2000  # samples read and not kept yet that are kept at once, whatever KEEP_EVERY_S says (~15 ms)
 GPU_INTERVAL_S = 2.0
 
@@ -205,9 +205,12 @@ class Alerts:
         self.store.finish_watch(job_id)
         return True
 
+    def unkept(self, job_id: int) -> list[Sample]:
+        """The samples read from the log, not yet in its files (KEEP_EVERY_S): a live view's, without a write."""
+        return list(self._watches[job_id].unkept) if job_id in self._watches else []
+
     def keep_now(self, job_id: int) -> None:
-        """Append the samples read from the job's log that wait for their KEEP_EVERY_S: `tfrun metrics` and `top`
-        see every line read so far, while a job's files take a write only every KEEP_EVERY_S otherwise."""
+        """Append the samples read from the log that wait for KEEP_EVERY_S: `tfrun metrics` sees every line read."""
         watch = self._watches.get(job_id)
         if watch is not None and watch.unkept:
             keep(watch)

@@ -38,7 +38,7 @@ from tfrun.runner.box.gpus import held_outside, read_gpu_memory
 from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
 from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.metrics.explain import explain
-from tfrun.runner.metrics.jobmetrics import read_metrics, recent_losses, thinned
+from tfrun.runner.metrics.jobmetrics import pending, read_metrics, recent_losses, thinned
 from tfrun.runner.records import jobdir
 
 if TYPE_CHECKING:
@@ -87,10 +87,14 @@ async def get_metrics(daemon: Context, req: GetMetrics, conn: Connection) -> Non
     row = find(daemon, req.job)
     if row.final:
         await _watch_caught_up(daemon, row.id)
-    daemon.alerts.keep_now(row.id)  # the samples read so far, not only those kept every KEEP_EVERY_S
+    if req.cursor is None:  # every sample read so far in the files, not only those kept every KEEP_EVERY_S
+        daemon.alerts.keep_now(row.id)
     last = min(req.last or MAX_METRIC_SAMPLES, MAX_METRIC_SAMPLES)
     work = functools.partial(_metrics_asked, Path(row.job_dir), last, req)
     source, samples, thin, cursor = await asyncio.get_running_loop().run_in_executor(None, work)
+    if req.cursor is not None and source != "callback":  # a live view's look: the samples not kept yet, unwritten
+        unkept = [s for s in pending(daemon.alerts.unkept(row.id)) if req.after is None or s.step > req.after]
+        source, samples = ("log" if unkept else source), samples + unkept
     await conn.send(MetricsReply(source=source, samples=samples, thinned=thin, cursor=cursor))
 
 
@@ -113,10 +117,10 @@ async def get_losses(daemon: Context, req: GetLosses, conn: Connection) -> None:
         row = daemon.store.find(ref)
         if row is None:
             continue
-        daemon.alerts.keep_now(row.id)
         if row.final and daemon.store.watch_state(row.id) is not None:
             reading.append(row.id)
-        found = await loop.run_in_executor(None, recent_losses, Path(row.job_dir), req.last)
+        unkept = pending(daemon.alerts.unkept(row.id))
+        found = await loop.run_in_executor(None, recent_losses, Path(row.job_dir), req.last, unkept)
         if found:
             losses[str(row.id)] = found
     await conn.send(LossesReply(losses=losses, reading=reading))
@@ -168,8 +172,8 @@ async def top(daemon: Context, req: Top, conn: Connection) -> None:
     loop = asyncio.get_running_loop()
     losses = {}
     for row in shown:
-        daemon.alerts.keep_now(row.id)
-        found = await loop.run_in_executor(None, recent_losses, Path(row.job_dir), req.losses)
+        unkept = pending(daemon.alerts.unkept(row.id))
+        found = await loop.run_in_executor(None, recent_losses, Path(row.job_dir), req.losses, unkept)
         if found:
             losses[str(row.id)] = found
     jobs = [public(daemon, row) for row in shown]

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, Optional
 
@@ -189,8 +189,9 @@ def _updated(sample: MetricSample, later: MetricSample) -> MetricSample:
     )
 
 
-def recent_losses(job_dir: Path, n: int) -> list[float]:
-    """The job's last `n` training losses, from the end of its metrics file (the view `tfrun top` draws)."""
+def recent_losses(job_dir: Path, n: int, unkept: Sequence[MetricSample] = ()) -> list[float]:
+    """The job's last `n` training losses, from the end of its metrics file (the view `tfrun top` draws), and
+    from the samples read from its log and not kept yet (`unkept`: `pending`) where the log is the source."""
     for name in (jobdir.METRICS, jobdir.LOG_METRICS):
         try:
             with open(job_dir / name, "rb") as f:
@@ -198,17 +199,33 @@ def recent_losses(job_dir: Path, n: int) -> list[float]:
                 f.seek(max(0, size - TOP_TAIL_BYTES))
                 lines = f.read().splitlines()[1 if size > TOP_TAIL_BYTES else 0 :]
         except OSError:
-            continue
+            lines = []
+        samples = [sample for sample in map(_sample, lines) if sample is not None]
+        if name == jobdir.LOG_METRICS:
+            samples += unkept
         losses = []
         follow = TrainingLoss()  # one loss from line to line: a GAN's two are not one curve (tfrun/losses.py)
-        for line in lines:
-            sample = _sample(line)
-            loss = follow.of(sample.values) if sample is not None else None
+        for sample in samples:
+            loss = follow.of(sample.values)
             if loss is not None:
                 losses.append(loss)
         if losses:
             return losses[-n:]
     return []
+
+
+def pending(samples: Sequence[Sample]) -> list[MetricSample]:
+    """Samples read from a log and not kept yet, as `read_metrics` would read them back once kept: one a step
+    (a step's later values winning), numbers only."""
+    found: list[MetricSample] = []
+    for sample in samples:
+        values = {k: float(v) for k, v in sample.values.items() if isinstance(v, (int, float))}
+        shown = MetricSample(step=sample.step, values=values, epoch=sample.epoch)
+        if found and found[-1].step == sample.step:
+            found[-1] = _updated(found[-1], shown)
+        else:
+            found.append(shown)
+    return found
 
 
 def _sample(line: bytes) -> Optional[MetricSample]:
