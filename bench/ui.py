@@ -3,6 +3,7 @@
 (a few minutes; needs openssh-server, root for the test sshd, and Debian's chromium and chromium-driver).
 
     .venv/bin/python -m bench.ui [--runs 5] [--history 10000] [--lines 200] [--points 100000] [--seconds 20]
+        [--cpu-runs 3]
 
 Each page is read by the tests' headless Chromium (tests/harness/browser.py), served by a real `tfrun ui`.
 Rows:
@@ -17,7 +18,7 @@ Rows:
     meanwhile and in the 5 s after (how long a click may wait);
   - 20 jobs printing 10 lines a second each on a local tfrund, one job page open: the UI server's CPU, and
     tfrund's above what it spends with no one watching, against one `tfrun logs -f` of the same job
-    (CPU from /proc, over --seconds).
+    (CPU from /proc, over --seconds; --cpu-runs rounds of the three, medians).
 Prints a Markdown table: each figure, its baseline, and the ratio or the issue's bound.
 """
 
@@ -159,37 +160,51 @@ def cpu_over(pids: list[int], seconds: float) -> list[float]:
     return [(cpu_seconds(pid) - b) / took * 60 for pid, b in zip(pids, before)]
 
 
-def watching_cpu(browser: Any, work: Path, seconds: float) -> dict[str, float]:
+def watching_cpu(browser: Any, work: Path, seconds: float, runs: int) -> dict[str, float]:
     """20 jobs printing 10 lines a second on a local tfrund: its CPU a minute with no one watching, with one
-    `tfrun logs -f` of a job, and with that job's page open (and the UI server's then)."""
+    `tfrun logs -f` of a job, and with that job's page open (and the UI server's then): `runs` rounds of the
+    three in turn, each figure the median of its rounds (one round's figures move by a fifth on this machine)."""
     tf = Tfrun(work / "cpu" / "home")
     (work / "cpu" / "project").mkdir(parents=True)
     write_script(work / "cpu" / "project", "prints.py", PRINTS)
-    found: dict[str, float] = {}
+    found: dict[str, list[float]] = {"alone": [], "logs -f": [], "page": [], "ui server": []}
     try:
         jobs = [tf.submit(str(work / "cpu" / "project" / "prints.py")) for _ in range(20)]
         wait_for(lambda: all(job["state"] == "running" for job in tf.jobs()), timeout=120, what="20 jobs running")
         daemon = tf.daemon_pid()
-        time.sleep(3)
-        (found["alone"],) = cpu_over([daemon], seconds)
-        follower = subprocess.Popen([*TFRUN, "logs", "-f", str(jobs[0])], env=tf.env, stdout=subprocess.DEVNULL)
-        time.sleep(3)
-        (found["logs -f"],) = cpu_over([daemon], seconds)
-        follower.kill()
-        follower.wait()
         ui = start_ui(tf.env, work / "cpu", "--host", "local")
         try:
-            browser.get(f"{ui.url.split('?')[0]}job/local/{jobs[0]}?key={ui.key}")
-            poll(lambda: "loss=" in browser.execute_script("return document.getElementById('log').textContent"))
-            time.sleep(3)
-            found["page"], found["ui server"] = cpu_over([daemon, ui.proc.pid], seconds)
-            browser.get("about:blank")
+            for _ in range(runs):
+                time.sleep(3)
+                found["alone"] += cpu_over([daemon], seconds)
+                follower = subprocess.Popen([*TFRUN, "logs", "-f", str(jobs[0])], env=tf.env, stdout=subprocess.DEVNULL)
+                time.sleep(3)
+                found["logs -f"] += cpu_over([daemon], seconds)
+                follower.kill()
+                follower.wait()
+                browser.get(f"{ui.url.split('?')[0]}job/local/{jobs[0]}?key={ui.key}")
+                poll(lambda: "loss=" in browser.execute_script("return document.getElementById('log').textContent"))
+                time.sleep(3)
+                page, server = cpu_over([daemon, ui.proc.pid], seconds)
+                found["page"].append(page)
+                found["ui server"].append(server)
+                browser.get("about:blank")
+                time.sleep(3)  # the page's feeds end (their readers gone) before the next round's "alone"
         finally:
             ui.stop()
     finally:
         tf.run("cancel", "--all", "--grace", "1", timeout=120)
         tf.cleanup()
-    return found
+    alone = found["alone"]
+    extras = {
+        "logs -f": [cli - base for cli, base in zip(found["logs -f"], alone)],
+        "page": [page - base for page, base in zip(found["page"], alone)],
+    }
+    return {
+        "alone": statistics.median(alone),
+        "ui server": statistics.median(found["ui server"]),
+        **{what: statistics.median(values) for what, values in extras.items()},
+    }
 
 
 def main() -> None:
@@ -199,6 +214,7 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=200, help="printed lines timed to the page and to logs -f (200)")
     parser.add_argument("--points", type=int, default=100000, help="steps of the chart row (100000)")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long CPU is read, a row (20)")
+    parser.add_argument("--cpu-runs", type=int, default=3, help="rounds of the CPU rows, medians taken (3)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tfrun-bench-ui-"))
     sshd = Sshd(work / "sshd")
@@ -252,20 +268,20 @@ def main() -> None:
                     "",
                 )
             )
-            cpu = watching_cpu(browser, work, args.seconds)
+            cpu = watching_cpu(browser, work, args.seconds, args.cpu_runs)
         tf.cleanup()
     finally:
         sshd.stop()
     rows.append(
         ("UI server's CPU, 20 jobs printing 10 lines/s, one job page open", f"{cpu['ui server']:.2f} s/min", "", "")
     )
-    page_extra, cli_extra = cpu["page"] - cpu["alone"], cpu["logs -f"] - cpu["alone"]
+    page_extra, cli_extra = cpu["page"], cpu["logs -f"]
     rows.append(
         (
-            "tfrund's extra CPU for that page / for one `tfrun logs -f` of the job",
+            f"tfrund's extra CPU for that page / for one `tfrun logs -f` of the job (medians of {args.cpu_runs})",
             f"{page_extra:.2f} s/min",
             f"{cli_extra:.2f} s/min",
-            f"(tfrund alone: {cpu['alone']:.2f} s/min)",
+            f"{page_extra / cli_extra:.2f}x (<= 1x; tfrund alone: {cpu['alone']:.2f} s/min)",
         )
     )
     print(f"\nloopback sshd, {os.cpu_count()} CPUs, headless Chromium; medians of {args.runs} first loads\n")

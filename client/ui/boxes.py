@@ -46,8 +46,20 @@ class Box:
         """`action` on a connection of its own within `wait` seconds; every way it fails is `Unreachable`,
         in words, except a refusal of the daemon's (RemoteError: no such job, a job that cannot be cancelled),
         which the page shows as such."""
+        return await self._within(self.client.session(action), wait)
+
+    async def opened(self) -> Channel:
+        """A connection the caller keeps for its looks (`ask_on`) and closes: a look a second on a connection
+        of its own cost tfrund its accept, hello and close each time."""
+        return await self._within(self.client.connect(), ASK_S)
+
+    async def ask_on(self, channel: Channel, action: Callable[[Channel], Awaitable[T]]) -> T:
+        """`action` on the caller's connection (`opened`), within ASK_S; failures as `ask`'s."""
+        return await self._within(action(channel), ASK_S)
+
+    async def _within(self, work: Awaitable[T], wait: float) -> T:
         try:
-            return await asyncio.wait_for(self.client.session(action), wait)
+            return await asyncio.wait_for(work, wait)
         except asyncio.TimeoutError:
             raise Unreachable(f"no answer within {wait:g}s") from None
         except RemoteError:  # NoSuchJob too: the daemon's own word

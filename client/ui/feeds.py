@@ -34,11 +34,11 @@ from tfrun.protocol.watching import MetricSample, MetricsReply
 
 LINGER_S = 30.0  # how long a feed nobody reads runs on
 JOBS_EVERY_S = 2.0  # a page of jobs asked again (as `tfrun top` asks each frame)
-JOB_EVERY_S = 1.0  # a job's record and new metrics asked again while it runs
+JOB_EVERY_S = 1.0  # a running job's new metrics asked again
 TAIL_LINES = 1000  # the log lines a page starts with; the rest follow as they come
 KEPT_EVENTS = 2000  # log batches kept for a reader that joins or comes back
 CHART_BUCKETS = 1000  # a chart's first draw, and each zoom's: about its width in pixels (GetMetrics.buckets)
-EXTRAS_EVERY_S = 5.0  # a running job's alerts and checkpoints asked again
+EXTRAS_EVERY_S = 5.0  # a running job's record, alerts, checkpoints and GPUs asked again
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # a terminal's colours and cursor moves
 
 Event = tuple[int, str, Any]  # (number, kind, data as JSON)
@@ -128,12 +128,12 @@ class JobsFeed(Feed):
 
 
 class JobFeed(Feed):
-    """A job's record and its metrics by step: each second while it runs, the record and the samples past the
-    last step seen, on one connection (`points` events: a page's chart grows by them); its alerts and
-    checkpoints every EXTRAS_EVERY_S (`extras`), and the samples of its GPUs' memory and load (`gpus`). The
-    first look asks for the samples thinned to a chart's CHART_BUCKETS (100,000 steps would be 7 MB through the
-    box's link and a second of tfrund's): the page asks a zoom's own (`zoomed`). The whole history is kept for
-    a reader that joins."""
+    """A job's record and its metrics by step, on one connection kept while the feed runs: each second while it
+    runs, the samples past the last step seen (`points` events: a page's chart grows by them); every
+    EXTRAS_EVERY_S its record (`job`: its state is also in its log's `end`, at once), alerts and checkpoints
+    (`extras`), and the samples of its GPUs' memory and load (`gpus`). The first look asks for the samples
+    thinned to a chart's CHART_BUCKETS (100,000 steps would be 7 MB through the box's link and a second of
+    tfrund's): the page asks a zoom's own (`zoomed`). The whole history is kept for a reader that joins."""
 
     def __init__(self, box: Box, job: int) -> None:
         super().__init__(kept=None)
@@ -146,32 +146,39 @@ class JobFeed(Feed):
         self.gpu_since: Optional[int] = None  # where the next read of the GPUs' samples starts (GetGpuUse.since)
 
     async def run(self) -> None:
-        last = None
-        while True:
-            job, reply = await self.box.ask(self._look)
-            if job != last:  # kept whole for a reader that joins: a record only when it changed
-                self.publish("job", boxes.record(self.box.name, job))
-                last = job
-            self._points(reply)
-            final = job.state in JobState.FINAL
-            if final or time.monotonic() - self.extras_at >= EXTRAS_EVERY_S:
-                await self._extras()
-                if job.gpus:
-                    await self._gpu_use()
-            if final:
-                return
-            await asyncio.sleep(JOB_EVERY_S)
+        """On one connection for as long as the feed runs: the samples each JOB_EVERY_S, the record (and the
+        alerts, checkpoints and GPUs) each EXTRAS_EVERY_S, and once more when the job has ended."""
+        channel = await self.box.opened()
+        try:
+            last: Optional[Job] = None
+            while True:
+                self._points(await self.box.ask_on(channel, self._metrics))
+                if last is None or time.monotonic() - self.extras_at >= EXTRAS_EVERY_S:
+                    job = await self.box.ask_on(channel, job_calls.job(str(self.job)).on)
+                    if job != last:  # kept whole for a reader that joins: a record only when it changed
+                        self.publish("job", boxes.record(self.box.name, job))
+                        last = job
+                    final = job.state in JobState.FINAL
+                    if final:  # its last samples, read once its log is (GetMetrics waits for that)
+                        self._points(await self.box.ask_on(channel, self._metrics))
+                    await self._extras()
+                    if job.gpus:
+                        await self._gpu_use()
+                    if final:
+                        return
+                await asyncio.sleep(JOB_EVERY_S)
+        finally:
+            channel.close()
 
-    async def _look(self, channel: Channel) -> tuple[Job, MetricsReply]:
-        """The record, and the samples past the last step seen (thinned, the first time), read by the daemon
-        from where its last read ended: a look costs a running job's new lines, not its whole history."""
-        job = await job_calls.job(str(self.job)).on(channel)
+    async def _metrics(self, channel: Channel) -> MetricsReply:
+        """The samples past the last step seen (thinned, the first time), read by the daemon from where its last
+        read ended, and those it has read and not kept yet: a look costs a running job's new lines."""
         first = self.newest is None
         buckets = CHART_BUCKETS if first else None
         asked = watch_calls.metrics(str(self.job), after=self.newest, buckets=buckets, cursor=self.cursor)
         reply = await asked.on(channel)
         self.cursor = reply.cursor
-        return job, reply
+        return reply
 
     def _points(self, reply: MetricsReply) -> None:
         """A `points` event of the samples new here (a daemon before GetMetrics.after sends all of them)."""
