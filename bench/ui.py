@@ -172,16 +172,16 @@ def watching_cpu(browser: Any, work: Path, seconds: float, runs: int) -> dict[st
         jobs = [tf.submit(str(work / "cpu" / "project" / "prints.py")) for _ in range(20)]
         wait_for(lambda: all(job["state"] == "running" for job in tf.jobs()), timeout=120, what="20 jobs running")
         daemon = tf.daemon_pid()
-        ui = start_ui(tf.env, work / "cpu", "--host", "local")
-        try:
-            for _ in range(runs):
-                time.sleep(3)
-                found["alone"] += cpu_over([daemon], seconds)
-                follower = subprocess.Popen([*TFRUN, "logs", "-f", str(jobs[0])], env=tf.env, stdout=subprocess.DEVNULL)
-                time.sleep(3)
-                found["logs -f"] += cpu_over([daemon], seconds)
-                follower.kill()
-                follower.wait()
+        for _ in range(runs):
+            time.sleep(3)
+            found["alone"] += cpu_over([daemon], seconds)
+            follower = subprocess.Popen([*TFRUN, "logs", "-f", str(jobs[0])], env=tf.env, stdout=subprocess.DEVNULL)
+            time.sleep(3)
+            found["logs -f"] += cpu_over([daemon], seconds)
+            follower.kill()
+            follower.wait()
+            ui = start_ui(tf.env, work / "cpu", "--host", "local")  # a fresh one: a feed lingers 30 s after its page
+            try:
                 browser.get(f"{ui.url.split('?')[0]}job/local/{jobs[0]}?key={ui.key}")
                 poll(lambda: "loss=" in browser.execute_script("return document.getElementById('log').textContent"))
                 time.sleep(3)
@@ -189,9 +189,8 @@ def watching_cpu(browser: Any, work: Path, seconds: float, runs: int) -> dict[st
                 found["page"].append(page)
                 found["ui server"].append(server)
                 browser.get("about:blank")
-                time.sleep(3)  # the page's feeds end (their readers gone) before the next round's "alone"
-        finally:
-            ui.stop()
+            finally:
+                ui.stop()
     finally:
         tf.run("cancel", "--all", "--grace", "1", timeout=120)
         tf.cleanup()
