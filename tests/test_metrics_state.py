@@ -13,7 +13,7 @@ from harness.metriclogs import KERAS_LOGS, LIGHTNING, brief, feed_in_pieces, sam
 from harness.paths import DATA
 
 from tfrun.runner.metrics import LogMetrics, PatternError, training_loss
-from tfrun.runner.metrics.jobmetrics import pending, read_metrics, recent_losses
+from tfrun.runner.metrics.jobmetrics import pending, read_metrics, recent_losses, unread_bytes
 from tfrun.runner.metrics.state import Sample
 
 # LogMetrics: user patterns
@@ -125,6 +125,7 @@ def test_a_cursor_reads_only_the_lines_written_since_and_never_half_a_line(tmp_p
     assert [(s.step, s.values) for s in samples] == [(3, {"loss": 1.2}), (4, {"loss": 1.1})]
     assert later == f"log@{path.stat().st_size}"
     assert read_metrics(tmp_path, None, cursor=later)[1] == []
+    assert unread_bytes(tmp_path, later) == 0 and unread_bytes(tmp_path, cursor) == path.stat().st_size - whole
     for elsewhere in ("callback@10", f"log@{path.stat().st_size + 1}", "log@-5", "nonsense"):
         assert [s.step for s in read_metrics(tmp_path, None, cursor=elsewhere)[1]] == [1, 2, 3, 4], elsewhere
 

@@ -39,9 +39,9 @@ def alert_shown(box: str, alert: Alert) -> dict[str, Any]:
     }
 
 
-async def job_extras(box: Box, job: int) -> dict[str, Any]:
+async def job_extras(box: Box, job: int, channel: Channel) -> dict[str, Any]:
     """A job's alerts with their deliveries, and its checkpoints as `tfrun checkpoints` lists them (or why there
-    are none to list), in one connection."""
+    are none to list), on the job feed's connection."""
 
     async def asking(channel: Channel) -> dict[str, Any]:
         alerts = await watch_calls.alerts(str(job), JOB_ALERTS).on(channel)
@@ -55,7 +55,7 @@ async def job_extras(box: Box, job: int) -> dict[str, Any]:
             "checkpoints_why": why,
         }
 
-    return await box.ask(asking)
+    return await box.ask_on(channel, asking)
 
 
 def _checkpoint_shown(point: reports.Checkpoint) -> dict[str, Any]:

@@ -161,9 +161,9 @@ class JobFeed(Feed):
                     final = job.state in JobState.FINAL
                     if final:  # its last samples, read once its log is (GetMetrics waits for that)
                         self._points(await self.box.ask_on(channel, self._metrics))
-                    await self._extras()
+                    await self._extras(channel)
                     if job.gpus:
-                        await self._gpu_use()
+                        await self._gpu_use(channel)
                     if final:
                         return
                 await asyncio.sleep(JOB_EVERY_S)
@@ -188,20 +188,20 @@ class JobFeed(Feed):
             self.newest = max(sample.step for sample in fresh)
             self.publish("points", columns(fresh, reply.thinned))
 
-    async def _extras(self) -> None:
+    async def _extras(self, channel: Channel) -> None:
         """The job's alerts and checkpoints (client/ui/extras.py), an `extras` event when they changed."""
         self.extras_at = time.monotonic()
-        found = await extras.job_extras(self.box, self.job)
+        found = await extras.job_extras(self.box, self.job, channel)
         if found != self.extras:  # only the latest kept: a job's checkpoints listed again at each save add up
             self.events = deque((event for event in self.events if event[1] != "extras"), maxlen=self.events.maxlen)
             self.publish("extras", found)
             self.extras = found
 
-    async def _gpu_use(self) -> None:
+    async def _gpu_use(self, channel: Channel) -> None:
         """A `gpus` event of the job's GPU samples new since the last (thinned to a chart the first time)."""
         first = self.gpu_since is None
         asked = watch_calls.gpu_use(str(self.job), self.gpu_since or 0, buckets=CHART_BUCKETS if first else None)
-        reply = await self.box.ask(asked.on)
+        reply = await self.box.ask_on(channel, asked.on)
         self.gpu_since = reply.next
         if reply.samples:
             shown = [{"time": s.time, "device": s.device, "used": s.used, "total": s.total, "load": s.load}

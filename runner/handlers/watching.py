@@ -38,8 +38,10 @@ from tfrun.runner.box.gpus import held_outside, read_gpu_memory
 from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
 from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.metrics.explain import explain
-from tfrun.runner.metrics.jobmetrics import pending, read_metrics, recent_losses, thinned
+from tfrun.runner.metrics.jobmetrics import pending, read_metrics, recent_losses, thinned, unread_bytes
 from tfrun.runner.records import jobdir
+
+INLINE_METRICS_BYTES = 16 << 10  # read on the event loop below this (a look a second at a job printing fast: ~2 KB)
 
 if TYPE_CHECKING:
     from tfrun.paths import Layout
@@ -91,7 +93,10 @@ async def get_metrics(daemon: Context, req: GetMetrics, conn: Connection) -> Non
         daemon.alerts.keep_now(row.id)
     last = min(req.last or MAX_METRIC_SAMPLES, MAX_METRIC_SAMPLES)
     work = functools.partial(_metrics_asked, Path(row.job_dir), last, req)
-    source, samples, thin, cursor = await asyncio.get_running_loop().run_in_executor(None, work)
+    if req.cursor is not None and unread_bytes(Path(row.job_dir), req.cursor) <= INLINE_METRICS_BYTES:
+        source, samples, thin, cursor = work()  # a live view's second's worth: here, not through a thread
+    else:
+        source, samples, thin, cursor = await asyncio.get_running_loop().run_in_executor(None, work)
     if req.cursor is not None and source != "callback":  # a live view's look: the samples not kept yet, unwritten
         unkept = [s for s in pending(daemon.alerts.unkept(row.id)) if req.after is None or s.step > req.after]
         source, samples = ("log" if unkept else source), samples + unkept

@@ -134,6 +134,19 @@ def read_metrics(
     return "none", [], None
 
 
+def unread_bytes(job_dir: Path, cursor: Optional[str]) -> int:
+    """How much of the job's metrics file a `read_metrics` from `cursor` reads: the bytes past it, or the whole
+    file (a cursor of another file, or none)."""
+    for source, name in (("callback", jobdir.METRICS), ("log", jobdir.LOG_METRICS)):
+        try:
+            size = (job_dir / name).stat().st_size
+        except OSError:
+            continue
+        if size:
+            return size - _resumed_at(cursor, source, size)
+    return 0
+
+
 def _resumed_at(cursor: Optional[str], source: str, size: int) -> int:
     """The byte a read of `source` starts at: where `cursor` says the last one ended, if it names this source
     and a place within the file; else its start (a cursor of the log's when the job's own metrics.jsonl has
