@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from tfrun.client.config import Host
 from tfrun.client.errors import TfrunError
 from tfrun.constants import BOX_PYTHONS, EXIT_DAEMON, EXIT_FAILURE, MIN_BOX_PYTHON
+from tfrun.numerals import is_digits
 
 if TYPE_CHECKING:
     import asyncssh
@@ -117,7 +118,7 @@ def _sh(script: str) -> str:
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(".") if part.isdigit())
+    return tuple(int(part) for part in text.split(".") if is_digits(part))
 
 
 async def find_python(conn: asyncssh.SSHClientConnection, host: Host, wanted: Optional[str]) -> BoxPython:

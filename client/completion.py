@@ -28,6 +28,7 @@ from tfrun.client import config
 from tfrun.client.calls import jobs as job_calls
 from tfrun.client.connection import Target
 from tfrun.constants import COMPLETE_VAR, COMPLETION_TIMEOUT_S
+from tfrun.numerals import is_digits
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.jobs import JobList
@@ -81,7 +82,7 @@ class Bash(BashComplete):
         if not line:
             return super().get_completion_args()
         point = os.environ.get("COMP_POINT", "")
-        before = line[: int(point)] if point.isdigit() else line
+        before = line[: int(point)] if is_digits(point) else line
         words = split_arg_string(before)
         starts_a_word = not words or len(split_arg_string(before + "_")) > len(words)
         incomplete = "" if starts_a_word else words.pop()

@@ -23,6 +23,7 @@ from typing import Optional
 from tfrun.client import config
 from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_USAGE
+from tfrun.numerals import is_digits
 
 # Keep an idle connection (a VS Code window, `logs -f` on a quiet job) from being dropped by a NAT or firewall
 # that forgets silent flows, and notice a dead link after about two minutes instead of hanging. No
@@ -168,7 +169,7 @@ def read_entry(name: str, path: Optional[Path] = None) -> Optional[Entry]:
         identity = identity.replace("%%", "%")
     if not values.get("hostname"):
         return None
-    return Entry(name, values["hostname"], int(port) if port.isdigit() else None, values.get("user"), identity,
+    return Entry(name, values["hostname"], int(port) if is_digits(port) else None, values.get("user"), identity,
                  values.get("proxyjump"))  # fmt: skip
 
 

@@ -11,6 +11,8 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from tfrun.numerals import is_digits
+
 _HEADER_LIMIT = 16  # "65535\n" and some room: a forward request is a port and nothing else
 
 
@@ -27,7 +29,7 @@ async def serve_forward(conn: Any, reader: asyncio.StreamReader, writer: asyncio
     try:
         line = await reader.readline()
         text = line.decode(errors="replace").strip()
-        if len(line) > _HEADER_LIMIT or not text.isdigit() or not 0 < int(text) < 65536:
+        if len(line) > _HEADER_LIMIT or not is_digits(text) or not 0 < int(text) < 65536:
             writer.write(b"error not a port\n")
             return
         try:

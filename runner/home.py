@@ -16,6 +16,7 @@ from typing import IO, Optional
 
 import tfrun
 from tfrun.constants import JOB_UMASK_ENV, PRIVATE_DIR_MODE, PRIVATE_UMASK
+from tfrun.numerals import is_digits
 from tfrun.paths import Layout
 from tfrun.private import NotPrivate, private_dir
 
@@ -187,7 +188,7 @@ def lock_holder(layout: Layout) -> Optional[int]:
                 fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 text = handle.read().strip()
-                return int(text) if text.isdigit() else None
+                return int(text) if is_digits(text) else None
             return None
     except FileNotFoundError:
         return None

@@ -18,6 +18,7 @@ from typing import Any, Optional
 from tfrun.client.calls import jobs as job_calls
 from tfrun.client.ui.boxes import Box
 from tfrun.client.ui.feeds import Event, Feed
+from tfrun.numerals import is_digits
 from tfrun.protocol.channel import Channel
 
 MAX_COMPARED = 100  # jobs one Compare page follows (an array has up to 1000 tasks: its first 100 are shown)
@@ -35,7 +36,7 @@ def named(text: str, shown: Mapping[str, Box]) -> list[tuple[Box, int]]:
         if box not in shown:
             raise BadJobs(f"no box {box!r} here (this page shows {', '.join(shown)})" if box else
                           f"{ref!r} is not BOX:ID (e.g. local:12)")  # fmt: skip
-        if not job.isdigit():
+        if not is_digits(job):
             raise BadJobs(f"{ref!r} is not BOX:ID (e.g. local:12)")
         if (shown[box], int(job)) not in found:
             found.append((shown[box], int(job)))
@@ -69,7 +70,7 @@ async def refused(why: str) -> AsyncIterator[tuple[str, str, Any]]:
 def resumed_from(last_event_id: str, feeds: int) -> list[int]:
     """Each feed's last event number the page had, from the id it sends back (`3.17.0`); all 0 otherwise."""
     numbers = last_event_id.split(".")
-    if len(numbers) != feeds or not all(number.isdigit() for number in numbers):
+    if len(numbers) != feeds or not all(is_digits(number) for number in numbers):
         return [0] * feeds
     return [int(number) for number in numbers]
 

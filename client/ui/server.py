@@ -28,6 +28,7 @@ from tfrun.client.ui.auth import Guard
 from tfrun.client.ui.boxes import Box, Unreachable
 from tfrun.client.ui.feeds import Feed, Feeds
 from tfrun.constants import MAX_CONTEXT, MAX_PATTERNS
+from tfrun.numerals import is_digits
 from tfrun.protocol.channel import RemoteError
 
 STATIC = Path(__file__).parent / "static"
@@ -166,7 +167,7 @@ def _page(name: str) -> Callable[[web.Request], Any]:
 
 
 def _number(text: str, low: int, high: int, what: str) -> int:
-    if not text.isdigit() or not low <= int(text) <= high:
+    if not is_digits(text) or not low <= int(text) <= high:
         raise web.HTTPBadRequest(text=f"tfrun ui: {what} must be a number from {low} to {high}\n")
     return int(text)
 
@@ -197,7 +198,7 @@ async def _stream(request: web.Request, feed: Feed) -> web.StreamResponse:
     """Server-sent events from `feed`, from the one after the browser's Last-Event-ID (it sends that when it
     opens a stream again): a page whose connection dropped gets what it missed, not everything again."""
     last = request.headers.get("Last-Event-ID", "0")
-    return await _sse(request, feed.read(int(last) if last.isdigit() else 0))
+    return await _sse(request, feed.read(int(last) if is_digits(last) else 0))
 
 
 async def _sse(request: web.Request, events: AsyncIterator[tuple[Any, str, Any]]) -> web.StreamResponse:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+from tfrun.numerals import is_digits
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the shim imports this)
 
 if TYPE_CHECKING:
@@ -70,7 +72,7 @@ def parent_map() -> dict[int, list[int]]:
     """Children of every live (not zombie) process, read from /proc in one pass."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not is_digits(entry):
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:

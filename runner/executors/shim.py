@@ -39,6 +39,7 @@ import sys
 import time
 
 from tfrun.constants import DEFAULT_GRACE_S, JOB_UMASK_ENV
+from tfrun.numerals import is_digits
 from tfrun.runner.executors import cgroup
 from tfrun.runner.executors.process import Identity, descendants
 from tfrun.runner.logs import logindex
@@ -302,7 +303,7 @@ def _set_aside_earlier_run(job_dir: str) -> int:
     record already in the folder is an earlier run's, killed by the requeue: renamed exit.json.run-N (N: the
     run it ended), so that the daemon waits for this run's."""
     count = os.environ.get("SLURM_RESTART_COUNT", "")
-    restarts = int(count) if count.isdigit() else 0
+    restarts = int(count) if is_digits(count) else 0
     earlier = os.path.join(job_dir, jobdir.EXIT)
     if os.path.exists(earlier):
         os.replace(earlier, f"{earlier}.run-{max(restarts - 1, 0)}")

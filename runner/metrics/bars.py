@@ -7,6 +7,7 @@ import math
 import re
 from typing import Optional
 
+from tfrun.numerals import is_digits
 from tfrun.runner.metrics.state import Keras, Reader, Sample, held_sample
 from tfrun.runner.metrics.text import END, NUM, PRINT_PAIR, json_float, metric_name, parse_float
 
@@ -106,7 +107,7 @@ class ProgressBars(Reader):
         if counters.bar_batch and new:
             counters.bar_base += counters.bar_size or counters.bar_batch
         counters.bar_epoch, counters.bar_batch = epoch, n
-        counters.bar_size = int(total) if total and total.isdigit() else None
+        counters.bar_size = int(total) if total and is_digits(total) else None
         # Lightning's bar (its `Epoch 0:` desc, the logger's `v_num` in the postfix) counts epochs from 0 and its
         # bars are all as long; a user's own `Epoch 1:` may count from 1.
         lightning = found is not None and desc.lstrip().startswith("Epoch") and "v_num=" in bar.group("info")
@@ -152,7 +153,7 @@ class ProgressBars(Reader):
         found = _DESC_EPOCH.search(desc)
         epoch = int(found.group(1)) if found else None
         count = self._bar_count(n, total)
-        lightning = epoch is not None and desc.startswith("Epoch") and total.isdigit()
+        lightning = epoch is not None and desc.startswith("Epoch") and is_digits(total)
         step = epoch * int(total) + n if lightning and epoch is not None else count
         held = self.counters.rich_held
         released = self._rich_release() if held is not None and (held["step"], held["desc"]) != (step, desc) else []
@@ -191,7 +192,7 @@ class ProgressBars(Reader):
         counts = self.counters.bar_counts
         base, last = counts.get(total or "?", (0, -1))
         if n < last:
-            base += int(total) if total and total.isdigit() else last
+            base += int(total) if total and is_digits(total) else last
         counts.pop(total or "?", None)
         counts[total or "?"] = [base, n]  # the newest last
         while len(counts) > MAX_BARS:  # a log of bars of ever new totals: the oldest are forgotten

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, Optional
 
 from tfrun.losses import TrainingLoss
+from tfrun.numerals import is_digits
 from tfrun.protocol.watching import MetricSample
 from tfrun.runner.metrics import Sample, plausible, training_loss
 from tfrun.runner.metrics.eventfile import PRINTED, ScalarFile
@@ -152,7 +153,7 @@ def _resumed_at(cursor: Optional[str], source: str, size: int) -> int:
     and a place within the file; else its start (a cursor of the log's when the job's own metrics.jsonl has
     appeared since, one from a file replaced, or none)."""
     named, _, at = (cursor or "").partition("@")
-    return int(at) if named == source and at.isdigit() and len(at) <= 19 and int(at) <= size else 0
+    return int(at) if named == source and is_digits(at) and len(at) <= 19 and int(at) <= size else 0
 
 
 def thinned(samples: list[MetricSample], buckets: int) -> list[MetricSample]:

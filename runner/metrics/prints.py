@@ -7,6 +7,7 @@ import re
 from typing import Optional
 
 from tfrun.losses import EVALUATION_PREFIXES
+from tfrun.numerals import is_digits
 from tfrun.runner.metrics.state import MAX_COUNTER_DIGITS, Reader, Sample
 from tfrun.runner.metrics.text import (
     NUM,
@@ -113,7 +114,7 @@ class Prints(Reader):
         values: dict[str, float] = {}
         epoch: Optional[int] = None
         for name, cell in zip(columns, cells):
-            if name.lower() == "epoch" and cell.isdigit():
+            if name.lower() == "epoch" and is_digits(cell):
                 epoch = int(cell)
             elif NUMBER.fullmatch(cell):
                 values[metric_name("", name.lower(), "")] = parse_float(cell)
@@ -158,7 +159,7 @@ class Prints(Reader):
     def _bar_open(self) -> bool:
         """Whether a tqdm bar was left before its end (Trainer's, under an evaluation's bar that ended its
         line): it is drawn again, at the step reached, right after a print written over it."""
-        return any(last < int(total) for total, (_, last) in self.counters.bar_counts.items() if total.isdigit())
+        return any(last < int(total) for total, (_, last) in self.counters.bar_counts.items() if is_digits(total))
 
     def _release(self, step: Optional[int]) -> list[Sample]:
         """The waiting print, if any, at `step` (the bar's count), or placed (_placed_step) when the bar was not

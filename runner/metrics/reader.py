@@ -9,6 +9,7 @@ from dataclasses import fields, replace
 from itertools import islice
 from typing import Any, Optional
 
+from tfrun.numerals import is_digits
 from tfrun.runner.metrics.bars import (
     KERAS_BAR,
     KERAS_HEADER,
@@ -136,7 +137,7 @@ class LogMetrics(ProgressBars, Prints):
         for raw_name, raw in groups.items():
             name, text = raw_name.decode(), (raw or b"").decode("utf-8", "replace").strip()
             if name in ("step", "epoch"):
-                if text.isdigit():
+                if is_digits(text):
                     counters[name] = int(text)
             elif NUMBER.fullmatch(text):
                 values[name] = parse_float(text)
@@ -187,7 +188,7 @@ class LogMetrics(ProgressBars, Prints):
         if bar:
             pairs = {name: parse_float(value) for name, value in KERAS_PAIR.findall(segment, bar.end())}
             if pairs:
-                size = int(bar.group(2)) if bar.group(2).isdigit() else None
+                size = int(bar.group(2)) if is_digits(bar.group(2)) else None
                 sample = self._keras_bar(int(bar.group(1)), size, pairs, line_end)
                 if sample is not None:
                     yield sample

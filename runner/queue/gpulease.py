@@ -33,6 +33,8 @@ import os
 import stat
 import time
 
+from tfrun.numerals import is_digits
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the shim imports this)
 
 if TYPE_CHECKING:
@@ -329,7 +331,7 @@ def _locker(info: os.stat_result) -> Optional[int]:
         return None
     for line in lines:
         fields = line.split()
-        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == where and fields[4].isdigit():
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == where and is_digits(fields[4]):
             return int(fields[4]) or None  # 0: a process outside this pid namespace
     return None
 

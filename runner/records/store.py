@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tfrun.constants import MAX_INT64
+from tfrun.numerals import is_digits
 from tfrun.protocol.fields import JobState, is_job_id
 from tfrun.runner.records.alertrows import AlertRows
 from tfrun.runner.records.job import JobRow, JobSpec, from_json
@@ -319,7 +320,7 @@ def _refuse_empty_beside_jobs(path: Path, jobs_dir: Path) -> None:
     if not empty:
         return
     try:
-        folders = sum(1 for entry in os.scandir(jobs_dir) if entry.name.isdigit() and entry.is_dir())
+        folders = sum(1 for entry in os.scandir(jobs_dir) if is_digits(entry.name) and entry.is_dir())
     except FileNotFoundError:
         return
     if folders:

@@ -22,6 +22,7 @@ from tfrun.constants import (
     MAX_PATTERNS,
     MAX_STRING,
 )
+from tfrun.numerals import is_digits
 
 State = Literal["queued", "running", "succeeded", "failed", "cancelled", "lost"]  # a job's, as the wire spells it
 
@@ -126,7 +127,7 @@ Context = Annotated[int, Range(0, MAX_CONTEXT)]
 def is_job_id(ref: str) -> bool:
     """Whether `ref` is written as a job id: ASCII digits only ("²" and "١٢" are names, as int() would not
     read them as the user meant)."""
-    return ref.isascii() and ref.isdigit()
+    return is_digits(ref)
 
 
 class BadValue(Exception):
