@@ -12,6 +12,11 @@ TensorBoard's own reader.
 
 A file is appended to across daemon restarts (TensorBoard follows a growing file); a fresh one starts with
 the version record.
+
+Each record's two checksums are CRC-32C, computed by google-crc32c's C code (a dependency) where its wheel or
+build has it, else by the table below: a box whose platform has no wheel and no compiler must still get curves.
+Measured, 100,000 records of two scalars appended 100 at a time: 0.29 s with google-crc32c, 0.65 s with the
+table (the records are small: the rest is building them).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from __future__ import annotations
 import socket
 import struct
 import time
+import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 VERSION = b"brain.Event:2"
 PRINTED = "printed"  # the run under a job's TensorBoard folder that holds what the daemon read from its output
@@ -46,11 +52,28 @@ MAX_TAGS = 1024  # tags remembered: a job prints a few metrics, and one that pri
 MAX_TAG_CHARS = 128  # nor one that prints long ones (a name may run to a segment's 64 kB)
 
 
-def crc32c(data: bytes) -> int:
+def crc32c_table(data: bytes) -> int:
+    """CRC-32C in Python, where google-crc32c's C code is missing."""
     crc, table = 0xFFFFFFFF, _TABLE  # the table as a local: a global's lookup for every byte was a fifth of it
     for byte in data:
         crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
     return crc ^ 0xFFFFFFFF
+
+
+def _compiled_crc32c() -> Optional[Callable[[bytes], int]]:
+    """google-crc32c's CRC-32C when it runs as C; None when it is not installed, or installed without its
+    extension (built where there was no compiler): it then computes in Python too, and warns that it does."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # its warning: the table below is used instead
+            import google_crc32c
+    except ImportError:
+        return None
+    value: Callable[[bytes], int] = google_crc32c.value
+    return value if google_crc32c.implementation == "c" else None
+
+
+crc32c: Callable[[bytes], int] = _compiled_crc32c() or crc32c_table
 
 
 def _masked(data: bytes) -> bytes:
