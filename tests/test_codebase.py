@@ -200,6 +200,15 @@ def test_no_modules_import_each_other_round_a_loop() -> None:
     assert _cycles(graph) == []
 
 
+def test_no_verb_imports_another_verb() -> None:
+    """A verb is a thin command over the client's library: what two verbs share (a pool's view, a followed log,
+    a page opened in the browser) is a module of client/, not a verb another verb reaches into."""
+    modules = _modules()
+    verbs = {name for name in modules if name.startswith("tfrun.client.verbs.")}
+    crossing = {verb: sorted(_imports(modules[verb], modules) & (verbs - {verb})) for verb in verbs}
+    assert {verb: found for verb, found in crossing.items() if found} == {}
+
+
 WINGS = ("records", "queue", "executors", "logs", "alerts", "metrics", "box", "services")
 
 

@@ -68,7 +68,7 @@ def ps(show_all: bool, last: Optional[int], quiet: bool, as_json: bool, with_ser
     newest_only = last or None  # -n 0: every job
     pool = hostoptions.pool()
     if pool is not None:
-        from tfrun.client.verbs.fleet import ps_pool
+        from tfrun.client.poolviews import ps_pool
 
         ps_pool(*pool, show_all, newest_only, quiet, as_json, with_services)
         return
@@ -195,7 +195,7 @@ def cancel(jobs: tuple[str, ...], every: bool, grace: float, as_json: bool) -> N
 def restart(job: str, follow: bool, as_json: bool) -> None:
     """Run an ended JOB again, as a new job: the same snapshot (not your files as they are now), command,
     environment, and the same checkpoint folder, so a job using tfrun.jobs resumes where it stopped."""
-    from tfrun.client.verbs.logs import follow_job
+    from tfrun.client.logprint import follow_job
 
     client = cli.client()
     record = cli.run(client.restart(job))

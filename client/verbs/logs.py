@@ -4,19 +4,16 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
 from typing import Optional
 
 import click
 
 from tfrun.client import cli, hostoptions
-from tfrun.client.api import AsyncClient
 from tfrun.client.errors import TfrunError
-from tfrun.client.follow import LogCursor, LogQuery
+from tfrun.client.follow import LogQuery
+from tfrun.client.logprint import follow_job, print_chunks
 from tfrun.client.timespec import Since, since_option
 from tfrun.constants import EXIT_OK, MAX_CONTEXT, MAX_INT64, MAX_NODES, MAX_PATTERN_CHARS, MAX_PATTERNS
-from tfrun.protocol.logs import LogEnd
-from tfrun.protocol.wire import ProtocolError
 
 
 @click.command()
@@ -103,34 +100,8 @@ def logs(
     client = cli.client()
     if follow:
         sys.exit(cli.run(follow_job(client, job, wanted)))
-    cli.run(_print(client.log_chunks(job, query=wanted)))
+    cli.run(print_chunks(client.log_chunks(job, query=wanted)))
     sys.exit(EXIT_OK)
-
-
-async def _print(chunks: AsyncIterator[bytes]) -> None:
-    """Write a log's bytes to stdout as they come."""
-    out = sys.stdout.buffer
-    async for data in chunks:
-        try:
-            out.write(data)
-            out.flush()
-        except BrokenPipeError:
-            raise cli.StdoutClosed from None
-
-
-async def follow_job(client: AsyncClient, job: str, query: Optional[LogQuery] = None) -> int:
-    """Print the job's output until it ends (client/follow.py), through daemon restarts and into the job
-    that runs it again after a failure; return its exit code."""
-    cursor = LogCursor()
-    await _print(client.log_chunks(job, follow=True, query=query, cursor=cursor, on_restart=_restarted))
-    if cursor.end is None:
-        raise ProtocolError("the log ended without a log_end")
-    return cli.job_exit_code(cursor.end.state, cursor.end.exit_code)
-
-
-def _restarted(job: str, end: LogEnd) -> None:
-    click.echo(f"tfrun: job {job} {end.state} (exit code {end.exit_code}); restarted as job {end.restarted_as}",
-               err=True)  # fmt: skip
 
 
 @click.command()

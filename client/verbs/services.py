@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
 import click
@@ -186,31 +184,6 @@ def jupyter(
 
 
 _MAX_SINCE_S = 3650 * 86400.0
-_REDIRECT = """<!DOCTYPE html>
-<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="0;url={url}"><title>tfrun</title></head>
-<body><p>Opening <a href="{url}">{url}</a>...</p><script>window.location.replace({js});</script></body></html>
-"""
-
-
-def open_page(url: str, keep: bool) -> None:
-    """Open `url` in a browser through a redirect page, as Jupyter does: the browser's command line, which
-    every user's `ps` shows, names only the page (0600, in a 0700 folder of its own), never the token in the
-    URL. The page goes when this command ends, unless it returns at once (`keep`: --detach), when the browser
-    may not have read it yet; it then stays, readable by this user alone."""
-    import atexit
-    import html
-    import shutil
-    import tempfile
-    import webbrowser
-
-    folder = Path(tempfile.mkdtemp(prefix="tfrun-open-"))
-    page = folder / "open.html"
-    with os.fdopen(os.open(page, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        js = json.dumps(url).replace("<", "\\u003c")  # "</script>" in a URL cannot end the script
-        f.write(_REDIRECT.format(url=html.escape(url, quote=True), js=js))
-    if not keep:
-        atexit.register(shutil.rmtree, folder, True)
-    webbrowser.open(page.as_uri())
 
 
 def _show(reply: ServiceReply, local_port: Optional[int], open_browser: bool, detach: bool, as_json: bool) -> None:
@@ -232,6 +205,8 @@ def _show(reply: ServiceReply, local_port: Optional[int], open_browser: bool, de
                        f"{'tfrun stop ' + name + ' ends it' if detach else 'Ctrl-C stops it'}", err=True)  # fmt: skip
         sys.stdout.flush()
         if open_browser:
+            from tfrun.client.browser import open_page
+
             open_page(url, keep=detach)
 
     if host is not None and detach:

@@ -205,7 +205,7 @@ def submit(
         raise click.UsageError("--dry-run goes with --host POOL")
     if pool is not None:
         from tfrun.client.connection import Target
-        from tfrun.client.verbs.fleet import place
+        from tfrun.client.poolviews import place
 
         chosen = place(*pool, gpus, dry_run)
         click.get_current_context().obj = Target(chosen, cli.target().accept_new_host_key)
@@ -246,7 +246,7 @@ def submit(
         click.echo(render.to_json({**dataclasses.asdict(job), "host": target.host.label, "address": address}
                                   if host and target.host else job))  # fmt: skip
     elif follow:
-        from tfrun.client.verbs.logs import follow_job
+        from tfrun.client.logprint import follow_job
 
         click.echo(f"job {address} submitted" + (f", {job.waiting}" if job.waiting else ""), err=True)
         sys.exit(cli.run(follow_job(cli.client(), str(job.id))))

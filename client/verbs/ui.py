@@ -64,9 +64,9 @@ def _shown() -> tuple[Optional[list[Host]], bool]:
 
 async def _serve(shown: tuple[Optional[list[Host]], bool], port: int, open_browser: bool, read_only: bool) -> None:
     """Listen, print the URL (the only place its key is written), open the browser if asked, serve until Ctrl-C."""
+    from tfrun.client.browser import open_page
     from tfrun.client.ui import boxes, server
     from tfrun.client.ui.auth import Guard
-    from tfrun.client.verbs.services import open_page
 
     try:
         sock = server.listen(port)

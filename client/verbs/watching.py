@@ -52,9 +52,9 @@ def top(interval: float, once: bool) -> None:
     """
     pooled = hostoptions.pool()
     if pooled is not None:
-        from tfrun.client.verbs import fleet
+        from tfrun.client import poolviews
 
-        fleet.top_pool(*pooled, interval, once)
+        poolviews.top_pool(*pooled, interval, once)
         return
     from tfrun.client import top as view
 
@@ -95,12 +95,12 @@ def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
     """
     pooled = hostoptions.pool()
     if pooled is not None:
-        from tfrun.client.verbs import fleet
+        from tfrun.client import poolviews
 
         if job is not None:
             cli.fail(f"{pooled[0]} is a pool: give JOB as an address HOST:ID (without --host), or leave it out",
                      EXIT_USAGE)  # fmt: skip
-        fleet.alerts_pool(pooled[1], last, verbose, as_json)
+        poolviews.alerts_pool(pooled[1], last, verbose, as_json)
         return
     found = cli.call(watching.alerts(job, last))
     if as_json:
@@ -138,9 +138,9 @@ def notify_test(url: Optional[str], as_json: bool) -> None:
             raise click.BadParameter("stdin holds more than one URL: test one at a time", param_hint="URL")
     pooled = hostoptions.pool()
     if pooled is not None:
-        from tfrun.client.verbs import fleet
+        from tfrun.client import poolviews
 
-        sys.exit(fleet.notify_test_pool(pooled[1], url, as_json))
+        sys.exit(poolviews.notify_test_pool(pooled[1], url, as_json))
     results = cli.call(watching.notify_test(url))
     if as_json:
         click.echo(render.to_json(results))
