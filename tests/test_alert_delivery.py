@@ -1,6 +1,7 @@
 """Alerts delivered: through a mail server down and a daemon restart, once, never twice after a kill, expired with
 its reason when delivery keeps failing; Slack URLs and their secrets; `tfrun notify test`; bad options and config
-refused in one line; the TLS context mail reuses. Real aiosmtpd and HTTP receivers on 127.0.0.1.
+refused in one line; the TLS context mail reuses, and only with the apprise it was checked against. Real aiosmtpd
+and HTTP receivers on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -159,12 +160,15 @@ def test_gpu_memory_above_the_threshold_alerts_once(tf: Tfrun, receiver: Receive
 def test_the_one_tls_context_mail_reuses_has_its_checks_on_at_every_mail() -> None:
     """apprise's SMTP plugin makes a TLS context per mail (30 ms of certificates); tfrun hands it one, made
     once. The plugin turns the checks off on it for a URL that says verify=no: the next mail's must have
-    them on again."""
+    them on again. (The same through a real STARTTLS server: tests/test_alert_messages.py.)"""
     from apprise.plugins.email import smtp
 
     from tfrun.runner.alerts import outbox
 
-    outbox._apprise()
+    assert outbox._reuse_tls_context(), (
+        "apprise's SMTP plugin is not one tfrun was checked against: read apprise/plugins/email/smtp.py, see that "
+        "ReusedContext (runner/alerts/outbox.py) still fits it, and add its SHA-256 to REVIEWED_SMTP_PLUGINS"
+    )
     plugin_ssl = vars(smtp)["ssl"]  # the module's own name for ssl, which outbox replaced
     assert isinstance(plugin_ssl, outbox.ReusedContext)
     first = plugin_ssl.create_default_context()
@@ -174,3 +178,16 @@ def test_the_one_tls_context_mail_reuses_has_its_checks_on_at_every_mail() -> No
     assert again is first
     assert again.verify_mode == ssl.CERT_REQUIRED and again.check_hostname
     assert plugin_ssl.CERT_NONE == ssl.CERT_NONE  # the rest of the module is the module's
+
+
+def test_the_context_goes_only_into_the_smtp_plugin_it_was_checked_against() -> None:
+    """The plugin's file as apprise ships it is one ReusedContext was checked against; the same file with one
+    call changed (a newer apprise that configured its context per URL) is not, and would keep its own."""
+    from apprise.plugins.email import smtp
+
+    from tfrun.runner.alerts import outbox
+
+    source = Path(smtp.__file__).read_bytes()
+    assert outbox.reviewed(source)
+    changed = source.replace(b"ssl.create_default_context()", b"ssl.create_default_context(cafile=self.cafile)")
+    assert changed != source and not outbox.reviewed(changed)

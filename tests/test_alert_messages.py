@@ -1,6 +1,7 @@
 """How an alert reads: a failure's log tail kept line for line in a mail's text and HTML (drawn by a real headless
-Chromium) and in a JSON post, Slack's mrkdwn with the output in a code block (a Slack stand-in over TLS), and what
-`notify test` and `submit` say of a broken URL.
+Chromium) and in a JSON post, Slack's mrkdwn with the output in a code block (a Slack stand-in over TLS), a mail
+over STARTTLS sent only where the certificate holds or the URL says verify=no, and what `notify test` and `submit`
+say of a broken URL.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Mailbox, Receiver, Tfrun, wait_for, write_script
+from harness import Mailbox, Receiver, Tfrun, free_port, wait_for, write_script
 from harness.alerting import configure, printing, settled
 
 pytestmark = [pytest.mark.slow]
@@ -177,6 +178,37 @@ class SlackStandIn:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def test_mail_over_starttls_checks_the_certificate_unless_its_url_says_verify_no(tmp_path: Path) -> None:
+    """tfrun hands apprise's SMTP plugin one TLS context for every mail (runner/alerts/outbox.py), whose checks
+    a URL with verify=no turns off: the next URL's mail must check the certificate again. A real aiosmtpd that
+    requires STARTTLS, with a certificate nobody signed, so only verify=no may reach it."""
+    from aiosmtpd.controller import Controller
+
+    from tfrun.runner.alerts import outbox
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*_self_signed("localhost", tmp_path))
+    received: list[bytes] = []
+
+    class Handler:
+        async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+            received.append(envelope.content)
+            return "250 OK"
+
+    port = free_port()
+    server = Controller(Handler(), hostname="127.0.0.1", port=port, tls_context=context, require_starttls=True)
+    server.start()
+    try:
+        url = f"mailtos://localhost:{port}?from=tfrund@example.com&to=ml-team@example.com&mode=starttls"
+        refused = outbox.send(url, "checked", "first")
+        sent = outbox.send(url + "&verify=no", "not checked", "second")
+        refused_again = outbox.send(url, "checked again", "third")
+    finally:
+        server.stop()
+    assert sent is None and len(received) == 1 and b"second" in received[0]
+    assert refused and refused_again and "localhost" in refused_again
 
 
 TOKENS = ("T1JJ3T3L2", "A1BRTD4JD", "TIiajkdnlazkcOXrIdevi7FQ")
