@@ -148,7 +148,7 @@ def test_other_ends_get_no_restart(lifecycle: Lifecycle, end: State, restarts: i
 CAUSED = [
     (JobState.LOST, {"exit_code": 255, "reason": "its shim is gone"}, "lost", True),
     (JobState.FAILED, {"exit_code": 137, "signal": 9}, "signal", True),
-    (JobState.FAILED, {"exit_code": 137, "signal": 9, "cause": "oom"}, "oom", True),  # the executor saw an OOM kill
+    (JobState.FAILED, {"exit_code": 137, "signal": 9, "cause": "oom"}, "oom", True),  # the executor's word: Slurm's
     (JobState.FAILED, {"exit_code": 1}, "error", False),
     (JobState.FAILED, {"reason": "job 3, which it runs after, failed"}, "error", False),  # it never started
     (JobState.SUCCEEDED, {"exit_code": 0}, None, False),

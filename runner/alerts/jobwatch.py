@@ -36,6 +36,7 @@ class Watch:
     job_id: int
     offset: int = 0  # bytes of the log read
     pending: bytes = b""  # the log's unfinished last line, for the OOM search
+    oom_at: Optional[int] = None  # the log's offset after the piece where the OOM search last found a message
     metrics_offset: int = 0  # bytes of metrics.jsonl read
     from_callback: bool = False  # the job writes metrics.jsonl: its losses are the exact ones
     stalled: bool = False
@@ -57,6 +58,7 @@ class Watch:
         return {
             "offset": self.offset,
             "pending": base64.b64encode(self.pending).decode(),
+            "oom_at": self.oom_at,
             "metrics_offset": self.metrics_offset,
             "from_callback": self.from_callback,
             "stalled": self.stalled,
@@ -73,6 +75,7 @@ class Watch:
             job_id=job_id,
             offset=state["offset"],
             pending=base64.b64decode(state["pending"]),
+            oom_at=state.get("oom_at"),  # absent from a watch saved by an older daemon
             metrics_offset=state["metrics_offset"],
             from_callback=state["from_callback"],
             stalled=state["stalled"],

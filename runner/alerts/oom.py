@@ -7,6 +7,11 @@ its first allocation (training goes on); the driver's code is fatal only inside 
 by the kernel's OOM killer prints nothing: runner/executors/cgroup.py sees it (on Slurm, Slurm's state or slurmstepd's
 line in slurm-ID.out: runner/executors/slurm/executor.py).
 
+Whether a job's end was for want of memory is decided once, by the lifecycle (runner/records/lifecycle.py
+`end_cause`: this module's `killed_by_oom_killer` and `log_ends_in_oom`, and Slurm's word), and kept as the job's
+cause; the alert watch reads that cause (`kill_summary`) and searches the log only for its live alerts
+(`first_oom`).
+
 The same failure reads differently by machine: TensorFlow on a CPU with oneDNN (on by default on recent x86)
 allocates through the BFC allocator "mklcpu", which logs "Allocator (mklcpu) ran out of memory" before the
 op fails; without oneDNN the plain "cpu" allocator fails silently and the op's "OOM when allocating tensor"
@@ -17,14 +22,17 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from pathlib import Path
 from typing import Optional
 
 from tfrun.runner.executors import cgroup
+from tfrun.runner.executors.process import boot_id
 from tfrun.runner.logs.lines import display, plain
 from tfrun.runner.records import jobdir
+from tfrun.runner.records.job import JobRow
 
-# A Slurm job's reason when Slurm killed it for its memory (runner/executors/slurm/states.py): its oom alert's cue.
+# A Slurm job's reason when Slurm killed it for its memory (runner/executors/slurm/states.py): its oom alert's words.
 SLURM_OUT_OF_MEMORY = "out of memory: Slurm killed it over its memory limit"
 
 # Any OOM line holds one of these: a chunk of log without any of them is skipped whole, by memmem.
@@ -99,10 +107,14 @@ def oom_kind(line: str) -> Optional[str]:
 
 def killed_by_oom_killer(job_dir: Path) -> bool:
     """Whether the kernel's OOM killer struck the job's cgroup while it ran: its count (runner/executors/cgroup.py) rose
-    above the one its shim recorded just before the job started."""
+    above the one its shim recorded just before the job started. Only where that shim ran, in this boot: a
+    Slurm job's shim records a counter of its compute node, and a count from before a reboot starts again at
+    0, so the counter read here then is another one, and its count says nothing of the job."""
     try:
         shim = jobdir.read_shim(job_dir / jobdir.SHIM) or {}
     except ValueError:
+        return False
+    if shim.get("boot_id") != boot_id():
         return False
     before, counter_file = shim.get("oom_kills"), shim.get("oom_file")
     now = cgroup.oom_kills(counter_file) if isinstance(counter_file, str) else None
@@ -132,6 +144,24 @@ def first_oom(pending: bytes, data: bytes) -> tuple[bytes, Optional[tuple[str, s
 
 
 LAST_WORDS_BYTES = 64 << 10  # where a failed job's last words are: its traceback
+
+
+def in_last_words(found_at: Optional[int], log_size: int) -> bool:
+    """Whether a fatal OOM message that the alert watch found (up to byte `found_at` of the log; None: none) is
+    among the last words of a log of `log_size` bytes: the message the job's cause `oom` may be of, which the
+    watch alerted as it read it."""
+    return found_at is not None and log_size - found_at < LAST_WORDS_BYTES
+
+
+def kill_summary(row: JobRow) -> Optional[str]:
+    """The `oom` alert of a job whose cause is oom and whose last words hold no OOM message the watch alerted: who
+    killed it for its memory, Slurm (its executor's reason) or the kernel's OOM killer (the SIGKILL that the
+    lifecycle found with a risen OOM-kill count); None when neither did."""
+    if row.reason == SLURM_OUT_OF_MEMORY:
+        return "killed by Slurm over its memory limit (sbatch --mem)"
+    if row.signal == signal.SIGKILL:
+        return "killed by the kernel's OOM killer (SIGKILL)"
+    return None
 
 
 def log_ends_in_oom(log_path: Path) -> bool:

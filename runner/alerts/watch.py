@@ -7,11 +7,11 @@ Per job, every WATCH_INTERVAL_S: the log's new bytes are searched for fatal OOM 
 read for metrics (runner/metrics.py; kept in the job's logmetrics.jsonl, runner/metrics/jobmetrics.py); the job's own
 metrics.jsonl, when tfrun.jobs writes one, is read too and is the exact source the spike rule prefers
 (runner/alerts/spikes.py); no growth of either for the stall time is a stall. When a job ends, the rest of its log
-is read first, then `failed`, `done`, `lost` fire, and a SIGKILL with a risen OOM-kill count of its cgroup
-(runner/executors/cgroup.py) is an `oom`, as is a Slurm job that Slurm killed over its memory limit (its reason says
-so). A job's watch row is deleted only after its end alerts are stored, so a
-daemon that dies at any point resumes the watch and loses no alert; the outbox's cooldown keeps the
-rescanned end of a log from alerting twice.
+is read first, then `failed`, `done`, `lost` fire, and `oom` where the job's cause is oom (decided once, by the
+lifecycle: runner/records/lifecycle.py) and its log's last words held no OOM message this watch alerted already
+(a kill by the kernel's OOM killer or by Slurm: oom.kill_summary). A job's watch row is deleted only after its end
+alerts are stored, so a daemon that dies at any point resumes the watch and loses no alert; the outbox's cooldown
+keeps the rescanned end of a log from alerting twice.
 """
 
 from __future__ import annotations
@@ -315,6 +315,7 @@ class Alerts:
             watch.pending, found = oom.first_oom(watch.pending, data)
             if found is not None:  # one incident: the rest of its traceback says the same
                 kind, shown = found
+                watch.oom_at = watch.offset  # its end's oom alert, if its last words (oom.in_last_words)
                 summary = f"out of memory ({kind}): {shorten(oom.message(shown), 160)}"
                 self._fire(row, watch, settings, "oom", summary)
         else:
@@ -364,11 +365,10 @@ class Alerts:
     def _ended(self, row: JobRow, watch: Watch, settings: Settings) -> None:
         """The end alerts of a final job, once its whole log is read."""
         rules = settings.rules
-        if row.state == JobState.FAILED and "oom" in rules:
-            if row.reason == oom.SLURM_OUT_OF_MEMORY:
-                self._fire(row, watch, settings, "oom", "killed by Slurm over its memory limit (sbatch --mem)")
-            elif row.signal == 9 and oom.killed_by_oom_killer(Path(row.job_dir)):
-                self._fire(row, watch, settings, "oom", "killed by the kernel's OOM killer (SIGKILL)")
+        told = oom.in_last_words(watch.oom_at, watch.offset)  # the cause's own message, alerted as it was read
+        kill = oom.kill_summary(row) if row.cause == "oom" and "oom" in rules and not told else None
+        if kill is not None:
+            self._fire(row, watch, settings, "oom", kill)
         if row.state == JobState.FAILED and "failed" in rules:
             self._fire(row, watch, settings, "failed", alertmessage.failure(row))
         elif row.state == JobState.SUCCEEDED and "done" in rules:

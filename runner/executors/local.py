@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Optional
 from tfrun.constants import EXIT_LOST, SAFE_PATH
 from tfrun.paths import Layout
 from tfrun.protocol.fields import JobState
-from tfrun.runner.alerts import oom
 from tfrun.runner.box.config import inherited_env
 from tfrun.runner.executors.executor import TFRUN_PARENT, Capabilities, Change, Ended, Started
 from tfrun.runner.executors.process import Identity, boot_id
@@ -313,8 +312,8 @@ def tty_command(layout: Layout, row: JobRow) -> list[str]:
 
 
 def _finished(row: JobRow, exit_info: ExitRecord) -> Ended:
-    """The end an exit record says: cancelled, succeeded (code 0) or failed; a SIGKILL with a risen OOM-kill
-    count of its cgroup failed for want of memory (what --restart-on oom restarts)."""
+    """The end an exit record says: cancelled, succeeded (code 0) or failed. Its cause (an OOM kill among them:
+    a SIGKILL with a risen OOM-kill count of its cgroup) is the lifecycle's to decide (runner/records/lifecycle.py)."""
     code = exit_info.get("exit_code")
     code = code if isinstance(code, int) else 255
     sig = exit_info.get("signal") if isinstance(exit_info.get("signal"), int) else None
@@ -324,7 +323,6 @@ def _finished(row: JobRow, exit_info: ExitRecord) -> Ended:
         state = JobState.SUCCEEDED
     else:
         state = JobState.FAILED
-    oom_killed = state == JobState.FAILED and sig == signal.SIGKILL and oom.killed_by_oom_killer(Path(row.job_dir))
     return Ended(
         state,
         exit_code=code,
@@ -332,7 +330,6 @@ def _finished(row: JobRow, exit_info: ExitRecord) -> Ended:
         started_at=row.started_at or exit_info.get("started_at"),
         finished_at=exit_info.get("finished_at"),
         reason=exit_info.get("error") or row.reason,
-        cause="oom" if oom_killed else None,
     )
 
 

@@ -9,6 +9,10 @@ alerts are due, why it failed (its cause: lost, oom, signal, error) and the rest
 and `--restart-on` call for, with the new job: a daemon killed at any point leaves all of that or none of it
 (runner/faults.py crash points let the tests check).
 
+The cause is decided here alone (`end_cause`), from all there is to know when the end is recorded; everyone
+else reads it: the restart policy below, `tfrun status`, and the alert watch, whose `oom` alert at a job's end
+is the cause read (runner/alerts/watch.py), never a judgment of its own.
+
 The moves, as ARCHITECTURE.md's table gives them with when and where each is made:
 
     (new)    -> queued                                       create, create_array, rerun
@@ -24,6 +28,7 @@ succeeded, failed, cancelled and lost are final: nothing moves a job out of them
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -120,15 +125,15 @@ class Lifecycle:
         return self._move(row, JobState.RUNNING, values)
 
     def end(self, row: JobRow, state: State, **values: Any) -> tuple[JobRow, Optional[JobRow]]:
-        """Make a job final, in one transaction with what its end calls for: its cause (`values`' where the
-        executor gave one, else `end_cause`'s), its end alerts are due (the watch stores them once it has
+        """Make a job final, in one transaction with what its end calls for: its cause (`end_cause`, which weighs
+        the executor's word in `values` with the rest), its end alerts are due (the watch stores them once it has
         read the rest of the log), and a job that failed or was lost for a cause of its --restart-on, with
         restarts left, runs again as a new job. The row as written, and the restart if one was made. A
         daemon killed before the commit leaves the job unfinished, to be ended again from its exit record."""
         if state not in _ENDS:
             raise ForbiddenMove(row.id, row.state, state)
-        if values.get("cause") is None:
-            values["cause"] = end_cause(replace(row, state=state, **values))  # before the write lock: it reads
+        reported = values.pop("cause", None)
+        values["cause"] = end_cause(replace(row, state=state, **values), reported)  # before the write lock: it reads
         with self.store.transaction():
             ended = self._move(row, state, values)
             self.store.end_alerts_due(row.id)
@@ -164,15 +169,19 @@ class Lifecycle:
         return new
 
 
-def end_cause(row: JobRow) -> Optional[Cause]:
-    """Why a job that just became final ended, as --restart-on names causes: None for a success or a
-    cancel. The executor gives `oom` where only it can tell (a kill by the kernel's OOM killer, Slurm's
-    OUT_OF_MEMORY); a log whose last words are a fatal out-of-memory message is `oom` whoever ran it; then a
-    signal, else an error (a non-zero exit, or no start at all)."""
+def end_cause(row: JobRow, reported: Optional[Cause] = None) -> Optional[Cause]:
+    """Why a job that just became final ended, as --restart-on names causes, decided once from every account of
+    it: None for a success or a cancel; lost; `oom` when any says it ran out of memory: its executor's
+    (`reported`: Slurm killed it over its memory limit), its cgroup's (a SIGKILL while the kernel's OOM-kill
+    count rose, on the machine and boot its shim recorded) or its log's (its last words a fatal out-of-memory
+    message, whoever ran it); else a signal, else an error (a non-zero exit, or no start at all)."""
     if row.state == JobState.LOST:
         return "lost"
     if row.state != JobState.FAILED:
         return None
-    if oom.log_ends_in_oom(Path(row.job_dir) / jobdir.OUTPUT):
+    job_dir = Path(row.job_dir)
+    if reported == "oom" or (row.signal == signal.SIGKILL and oom.killed_by_oom_killer(job_dir)):
+        return "oom"
+    if oom.log_ends_in_oom(job_dir / jobdir.OUTPUT):
         return "oom"
     return "signal" if row.signal is not None else "error"
