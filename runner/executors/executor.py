@@ -68,8 +68,8 @@ class Ended(NamedTuple):
     started_at: Optional[float] = None
     finished_at: Optional[float] = None
     reason: Optional[str] = None
-    # why it failed, where the executor saw more than its state and signal tell (an OOM kill: "oom"); else
-    # the lifecycle tells it from them (runner/records/lifecycle.py)
+    # what the executor's batch system says of the job's end (Slurm's OUT_OF_MEMORY: "oom"), one account the
+    # lifecycle weighs with the cgroup and the log (runner/records/lifecycle.py `end_cause`)
     cause: Optional[Cause] = None
 
     def values(self) -> dict[str, Any]:
