@@ -200,6 +200,14 @@ def test_no_modules_import_each_other_round_a_loop() -> None:
     assert _cycles(graph) == []
 
 
+def test_no_module_reads_a_number_with_isdigit() -> None:
+    """`str.isdigit` says yes to "²", which `int` refuses, and to "١٢": a number in text is tfrun/numerals.py's
+    `is_digits` (ASCII digits), or slurm/task.py's copy of it (that file imports nothing of tfrun)."""
+    allowed = {"tfrun.numerals", "tfrun.runner.executors.slurm.task"}
+    found = [name for name, path in _modules().items() if name not in allowed and ".isdigit()" in path.read_text()]
+    assert found == []
+
+
 def test_no_verb_imports_another_verb() -> None:
     """A verb is a thin command over the client's library: what two verbs share (a pool's view, a followed log,
     a page opened in the browser) is a module of client/, not a verb another verb reaches into."""

@@ -19,6 +19,7 @@ from tfrun.client.calls import jobs as job_calls
 from tfrun.client.calls import watching as watch_calls
 from tfrun.client.ui.boxes import LOSSES, PAGE, Box, Unreachable, row
 from tfrun.constants import MAX_INT64, MAX_NAME
+from tfrun.numerals import is_digits
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import JobState, State
 
@@ -51,7 +52,7 @@ def view_of(query: Mapping[str, str], befores: Sequence[str], boxes: Sequence[st
     cursors: dict[str, int] = {}
     for given in befores:
         name, _, number = given.rpartition(":")
-        if name not in boxes or not number.isascii() or not number.isdigit() or not 0 < int(number) <= MAX_INT64:
+        if name not in boxes or not is_digits(number) or not 0 < int(number) <= MAX_INT64:
             raise BadView(f"before is BOX:ID, a box shown here and a job id, not {given!r}")
         cursors[name] = int(number)
     return JobsView(box, typing.cast(State, state) if state else None, text, tuple(sorted(cursors.items())))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tfrun import tomltext
 from tfrun.constants import CONFIG_COUNT_DIGITS, CONFIG_FILE
 from tfrun.duration import format_duration
+from tfrun.numerals import is_digits
 from tfrun.protocol.admin import Setting
 from tfrun.runner.alerts import rules
 from tfrun.runner.alerts.outbox import diagnose, shown_url, usable
@@ -132,7 +133,7 @@ def _value(name: str, kind: str, words: list[str]) -> Any:
         raise ConfigError(f"{name} takes one value ({kind}), not {len(words)}")
     word = words[0]
     if kind == COUNT:
-        if not word.isascii() or not word.isdigit() or len(word) > CONFIG_COUNT_DIGITS:
+        if not is_digits(word) or len(word) > CONFIG_COUNT_DIGITS:
             raise ConfigError(f"{name} must be {kind} (0 to {10**CONFIG_COUNT_DIGITS - 1}), not {shorten(word, 40)!r}")
         return int(word)
     return word  # a string or a duration: the loader checks it, as it checks the file

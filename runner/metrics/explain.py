@@ -25,6 +25,7 @@ EXPLAIN_LIMIT_BYTES = 8 << 20  # read this much of the log, from its start: enou
 MAX_SHAPES = 10_000  # distinct shapes remembered; a log of more is mostly noise
 MAX_SHOWN_CHARS = 160
 _SEGMENT = re.compile(rb"[^\r\n\b]*[\r\n\b]")
+_DIGIT = re.compile(r"\d")
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _BAR_GRAPHIC = re.compile(r"\|[ #\u2588-\u258f]*\|")  # a tqdm bar's `|███▌      |`, which grows with its count
 _SPACES = re.compile(r"\s+")  # and the padding of its numbers (`  3%`, ` 12%`)
@@ -49,7 +50,7 @@ def explain(path: Path, patterns: Sequence[str], limit: int) -> tuple[list[LineR
         segment = found.group()
         samples = metrics.feed(segment)
         text = plain(display(segment[:-1])).strip()
-        if not any(c.isdigit() for c in text):
+        if not _DIGIT.search(text):  # a line with no number holds no metric
             continue
         shape = _SPACES.sub(" ", _NUMBERS.sub("#", _BAR_GRAPHIC.sub("|", text)))[:MAX_SHOWN_CHARS]
         known = shapes.get(shape)

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from tfrun.numerals import is_digits
 from tfrun.runner.box.config import inherited_env
 from tfrun.shorten import shorten
 
@@ -92,7 +93,7 @@ def gpu_count(gres: str) -> int:
     total = 0
     for item in gres.split(","):
         fields = item.split("(")[0].split(":")
-        if fields[0] == "gpu" and len(fields) > 1 and fields[-1].isdigit():
+        if fields[0] == "gpu" and len(fields) > 1 and is_digits(fields[-1]):
             total += int(fields[-1])
     return total
 
@@ -138,7 +139,7 @@ class Slurm:
         self.features()
         out = run(["sbatch", *args]).strip()
         slurm_id = out.splitlines()[-1].split(";")[0].strip() if out else ""
-        if not slurm_id.isdigit():
+        if not is_digits(slurm_id):
             raise SlurmError(f"sbatch answered {shorten(out, 80)!r}, not a job id")
         return slurm_id
 
@@ -178,7 +179,7 @@ class Slurm:
         found: dict[str, Partition] = {}
         for line in out.splitlines():
             parts = line.strip().split("|")
-            if len(parts) != 4 or not parts[2].isdigit():
+            if len(parts) != 4 or not is_digits(parts[2]):
                 continue
             name = parts[0].rstrip("*")
             gpus = gpu_count(parts[3])

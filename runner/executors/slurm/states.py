@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from tfrun.constants import EXIT_LOST
+from tfrun.numerals import is_digits
 from tfrun.protocol.fields import Cause, JobState
 from tfrun.runner.alerts.oom import SLURM_OUT_OF_MEMORY as OUT_OF_MEMORY
 from tfrun.runner.executors.executor import Ended
@@ -58,9 +59,9 @@ def phase(state: str) -> str:
 def exit_code(text: str) -> tuple[Optional[int], Optional[int]]:
     """sacct's ExitCode "CODE:SIGNAL" as (the code as a shell reports it, the signal or None)."""
     code, _, sig = text.partition(":")
-    if not code.isdigit():
+    if not is_digits(code):
         return None, None
-    if sig.isdigit() and int(sig):
+    if is_digits(sig) and int(sig):
         return 128 + int(sig), int(sig)
     return int(code), None
 

@@ -82,7 +82,7 @@ def _expand_one(name: str) -> list[str]:
     expanded: list[str] = []
     for part in ranges.split(","):
         first, dash, last = part.partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
+        if not _is_digits(first) or (dash and not _is_digits(last)):
             raise TaskError(f"host list {name!r}: {part!r} is not a number or a range")
         width = len(first)
         for number in range(int(first), int(last if dash else first) + 1):
@@ -106,7 +106,7 @@ def expand_ports(text: str) -> list[int]:
     ports: list[int] = []
     for part in text.split(","):
         first, dash, last = part.strip().partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
+        if not _is_digits(first) or (dash and not _is_digits(last)):
             raise TaskError(f"reserved ports {text!r}: {part!r} is not a port or a range")
         ports.extend(range(int(first), int(last if dash else first) + 1))
     return ports
@@ -313,9 +313,14 @@ def _exit_code(status: int) -> int:
     return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
+def _is_digits(text: str) -> bool:
+    """tfrun/numerals.py's `is_digits`, here because nothing in this file imports tfrun (see the docstring above)."""
+    return text.isascii() and text.isdigit()
+
+
 def main(argv: list[str]) -> int:
     """`task.py launch N -- COMMAND...` or `task.py rank -- COMMAND...` (see the module's docstring)."""
-    if len(argv) >= 5 and argv[1] == "launch" and argv[2].isdigit() and argv[3] == "--":
+    if len(argv) >= 5 and argv[1] == "launch" and _is_digits(argv[2]) and argv[3] == "--":
         return launch(int(argv[2]), argv[4:])
     if len(argv) >= 4 and argv[1] == "rank" and argv[2] == "--":
         return rank(argv[3:])
