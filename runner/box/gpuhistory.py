@@ -29,7 +29,7 @@ from tfrun.runner.records.store import Store
 log = logging.getLogger("tfrund")
 
 GPU_USE_EVERY_S = 5.0  # a held GPU sampled this often: about 1.4 MB a GPU a day
-READ_MAX_BYTES = 64 << 20  # the most of a gpus.jsonl one answer reads (a job's month on 8 GPUs is less)
+READ_MAX_BYTES = 64 << 20  # the most of a gpus.jsonl one answer reads (~45 GPU-days); the next goes on from there
 
 
 class GpuHistory:
