@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -205,6 +206,17 @@ def test_no_module_reads_a_number_with_isdigit() -> None:
     `is_digits` (ASCII digits), or slurm/task.py's copy of it (that file imports nothing of tfrun)."""
     allowed = {"tfrun.numerals", "tfrun.runner.executors.slurm.task"}
     found = [name for name, path in _modules().items() if name not in allowed and ".isdigit()" in path.read_text()]
+    assert found == []
+
+
+def test_no_browser_test_reads_an_element_it_found_earlier() -> None:
+    """The pages redraw their parts as news comes: an element found by one call and read by the next is stale
+    by then in one run of many (CI's job page, its record redrawn between the find and `.text`). A browser
+    test reads with harness/browser.py's text_of/attribute_of (found and read in one script) and clicks with
+    its click (found again when redrawn)."""
+    reads = re.compile(r"\.text\b|\.get_attribute\(|\]\.click\(\)|find_element\(")
+    found = [f"{path.name}:{number}" for path in sorted((REPO / "tests").glob("test_ui*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if reads.search(line)]  # fmt: skip
     assert found == []
 
 

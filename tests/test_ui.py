@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from harness import Sshd, Tfrun, free_port, remote_client, wait_for, write_script
-from harness.browser import UiServer, by_css, signed_in, start_ui
+from harness.browser import UiServer, attribute_of, by_css, click, signed_in, start_ui, text_of
 from harness.otheruser import OtherUser, mallory  # noqa: F401
 from harness.relay import Relay
 from selenium.webdriver.support.expected_conditions import alert_is_present
@@ -108,10 +108,10 @@ def test_the_jobs_page_lists_the_jobs_of_both_boxes(browser: WebDriver, ui: UiSe
     wait_for(lambda: by_css(browser, local_row) and by_css(browser, box_row), timeout=30, what="both boxes' rows")
     print(f"jobs page: both boxes' rows in {time.monotonic() - started:.2f} s")
     assert browser.current_url == ui.base + "/"  # the key is not in the address bar
-    row = by_css(browser, box_row)[0]
-    assert "there" in row.text and "running" in row.text, row.text
+    row = text_of(browser, box_row) or ""
+    assert "there" in row and "running" in row, row
     assert wait_for(lambda: _loss_shown(browser, box_row), what="a last loss in the row")
-    status = by_css(browser, "#boxes")[0].text
+    status = text_of(browser, "#boxes") or ""
     assert "local: up" in status and "box: up" in status, status
     by_css(browser, "#state")[0].send_keys("succeeded")  # a filter: no running row
     wait_for(lambda: not by_css(browser, box_row), what="the filter to hide the running job")
@@ -119,15 +119,15 @@ def test_the_jobs_page_lists_the_jobs_of_both_boxes(browser: WebDriver, ui: UiSe
 
 
 def _loss_shown(browser: WebDriver, row: str) -> bool:
-    cells = by_css(browser, f"{row} td.loss")
-    return bool(cells) and cells[0].text not in ("", "-")
+    return text_of(browser, f"{row} td.loss") not in (None, "", "-")
 
 
 def test_a_line_the_job_prints_appears_in_its_page(browser: WebDriver, ui: UiServer, boxes: Boxes) -> None:
     browser.get(f"{ui.base}/job/box/{boxes.box_job}")
     wait_for(lambda: "loss=" in _log(browser), timeout=30, what="the log")
-    title = by_css(browser, "#title")[0]
-    wait_for(lambda: title.text.startswith(f"job {boxes.box_job} there running"), what="its record")  # its own feed
+    wait_for(
+        lambda: (text_of(browser, "#title") or "").startswith(f"job {boxes.box_job} there running"), what="its record"
+    )  # its own feed
     mark = f"mark-{uuid.uuid4().hex}"
     printed = time.monotonic()
     boxes.gate("box", mark)
@@ -159,7 +159,7 @@ def test_the_log_filter_runs_on_the_box(browser: WebDriver, ui: UiServer, boxes:
     wait_for(lambda: "step 19 " in _log(browser), timeout=30, what="the filtered log")
     steps = [int(line.split()[1]) for line in _log(browser).splitlines()]
     assert steps == list(range(10, 20)), steps
-    field = by_css(browser, "#grep")[0].get_attribute("value")
+    field = attribute_of(browser, "#grep", "value")
     assert field == "^step 1[0-9] loss", field
 
 
@@ -167,12 +167,11 @@ def test_cancel_from_the_page_cancels_the_job(browser: WebDriver, ui: UiServer, 
     write_script(tmp_path, "sleeper.py", "import time\nprint('loss 1.0', flush=True)\ntime.sleep(600)\n")
     job = boxes.local.submit(str(tmp_path / "sleeper.py"))
     browser.get(f"{ui.base}/job/local/{job}")
-    wait_for(lambda: by_css(browser, "#state") and by_css(browser, "#state")[0].text == "running", timeout=30,
-             what="the job running in its page")  # fmt: skip
-    by_css(browser, "#cancel")[0].click()
+    wait_for(lambda: text_of(browser, "#state") == "running", timeout=30, what="the job running in its page")
+    click(browser, "#cancel", "the cancel button")
     WebDriverWait(browser, 10).until(alert_is_present()).accept()  # "Cancel job N on local?", in its time
     wait_for(lambda: boxes.local.job(job)["state"] == "cancelled", timeout=30, what="the job cancelled")
-    wait_for(lambda: by_css(browser, "#state")[0].text == "cancelled", timeout=10, what="the page to say so")
+    wait_for(lambda: text_of(browser, "#state") == "cancelled", timeout=10, what="the page to say so")
 
 
 # -- who may use it ----------------------------------------------------------------------------------------------
@@ -265,12 +264,11 @@ def test_a_box_that_cannot_be_reached_is_a_row_saying_why(browser: WebDriver, bo
         config.write_text(kept)
     try:
         browser.get(viewer.url)
-        wait_for(lambda: by_css(browser, 'tr.down[data-box="gone"]'), timeout=30, what="the down box's row")
-        down = by_css(browser, 'tr.down[data-box="gone"]')[0].text
+        down = wait_for(lambda: text_of(browser, 'tr.down[data-box="gone"]'), timeout=30, what="the down box's row")
         assert "down:" in down and "refused" in down.lower(), down
         wait_for(lambda: by_css(browser, f'tr[data-box="box"][data-id="{boxes.box_job}"]'), what="the other box's row")
         assert not by_css(browser, 'tr[data-box="local"]'), "--host all: the configured hosts, not this machine"
-        status = by_css(browser, "#boxes")[0].text
+        status = text_of(browser, "#boxes") or ""
         assert "gone: down" in status and "box: up" in status, status
     finally:
         viewer.stop()
@@ -302,8 +300,7 @@ def test_a_daemon_of_an_older_tfrun_is_a_row_naming_its_version_and_the_way_out(
     viewer = start_ui(old.env, tmp_path, "--host", "local")
     try:
         browser.get(viewer.url)
-        wait_for(lambda: by_css(browser, 'tr.down[data-box="local"]'), timeout=30, what="the old daemon's row")
-        down = by_css(browser, 'tr.down[data-box="local"]')[0].text
+        down = wait_for(lambda: text_of(browser, 'tr.down[data-box="local"]'), timeout=30, what="the old daemon's row")
         assert f"tfrund 0.0.9 speaks protocol {PROTOCOL_VERSION - 1}" in down, down
         assert "pip install -U tfrun" in down and "tfrund stop" in down, down
         assert heard and all(b'"type":"hello"' in frame for frame in heard), heard

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from harness import Receiver, Sshd, Tfrun, remote_client, wait_for, write_script
 from harness.alerting import configure
-from harness.browser import UiServer, by_css, signed_in, start_ui
+from harness.browser import UiServer, attribute_of, attributes_of, by_css, click, signed_in, start_ui, text_of
 
 if TYPE_CHECKING:
     from selenium.webdriver import Chrome as WebDriver
@@ -114,8 +114,7 @@ def test_compare_shows_the_array_s_two_curves(browser: WebDriver, ui: UiServer, 
     first, second = boxes.tasks
     browser.get(ui.base + "/")
     link = f'tr[data-box="local"][data-id="{first}"] a.compare-array'
-    wait_for(lambda: by_css(browser, link), timeout=30, what="the array's compare link")
-    by_css(browser, link)[0].click()
+    click(browser, link, "the array's compare link")
     wait_for(lambda: _series(browser) == [STEPS, STEPS], timeout=30, what="both tasks' losses in the chart")
     assert browser.current_url == f"{ui.base}/compare?jobs=local:{first},local:{second}&metric=loss"
     rows = _table(browser)
@@ -127,8 +126,7 @@ def test_compare_shows_the_array_s_two_curves(browser: WebDriver, ui: UiServer, 
     wait_for(lambda: [row["lr"] for row in _table(browser)] == ["0.2", "0.1"], what="sorted by lr, descending")
     browser.get(f"{ui.base}/compare?jobs=local:{first},local:{second}&metric=val_accuracy&log=1&smooth=0.6")
     wait_for(lambda: _series(browser) == [STEPS // 5, STEPS // 5], timeout=30, what="the evaluations, log scale")
-    assert by_css(browser, "#log")[0].is_selected() and by_css(browser, "#metric")[0].get_attribute("value") == (
-        "val_accuracy")  # fmt: skip
+    assert by_css(browser, "#log")[0].is_selected() and attribute_of(browser, "#metric", "value") == "val_accuracy"
 
 
 def _table(browser: WebDriver) -> list[dict[str, str]]:
@@ -145,17 +143,15 @@ def test_compare_takes_the_jobs_ticked_and_says_what_it_cannot_show(
     browser.get(ui.base + "/")
     for job in (boxes.tasks[1], boxes.nan_job):
         tick = f'tr[data-box="local"][data-id="{job}"] input.pick'
-        wait_for(lambda: by_css(browser, tick), timeout=30, what="the row's tick box")  # noqa: B023
-        by_css(browser, tick)[0].click()
-    by_css(browser, "#compare")[0].click()
+        click(browser, tick, "the row's tick box")
+    click(browser, "#compare", "the compare button")
     wait_for(lambda: _series(browser) == [STEPS, 2], timeout=30, what="both jobs' losses (the NaN is no point)")
     assert f"jobs=local:{boxes.tasks[1]},local:{boxes.nan_job}" in browser.current_url
     first, second = boxes.tasks
     browser.get(f"{ui.base}/compare?jobs=local:{first},local:0{first},%20local:{second}")  # one job named twice
     wait_for(lambda: _series(browser) == [STEPS, STEPS], timeout=30, what="each job once, each its own curve")
     browser.get(f"{ui.base}/compare?jobs=nowhere:1")
-    notice = by_css(browser, "#notice")[0]
-    wait_for(lambda: "no box 'nowhere' here" in notice.text, what="the refusal in words")
+    wait_for(lambda: "no box 'nowhere' here" in (text_of(browser, "#notice") or ""), what="the refusal in words")
 
 
 def test_compare_is_live_while_a_job_runs(browser: WebDriver, ui: UiServer, boxes: Boxes, tmp_path: Path) -> None:
@@ -177,13 +173,11 @@ def test_the_alerts_page_lists_a_nan_alert_with_its_delivery(browser: WebDriver,
     browser.get(ui.base + "/alerts")
     item = f'li.alert[data-box="local"][data-job="{boxes.nan_job}"][data-rule="spike"]'
     wait_for(lambda: by_css(browser, f"{item} li[data-state=sent]"), timeout=30, what="the alert, delivered")
-    text = by_css(browser, item)[0].text
+    text = text_of(browser, item) or ""
     assert "loss is nan at step 3" in text and f"sent json://127.0.0.1:{boxes.receiver.port}/*** at " in text, text
-    link = by_css(browser, f"{item} a.where")[0]
-    assert (
-        link.get_attribute("href") == f"{ui.base}/job/local/{boxes.nan_job}" and link.text == f"local:{boxes.nan_job}"
-    )
-    assert "box: up" in by_css(browser, "#boxes")[0].text
+    assert attribute_of(browser, f"{item} a.where", "href") == f"{ui.base}/job/local/{boxes.nan_job}"
+    assert text_of(browser, f"{item} a.where") == f"local:{boxes.nan_job}"
+    assert "box: up" in (text_of(browser, "#boxes") or "")
     assert ui.request("GET", "/events/alerts", cookie=False).status == 403  # the new pages are behind the key too
 
 
@@ -194,16 +188,15 @@ def test_the_gpus_page_shows_each_box_s_gpus_and_the_job_holding_one(
     local = 'section[data-box="local"]'
     wait_for(lambda: len(by_css(browser, f"{local} table.gpus tbody tr")) == 2, what="the stand-in's two GPUs")
     held = boxes.local.job(boxes.holder)["gpus"]
-    row = by_css(browser, f'{local} tr[data-device="{held[0]}"]')[0].text
+    row = text_of(browser, f'{local} tr[data-device="{held[0]}"]') or ""
     assert f"job {boxes.holder} {HOLDER}" in row and "NVIDIA H200" in row, row
     assert not by_css(browser, f"{local} table i"), "a job's name is text, never markup"
-    assert "(21%)" in by_css(browser, f'{local} tr[data-device="0"]')[0].text  # 30 of 141 GiB, as `tfrun gpus`
+    assert "(21%)" in (text_of(browser, f'{local} tr[data-device="0"]') or "")  # 30 of 141 GiB, as `tfrun gpus`
     box_state = 'section[data-box="box"] .state'
-    wait_for(lambda: by_css(browser, box_state), timeout=30, what="the box's section")
-    assert by_css(browser, box_state)[0].text == "no GPUs on this box (or none NVML can see)"
+    state = wait_for(lambda: text_of(browser, box_state), timeout=30, what="the box's section")
+    assert state == "no GPUs on this box (or none NVML can see)"
     chart = f'{local} [data-chart="memory"]'
-    wait_for(lambda: int(by_css(browser, chart)[0].get_attribute("data-points") or 0) >= 3, timeout=10,
-             what="the memory history to grow")  # fmt: skip
+    wait_for(lambda: _points(browser, chart) >= 3, timeout=10, what="the memory history to grow")
 
 
 def test_a_job_page_charts_its_gpus_memory_and_load_over_its_life(
@@ -216,9 +209,7 @@ def test_a_job_page_charts_its_gpus_memory_and_load_over_its_life(
     wait_for(lambda: _points(browser, "#gpu-memory") >= 2, timeout=30, what="two samples of the held GPU")
     assert _points(browser, "#gpu-load") == _points(browser, "#gpu-memory")
     used = (30 + int(device)) * GIB / 1e9  # the stand-in's figures for that GPU, in `tfrun gpus`' units
-    assert (
-        by_css(browser, "#gpu-peak")[0].text == f"GPU {device}: peak memory {used:.1f} GB of {141 * GIB / 1e9:.1f} GB"
-    )
+    assert text_of(browser, "#gpu-peak") == f"GPU {device}: peak memory {used:.1f} GB of {141 * GIB / 1e9:.1f} GB"
     loads = browser.execute_script("return gpuCharts['gpu-load'].plot.data[1].filter((v) => v != null)")
     assert set(loads) == {40 + int(device)}
     samples = [json.loads(line) for line in (boxes.local.job_dir(boxes.holder) / "gpus.jsonl").read_text().splitlines()]
@@ -240,22 +231,24 @@ def test_a_job_page_charts_every_metric_and_lists_alerts_and_checkpoints(
     assert not by_css(browser, '#train-charts [data-metric^="val_"]'), "evaluations apart from training metrics"
     assert _points(browser, "#chart") == STEPS
     wait_for(lambda: by_css(browser, "#checkpoints tbody tr"), what="its checkpoints")
-    names = [row.get_attribute("data-name") for row in by_css(browser, "#checkpoints tbody tr")]
+    names = attributes_of(browser, "#checkpoints tbody tr", "data-name")
     assert names == [f"ckpt-{step}" for step in range(STEPS, 0, -5)], names  # newest first, one row each
     rules = [alert["rule"] for alert in json.loads(boxes.local.ok("alerts", "--json", str(boxes.tasks[0])))]
-    wait_for(lambda: [item.get_attribute("data-rule") for item in by_css(browser, "#alerts li.alert")] == rules,
-             what="its alerts, as `tfrun alerts` lists them")  # fmt: skip
+    wait_for(
+        lambda: attributes_of(browser, "#alerts li.alert", "data-rule") == rules,
+        what="its alerts, as `tfrun alerts` lists them",
+    )
     browser.get(f"{ui.base}/job/local/{boxes.nan_job}")
     wait_for(lambda: by_css(browser, '#alerts li.alert[data-rule="spike"] li[data-state="sent"]'), timeout=30,
              what="its alert, delivered")  # fmt: skip
-    assert by_css(browser, "#nocheckpoints")[0].text == "no checkpoints"
+    assert text_of(browser, "#nocheckpoints") == "no checkpoints"
     errors = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]  # type: ignore[no-untyped-call]
     assert not errors, errors
 
 
 def _points(browser: WebDriver, css: str) -> int:
-    found = by_css(browser, css)
-    return int(found[0].get_attribute("data-points") or 0) if found else -1
+    points = attribute_of(browser, css, "data-points")
+    return -1 if points is None else int(points or 0)
 
 
 def test_a_compare_stream_resumes_each_job_where_the_page_had_it(ui: UiServer, boxes: Boxes) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from harness import Tfrun, wait_for, write_script
-from harness.browser import UiServer, chromium, start_ui
+from harness.browser import UiServer, by_css, chromium, click, start_ui
 from harness.history import copy_ended_jobs
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def test_a_state_narrows_the_list_on_the_box_and_older_goes_on_below(shown: Show
     browser = shown.browser
     browser.get(shown.ui.base + "/?state=failed")
     wait_for(lambda: _ids(browser) == shown.failed[:50], timeout=30, what="the 50 newest failed jobs")
-    browser.find_element("id", "older").click()
+    click(browser, "#older", "the older button")
     wait_for(lambda: _ids(browser) == shown.failed[50:100], timeout=30, what="the next 50 failed jobs")
     url = browser.current_url
     assert "state=failed" in url and f"before=local%3A{shown.failed[49]}" in url and "page=2" in url, url
@@ -74,7 +74,7 @@ def test_a_state_narrows_the_list_on_the_box_and_older_goes_on_below(shown: Show
     names = [f"old-39{tail}" for tail in ("9", "8", "7", "6", "5", "4", "3", "2", "1", "0", "")]
     expected = [job["id"] for name in names for job in shown.tf.jobs() if job["name"] == name]
     wait_for(lambda: _ids(browser) == expected, timeout=30, what="the jobs named old-39*")
-    assert not browser.find_element("id", "older").is_displayed()
+    assert not by_css(browser, "#older")[0].is_displayed()
 
 
 # Asks the daemon of TFRUN_HOME for the losses of the jobs named on its command line, prints the reply as JSON.

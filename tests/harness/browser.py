@@ -9,6 +9,7 @@ import http.client
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,56 @@ def chromium() -> Iterator[Any]:
 def by_css(driver: Any, css: str) -> list[Any]:
     """The elements `css` selects on the page as it is now."""
     return list(driver.find_elements("css selector", css))
+
+
+# One script finds the elements and reads them in the same moment: the pages redraw their parts as news comes (the
+# job page its record every 5 s, the jobs page its rows), so an element found by one call and read by the next can
+# be gone by then, and a wait on it fails at once with a stale reference instead of waiting.
+# An attribute is read as Selenium's get_attribute reads it: the property where it is a string (an input's value
+# as typed, a link's href in full), else the attribute as written.
+READ_ELEMENTS = """const [css, name] = arguments;
+return [...document.querySelectorAll(css)].map((found) => name === null
+    ? found.innerText.replace(/[ \\t]+/g, " ").trim()
+    : typeof found[name] === "string" ? found[name] : found.getAttribute(name));"""
+
+
+def texts_of(driver: Any, css: str) -> list[str]:
+    """The text of each element `css` selects, as shown (runs of blanks as one)."""
+    return [str(text) for text in driver.execute_script(READ_ELEMENTS, css, None)]
+
+
+def text_of(driver: Any, css: str) -> Optional[str]:
+    """The text of the first element `css` selects; None where there is none."""
+    return next(iter(texts_of(driver, css)), None)
+
+
+def attributes_of(driver: Any, css: str, name: str) -> list[Optional[str]]:
+    """One attribute of each element `css` selects (None where an element has none)."""
+    return [None if value is None else str(value) for value in driver.execute_script(READ_ELEMENTS, css, name)]
+
+
+def attribute_of(driver: Any, css: str, name: str) -> Optional[str]:
+    """One attribute of the first element `css` selects; None where there is none or it lacks the attribute."""
+    return next(iter(attributes_of(driver, css, name)), None)
+
+
+def click(driver: Any, css: str, what: str, timeout: float = 30) -> None:
+    """A real click on the first element `css` selects, once there is one: found again if the page redrew it
+    between the find and the click."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = by_css(driver, css)
+            if found:
+                found[0].click()
+                return
+        except StaleElementReferenceException:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
 
 
 @dataclass
