@@ -29,7 +29,7 @@ from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import Error, Message, Ok, ProtocolError, encode
 from tfrun.runner import limits
-from tfrun.runner.box.config import Config, ConfigError
+from tfrun.runner.config.settings import Config, ConfigError
 from tfrun.runner.daemon import Daemon
 from tfrun.runner.home import (
     AlreadyRunning,
@@ -244,7 +244,7 @@ def doctor(python: Optional[str], as_json: bool) -> None:
     """Check this box for training: the job interpreter and its TensorFlow (CUDA build, GPUs, memory
     growth), the NVIDIA driver, and the checkpoint root. Works with or without a running daemon;
     exits 1 if any check fails (a warning is not a failure: a CPU-only box is allowed)."""
-    from tfrun.runner.box.doctor import FAIL, job_python, run_checks
+    from tfrun.runner.doctor import FAIL, job_python, run_checks
 
     try:
         config = Config.load(Layout.from_env())

@@ -47,15 +47,14 @@ from tfrun.protocol.wire import (
 from tfrun.runner.alerts.diskfull import DiskWatch
 from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.alerts.watch import Alerts
-from tfrun.runner.box import liveconfig
-from tfrun.runner.box.blobs import BlobStore, Spares
-from tfrun.runner.box.config import Config, ConfigError
-from tfrun.runner.box.gpuhistory import GpuHistory
-from tfrun.runner.box.gpus import device_ids
+from tfrun.runner.config import live
+from tfrun.runner.config.settings import Config, ConfigError
 from tfrun.runner.executors.executor import Executor
 from tfrun.runner.executors.local import LocalExecutor
 from tfrun.runner.executors.runs import Runs
 from tfrun.runner.executors.slurm.executor import SlurmExecutor
+from tfrun.runner.gpus.devices import device_ids
+from tfrun.runner.gpus.history import GpuHistory
 from tfrun.runner.handlers import (
     HANDLERS,
     WATCHING,
@@ -75,6 +74,7 @@ from tfrun.runner.queue.scheduler import Scheduler
 from tfrun.runner.records.job import JobRow
 from tfrun.runner.records.lifecycle import Lifecycle
 from tfrun.runner.records.store import Store
+from tfrun.runner.workdir.blobs import BlobStore, Spares
 
 log = logging.getLogger("tfrund")
 
@@ -178,7 +178,7 @@ class Daemon:
         """SIGHUP: read config.toml again, as `tfrun config reload` does. A file that cannot be used is
         logged, and the running config stays."""
         try:
-            liveconfig.reload(self, "SIGHUP")
+            live.reload(self, "SIGHUP")
         except ConfigError as exc:
             log.error("config not reloaded (SIGHUP): %s; the running config stays", exc)
 

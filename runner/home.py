@@ -1,7 +1,8 @@
 """The daemon's home and its hold on it: the folders of TFRUN_HOME, made its user's alone (`keep_private`,
 `tighten_home`), the flock one daemon holds for its whole life (`acquire_lock`, `lock_holder`), the job side's
-import path (`install_job_pythonpath`), and `HomeWatch`, which tells a daemon that its home, lock file or
-socket was removed or replaced under it, so that it stops instead of serving a home nobody can reach.
+import path (`install_job_pythonpath`), the environment every process it starts begins with (`inherited_env`),
+and `HomeWatch`, which tells a daemon that its home, lock file or socket was removed or replaced under it, so
+that it stops instead of serving a home nobody can reach.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import IO, Optional
 
 import tfrun
-from tfrun.constants import JOB_UMASK_ENV, PRIVATE_DIR_MODE, PRIVATE_UMASK
+from tfrun.constants import DAEMON_ONLY_ENV, JOB_UMASK_ENV, PRIVATE_DIR_MODE, PRIVATE_UMASK
 from tfrun.numerals import is_digits
 from tfrun.paths import Layout
 from tfrun.private import NotPrivate, private_dir
@@ -192,6 +193,13 @@ def lock_holder(layout: Layout) -> Optional[int]:
             return None
     except FileNotFoundError:
         return None
+
+
+def inherited_env() -> dict[str, str]:
+    """tfrund's environment less its own secrets (TFRUN_NOTIFY): what everything it starts begins with (a
+    shim, a job, a service, sbatch and so a batch job), since a job's environment is readable by its code and
+    by whoever the job hands it to, and a job that needs alerts asks the daemon (`--notify`)."""
+    return {key: value for key, value in os.environ.items() if key not in DAEMON_ONLY_ENV}
 
 
 def install_job_pythonpath(layout: Layout) -> None:

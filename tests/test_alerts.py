@@ -26,7 +26,7 @@ from tfrun.protocol.fields import JobState
 from tfrun.runner.alerts.jobwatch import LOOK_READ_BYTES, keep
 from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.alerts.watch import Alerts
-from tfrun.runner.box.config import Config
+from tfrun.runner.config.settings import Config
 from tfrun.runner.records.job import JobRow, JobSpec
 from tfrun.runner.records.lifecycle import Lifecycle
 from tfrun.runner.records.store import Store

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness.codebase import tfrun_modules
 from harness.paths import DATA, REPO
 
 
@@ -38,7 +39,7 @@ def test_installing_tfrun_puts_no_client_runner_or_jobs_package_on_the_path(tmp_
 def test_the_shim_imports_nothing_heavy() -> None:
     """The shim starts once per job and must stay cheap: no click, rich, asyncio or sqlite in it."""
     probe = (
-        "import sys, tfrun.runner.shim; "
+        "import sys, tfrun.runner.shim.supervise; "
         "print(sorted(m for m in ('click', 'rich', 'asyncio', 'sqlite3', 'tfrun.protocol') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
@@ -139,73 +140,11 @@ def test_the_raw_request_check_sees_each_way_of_sending_one() -> None:
     )
 
 
-def _modules() -> dict[str, Path]:
-    """Every module of tfrun by its import name (runner/, client/ and jobs/ are tfrun.runner, .client and .jobs)."""
-    found = {}
-    for folder in ("runner", "client", "jobs", "tfrun"):
-        for path in (REPO / folder).rglob("*.py"):
-            parts = path.relative_to(REPO / folder).with_suffix("").parts
-            if folder == "tfrun" and parts[0] in ("runner", "client", "jobs"):
-                continue  # the symlinks to the folders above
-            name = ".".join(["tfrun", *([] if folder == "tfrun" else [folder]), *parts])
-            found[name.removesuffix(".__init__")] = path
-    return found
-
-
-def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The tfrun modules `path` imports anywhere in it: in a function and under TYPE_CHECKING too."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found |= {m for m in (node.module, *(f"{node.module}.{a.name}" for a in node.names)) if m in modules}
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name in modules}
-    return found
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The groups of modules that import each other, round the loop (Tarjan's strongly connected components)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    groups: list[list[str]] = []
-
-    def visit(name: str) -> None:
-        index[name] = low[name] = len(index)
-        stack.append(name)
-        for other in graph[name]:
-            if other not in index:
-                visit(other)
-                low[name] = min(low[name], low[other])
-            elif other in stack:
-                low[name] = min(low[name], index[other])
-        if low[name] == index[name]:
-            group = [stack.pop()]
-            while group[-1] != name:
-                group.append(stack.pop())
-            if len(group) > 1:
-                groups.append(sorted(group))
-
-    for name in sorted(graph):
-        if name not in index:
-            visit(name)
-    return sorted(groups)
-
-
-def test_no_modules_import_each_other_round_a_loop() -> None:
-    """A loop of imports (lazy ones too: they only hide it) makes a newcomer read every module in it to change
-    one; a package's own __init__ imported by its modules is no loop."""
-    modules = _modules()
-    graph = {name: {m for m in _imports(path, modules) if m != name and not name.startswith(f"{m}.")}
-             for name, path in modules.items()}  # fmt: skip
-    assert _cycles(graph) == []
-
-
 def test_no_module_reads_a_number_with_isdigit() -> None:
     """`str.isdigit` says yes to "²", which `int` refuses, and to "١٢": a number in text is tfrun/numerals.py's
-    `is_digits` (ASCII digits), or slurm/task.py's copy of it (that file imports nothing of tfrun)."""
-    allowed = {"tfrun.numerals", "tfrun.runner.executors.slurm.task"}
-    found = [name for name, path in _modules().items() if name not in allowed and ".isdigit()" in path.read_text()]
+    `is_digits` (ASCII digits), or shim/slurmtask.py's copy of it (that file imports nothing of tfrun)."""
+    allowed = {"tfrun.numerals", "tfrun.runner.shim.slurmtask"}
+    found = [name for name, path in tfrun_modules().items() if name not in allowed and ".isdigit()" in path.read_text()]
     assert found == []
 
 
@@ -218,45 +157,6 @@ def test_no_browser_test_reads_an_element_it_found_earlier() -> None:
     found = [f"{path.name}:{number}" for path in sorted((REPO / "tests").glob("test_ui*.py"))
              for number, line in enumerate(path.read_text().splitlines(), 1) if reads.search(line)]  # fmt: skip
     assert found == []
-
-
-def test_no_verb_imports_another_verb() -> None:
-    """A verb is a thin command over the client's library: what two verbs share (a pool's view, a followed log,
-    a page opened in the browser) is a module of client/, not a verb another verb reaches into."""
-    modules = _modules()
-    verbs = {name for name in modules if name.startswith("tfrun.client.verbs.")}
-    crossing = {verb: sorted(_imports(modules[verb], modules) & (verbs - {verb})) for verb in verbs}
-    assert {verb: found for verb, found in crossing.items() if found} == {}
-
-
-WINGS = ("records", "queue", "executors", "logs", "alerts", "metrics", "box", "services")
-
-
-def _may_touch(wing: str) -> set[str]:
-    """The wings a wing's docstring says it may touch: the names in its `May touch:` paragraph."""
-    doc = ast.get_docstring(ast.parse((REPO / "runner" / wing / "__init__.py").read_text())) or ""
-    rules = [part for part in doc.split("\n\n") if part.startswith("May touch:")]
-    assert len(rules) == 1, f"runner/{wing}/__init__.py says once what it may touch"
-    words = set(rules[0].replace(",", " ").replace("(", " ").replace(")", " ").replace(".", " ").split())
-    return {w for w in words if w in WINGS or w == "faults"}
-
-
-def test_each_wing_of_the_daemon_touches_only_what_its_docstring_says() -> None:
-    """runner/ is in wings (records, queue, executors, ...); each says in its docstring which others it may
-    import, so a newcomer who reads one package's first lines knows what a change in it can reach."""
-    modules = _modules()
-    assert sorted(p.name for p in (REPO / "runner").iterdir() if (p / "__init__.py").exists()) == sorted(
-        (*WINGS, "handlers")
-    )
-    crossings = []
-    for wing in WINGS:
-        allowed = _may_touch(wing) | {wing}
-        for path in (REPO / "runner" / wing).rglob("*.py"):
-            for name in _imports(path, modules):
-                parts = name.split(".")
-                if parts[:2] == ["tfrun", "runner"] and len(parts) > 2 and parts[2] not in allowed:
-                    crossings.append(f"{path.relative_to(REPO)} imports {name}")
-    assert crossings == []
 
 
 # What a test module uses that says which marker (pyproject.toml's markers) it must carry, so that `-m "not
@@ -357,7 +257,7 @@ def test_each_constant_name_is_defined_in_one_module() -> None:
     own tuning values beside the code they tune, and no two modules define the same name (three
     `TAIL_BYTES` of three meanings, or one value written twice, as `config.toml`'s name was)."""
     where: dict[str, list[str]] = {}
-    for name, path in sorted(_modules().items()):
+    for name, path in sorted(tfrun_modules().items()):
         for node in ast.parse(path.read_text()).body:
             if not isinstance(node, (ast.Assign, ast.AnnAssign)):
                 continue
@@ -379,7 +279,7 @@ def test_no_module_is_over_400_lines() -> None:
     tests/data are kept as their authors wrote them."""
     tests = [path for folder in ("tests", "bench") for path in (REPO / folder).rglob("*.py")]
     long = []
-    for path in sorted([*_modules().values(), *(path for path in tests if DATA not in path.parents)]):
+    for path in sorted([*tfrun_modules().values(), *(path for path in tests if DATA not in path.parents)]):
         lines = len(path.read_text().splitlines())
         if lines > 400:
             long.append(f"{path.relative_to(REPO)}: {lines}")

@@ -16,7 +16,7 @@ from harness import Receiver, Tfrun, gated_job, local_and_ssh, no_internet, wait
 
 from tfrun import tomltext
 from tfrun.paths import Layout
-from tfrun.runner.box import config as daemon_config
+from tfrun.runner.config import settings as daemon_config
 
 SECRET = "hunter2-secret"
 
@@ -206,7 +206,7 @@ def test_a_config_that_stops_tfrund_reaches_the_client_in_one_line(tf: Tfrun, tr
 
 
 def test_the_documented_example_is_a_valid_config_that_names_every_key(tmp_path: Path) -> None:
-    """runner/box/config.py's docstring is the reference: it loads, and it shows every key KEYS knows."""
+    """runner/config/settings.py's docstring is the reference: it loads, and it shows every key KEYS knows."""
     example = daemon_config.__doc__ or ""
     example = example[example.index("checkpoint_root =") :]
     daemon_config.Config.parse(example, Layout(tmp_path))

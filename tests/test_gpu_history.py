@@ -1,4 +1,4 @@
-"""A job's GPUs over its life (runner/box/gpuhistory.py): what the daemon appends to the job's gpus.jsonl, and
+"""A job's GPUs over its life (runner/gpus/history.py): what the daemon appends to the job's gpus.jsonl, and
 what it reads back for the job's page (GetGpuUse): only the new lines, thinned to the peaks, never through a
 link the job put in place of its file. (The page itself: tests/test_ui_pages.py.)"""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tfrun.runner.box.gpuhistory import GpuHistory, read_gpu_use
-from tfrun.runner.box.gpus import GpuReading
+from tfrun.runner.gpus.devices import GpuReading
+from tfrun.runner.gpus.history import GpuHistory, read_gpu_use
 from tfrun.runner.records.job import JobSpec
 from tfrun.runner.records.store import Store
 

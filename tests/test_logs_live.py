@@ -21,9 +21,9 @@ from harness.paths import DATA
 
 from tfrun.client.timespec import Since, parse_since
 from tfrun.duration import parse_duration
-from tfrun.runner.logs import logindex
 from tfrun.runner.logs.lines import MAX_LINE_BYTES, plain
-from tfrun.runner.logs.logindex import LogIndex
+from tfrun.runner.shim import logindex
+from tfrun.runner.shim.logindex import LogIndex
 
 pytestmark = [pytest.mark.slow]
 

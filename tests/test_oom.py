@@ -1,4 +1,4 @@
-"""The oom rule's reading of one line (runner/alerts/oom.py), over real lines the frameworks print.
+"""The oom rule's reading of one line (runner/records/oom.py), over real lines the frameworks print.
 
 Where each line comes from:
 - TF 2.21 / TF 2.15: captured here (tensorflow-cpu 2.21 in .venv, 2.15 in .venv-keras2, on an AVX-512 CPU)
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfrun.runner.alerts.oom import may_hold_oom, message, oom_kind
+from tfrun.runner.records.oom import may_hold_oom, message, oom_kind
 
 TF_2_21_MKLCPU = (
     "W0000 00:00:1796117831.830509    4892 bfc_allocator.cc:502] Allocator (mklcpu) ran out of memory trying to "

@@ -19,12 +19,12 @@ from harness.alerting import PYTORCH_OOM
 from tfrun.protocol.fields import JobState
 from tfrun.runner.alerts.outbox import Outbox
 from tfrun.runner.alerts.watch import Alerts
-from tfrun.runner.box.config import Config
-from tfrun.runner.executors.process import boot_id
+from tfrun.runner.config.settings import Config
 from tfrun.runner.executors.slurm import states
 from tfrun.runner.records.job import JobRow, JobSpec
 from tfrun.runner.records.lifecycle import Lifecycle
 from tfrun.runner.records.store import Store
+from tfrun.runner.shim.process import boot_id
 
 
 class Box:

@@ -17,8 +17,7 @@ from harness.slurmcluster import SlurmCluster, on_slurm_fixture, slurm_fixture, 
 from tfrun.constants import EXIT_LOST, SAFE_PATH
 from tfrun.paths import Layout
 from tfrun.protocol.fields import JobState
-from tfrun.runner.alerts.oom import SLURM_OUT_OF_MEMORY
-from tfrun.runner.box.config import Config, ConfigError
+from tfrun.runner.config.settings import Config, ConfigError
 from tfrun.runner.executors.slurm import states
 from tfrun.runner.executors.slurm.batch import batch_script, launch_env, sbatch_args
 from tfrun.runner.executors.slurm.commands import Features
@@ -31,6 +30,7 @@ from tfrun.runner.executors.slurm.settings import (
     slurm_time_limit,
 )
 from tfrun.runner.records.job import JobRow, JobSpec
+from tfrun.runner.records.oom import SLURM_OUT_OF_MEMORY
 
 pytestmark = [pytest.mark.slow]
 

@@ -21,7 +21,6 @@ from harness.slurmconf import Unavailable
 
 from tfrun.protocol.logs import LogChunk, LogEnd, ReadLog
 from tfrun.protocol.wire import Message
-from tfrun.runner.alerts.oom import SLURM_OUT_OF_MEMORY
 from tfrun.runner.executors.executor import Ended, Requeued
 from tfrun.runner.executors.slurm import states
 from tfrun.runner.executors.slurm.checks import slurm_checks
@@ -32,6 +31,7 @@ from tfrun.runner.executors.slurm.watcher import LISTED_PER_S, POLL_INTERVAL_S, 
 from tfrun.runner.logs import logstream
 from tfrun.runner.logs.loggrowth import LogGrowth
 from tfrun.runner.records.job import JobRow, JobSpec
+from tfrun.runner.records.oom import SLURM_OUT_OF_MEMORY
 
 pytestmark = [pytest.mark.slow]
 

@@ -1,5 +1,5 @@
 """Multi-node jobs on Slurm (issue 19): `submit --nodes N` runs one task a node, each with a TF_CONFIG built from
-the step's SLURM_* variables and its reserved ports (runner/executors/slurm/task.py), so MultiWorkerMirroredStrategy
+the step's SLURM_* variables and its reserved ports (runner/shim/slurmtask.py), so MultiWorkerMirroredStrategy
 trains across them; tfrun.jobs writes metrics and checkpoints on the chief alone.
 
 First the pure parts (Slurm's notations, TF_CONFIG, sbatch's options, the chief), then a real tfrund with
@@ -28,13 +28,13 @@ from harness.slurmconf import Unavailable
 from tfrun.constants import MAX_NODES
 from tfrun.jobs import cluster
 from tfrun.protocol.fields import JobState
-from tfrun.runner.executors.slurm import task
 from tfrun.runner.executors.slurm.batch import sbatch_args
 from tfrun.runner.executors.slurm.settings import SettingsError, SlurmSettings, job_options
 from tfrun.runner.records.job import JobRow, JobSpec
+from tfrun.runner.shim import slurmtask as task
 
 if TYPE_CHECKING:
-    from tfrun.runner.records.jobdir import LaunchRecord
+    from tfrun.runner.shim.jobdir import LaunchRecord
 
 # -- Slurm's notations and TF_CONFIG --------------------------------------------------------------------------
 
@@ -143,7 +143,7 @@ def test_sbatch_asks_for_one_task_a_node(tmp_path: Path) -> None:
     task.across_nodes(launch, "/py", 2)
     command = launch["command"]
     assert command[:2] == ["/py", "-S"] and command[3:] == ["launch", "2", "--", "python3", "t.py"]
-    assert Path(command[2]).name == "task.py" and Path(command[2]).exists() and launch["term_leader_only"]
+    assert Path(command[2]).name == "slurmtask.py" and Path(command[2]).exists() and launch["term_leader_only"]
     assert job_options(None, None, 2) == (None, None)
     for bad in (0, MAX_NODES + 1):
         with pytest.raises(SettingsError, match="--nodes"):

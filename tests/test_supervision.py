@@ -360,8 +360,8 @@ def test_a_job_whose_shim_exited_is_due_once_in_a_look(tmp_path: Path) -> None:
     from tfrun.paths import Layout
     from tfrun.protocol.fields import JobState
     from tfrun.runner.executors.local import LocalExecutor
-    from tfrun.runner.executors.process import boot_id, start_ticks
     from tfrun.runner.records.job import JobRow, JobSpec
+    from tfrun.runner.shim.process import boot_id, start_ticks
 
     shim = subprocess.Popen(["sleep", "30"])
     start = start_ticks(shim.pid)

@@ -202,7 +202,7 @@ def test_the_gpus_page_shows_each_box_s_gpus_and_the_job_holding_one(
 def test_a_job_page_charts_its_gpus_memory_and_load_over_its_life(
     browser: WebDriver, ui: UiServer, boxes: Boxes
 ) -> None:
-    """The daemon samples the GPUs a job holds into its folder (runner/box/gpuhistory.py); its page charts
+    """The daemon samples the GPUs a job holds into its folder (runner/gpus/history.py); its page charts
     them by time with the peak, which is what the next run's memory is sized by."""
     device = boxes.local.job(boxes.holder)["gpus"][0]
     browser.get(f"{ui.base}/job/local/{boxes.holder}")

@@ -2,7 +2,7 @@
 
 The *summary* is one line, `job 12 (name) on host: what happened`; the *text* (its body) adds the job's
 fields, its last losses and the last lines of its output: of a failed job on several Slurm nodes, those of the
-task that failed first (its task-I.log, when that is not task 0: runner/executors/slurm/task.py).
+task that failed first (its task-I.log, when that is not task 0: runner/shim/slurmtask.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from tfrun.constants import EXIT_LOST
 from tfrun.protocol.fields import JobState
 from tfrun.runner.alerts.alerttext import INDENT
 from tfrun.runner.alerts.spikes import DEFAULT_PATIENCE, Spike
-from tfrun.runner.executors.slurm.task import TASK_LOG, first_failed_task
 from tfrun.runner.logs.lines import TerminalLines, display, plain
-from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow
+from tfrun.runner.shim import jobdir
+from tfrun.runner.shim.slurmtask import TASK_LOG, first_failed_task
 from tfrun.shorten import shorten
 
 CONTEXT_LINES = 15

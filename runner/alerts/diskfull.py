@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
 from tfrun.runner.alerts.outbox import Outbox
-from tfrun.runner.box.config import Config
-from tfrun.runner.records import jobdir
+from tfrun.runner.alerts.rules import AlertConfig
 from tfrun.runner.records.store import Store
+from tfrun.runner.shim import jobdir
 from tfrun.sizes import shown
 
 RULE = "disk-full"
@@ -77,7 +77,7 @@ class DiskWatch:
     """Since when the home's disk has been full (None: it has room), the jobs that ran meanwhile, and what is
     still to be stored about the last time it was (its alert; its jobs' marks and reasons)."""
 
-    def __init__(self, home: Path, store: Store, outbox: Outbox, config: Callable[[], Config]) -> None:
+    def __init__(self, home: Path, store: Store, outbox: Outbox, config: Callable[[], AlertConfig]) -> None:
         self.home = home
         self.store = store
         self.outbox = outbox

@@ -8,8 +8,8 @@ import time
 
 from tfrun.runner.alerts import alertmessage
 from tfrun.runner.alerts.outbox import Outbox
-from tfrun.runner.box.config import Config
-from tfrun.runner.box.gpus import GpuReading, read_gpu_memory
+from tfrun.runner.alerts.rules import AlertConfig
+from tfrun.runner.gpus.devices import GpuReading, read_gpu_memory
 from tfrun.runner.records.store import Store
 
 
@@ -19,7 +19,7 @@ class GpuMemory:
     def __init__(self) -> None:
         self._high_since: dict[int, float] = {}
 
-    async def look(self, config: Config, host: str, store: Store, outbox: Outbox) -> None:
+    async def look(self, config: AlertConfig, host: str, store: Store, outbox: Outbox) -> None:
         """gpu-memory: a GPU above the threshold for the config's gpu_memory_for is one alert (the box's, not a
         job's; the cooldown makes a GPU that stays full one message)."""
         threshold = config.rules.get("gpu-memory") or 90.0

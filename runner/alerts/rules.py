@@ -19,9 +19,30 @@ with `--no-alert` (`--no-alert all` for none).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 from tfrun.duration import format_duration, parse_duration
+
+
+class AlertConfig(Protocol):
+    """What the alert path takes of the daemon's config: the box's name, its receivers, its rules and the
+    metric patterns every job's log is read with. runner/config/settings.py's Config is one; the alert path
+    never reads the rest of it (where jobs run, the content store, the Slurm settings)."""
+
+    @property
+    def name(self) -> Optional[str]: ...  # None: the machine's hostname
+
+    @property
+    def notify(self) -> list[str]: ...  # secret: the box's receivers' URLs
+
+    @property
+    def rules(self) -> dict[str, Optional[float]]: ...
+
+    @property
+    def gpu_memory_for(self) -> float: ...  # seconds above the gpu-memory threshold before it fires
+
+    @property
+    def metric_patterns(self) -> list[str]: ...
 
 
 class RuleError(ValueError):

@@ -3,7 +3,7 @@ written (runner/alerts/alertmessage.py) to the outbox (runner/alerts/outbox.py),
 
 A job's *watch* (runner/alerts/jobwatch.py) is where the reading of its output stands.
 
-Per job, every WATCH_INTERVAL_S: the log's new bytes are searched for fatal OOM messages (runner/alerts/oom.py) and
+Per job, every WATCH_INTERVAL_S: the log's new bytes are searched for fatal OOM messages (runner/records/oom.py) and
 read for metrics (runner/metrics.py; kept in the job's logmetrics.jsonl, runner/metrics/jobmetrics.py); the job's own
 metrics.jsonl, when tfrun.jobs writes one, is read too and is the exact source the spike rule prefers
 (runner/alerts/spikes.py); no growth of either for the stall time is a stall. When a job ends, the rest of its log
@@ -27,23 +27,19 @@ from pathlib import Path
 from typing import Optional
 
 from tfrun.protocol.fields import JobState
-from tfrun.runner.alerts import alertmessage, oom
+from tfrun.runner.alerts import alertmessage
 from tfrun.runner.alerts.gpumemory import GpuMemory
 from tfrun.runner.alerts.jobwatch import LOOK_READ_BYTES, Settings, Watch, keep, read_log
 from tfrun.runner.alerts.outbox import Outbox
+from tfrun.runner.alerts.rules import AlertConfig
 from tfrun.runner.alerts.spikes import DEFAULT_FACTOR, SpikeDetector
-from tfrun.runner.box.config import Config
 from tfrun.runner.logs.loggrowth import LogGrowth, Subscription
 from tfrun.runner.metrics import LogMetrics, PatternError, Sample
-from tfrun.runner.metrics.jobmetrics import (
-    LossPoint,
-    callback_losses,
-    log_losses,
-    printed_run,
-)
-from tfrun.runner.records import jobdir
+from tfrun.runner.metrics.jobmetrics import LossPoint, callback_losses, log_losses, printed_run
+from tfrun.runner.records import oom
 from tfrun.runner.records.job import JobRow
 from tfrun.runner.records.store import Store
+from tfrun.runner.shim import jobdir
 from tfrun.shorten import shorten
 
 log = logging.getLogger("tfrund")
@@ -63,7 +59,7 @@ GPU_INTERVAL_S = 2.0
 
 
 class Alerts:
-    def __init__(self, config: Config, store: Store, outbox: Outbox) -> None:
+    def __init__(self, config: AlertConfig, store: Store, outbox: Outbox) -> None:
         self.config = config
         self.store = store
         self.outbox = outbox
@@ -83,7 +79,7 @@ class Alerts:
         reload), else the machine's hostname, which in a fleet of containers is often a meaningless id."""
         return self.config.name or self._hostname
 
-    def reconfigure(self, config: Config) -> None:
+    def reconfigure(self, config: AlertConfig) -> None:
         """Use a config read again: each job's settings are worked out afresh at its next look, so the
         daemon's notify URLs reach the alerts of jobs that were already running."""
         self.config = config

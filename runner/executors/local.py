@@ -26,22 +26,22 @@ from typing import TYPE_CHECKING, Optional
 from tfrun.constants import EXIT_LOST, SAFE_PATH
 from tfrun.paths import Layout
 from tfrun.protocol.fields import JobState
-from tfrun.runner.box.config import inherited_env
 from tfrun.runner.executors.executor import TFRUN_PARENT, Capabilities, Change, Ended, Started
-from tfrun.runner.executors.process import Identity, boot_id
-from tfrun.runner.records import jobdir
+from tfrun.runner.home import inherited_env
 from tfrun.runner.records.job import JobRow
+from tfrun.runner.shim import jobdir
+from tfrun.runner.shim.process import Identity, boot_id
 
 if TYPE_CHECKING:
     from tfrun.protocol.admin import Check
-    from tfrun.runner.records.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
+    from tfrun.runner.shim.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
 
 log = logging.getLogger("tfrund")
 SWEEP_S = 5.0  # every running job is looked at this often, whatever its shim's pidfd says
 
 
 class LocalExecutor:
-    """Jobs on this machine, each under its own shim (runner/executors/shim.py)."""
+    """Jobs on this machine, each under its own shim (runner/shim/supervise.py)."""
 
     capabilities = Capabilities(no_batch_options="only on a Slurm host (this daemon runs jobs itself)")
 
@@ -294,7 +294,7 @@ class LocalExecutor:
         self.devices = devices
 
     def checks(self) -> list[Check]:
-        """None of its own: the box's checks (runner/box/doctor.py) are this executor's."""
+        """None of its own: the box's checks (runner/doctor.py) are this executor's."""
         return []
 
 

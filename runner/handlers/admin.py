@@ -24,9 +24,9 @@ from tfrun.protocol.admin import (
 )
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.wire import PROTOCOL_VERSION, Ok
-from tfrun.runner.box import liveconfig
-from tfrun.runner.box.config import ConfigError
-from tfrun.runner.box.doctor import job_python, run_checks
+from tfrun.runner.config import live
+from tfrun.runner.config.settings import ConfigError
+from tfrun.runner.doctor import job_python, run_checks
 from tfrun.runner.handlers.base import Connection, handles, invalid
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from tfrun.runner.records.store import Store
 
 
-class Context(liveconfig.Context, Protocol):
+class Context(live.Context, Protocol):
     """What the daemon's own requests need of it: the config's, its jobs, its executor (doctor), when it started,
     its stop (runner/daemon.py's Daemon is one)."""
 
@@ -77,20 +77,20 @@ async def shutdown(daemon: Context, req: Shutdown, conn: Connection) -> None:
 
 @handles(GetConfig)
 async def get_config(daemon: Context, req: GetConfig, conn: Connection) -> None:
-    await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon, req.secrets)))
+    await conn.send(ConfigReply(str(daemon.layout.config_file), live.effective(daemon, req.secrets)))
 
 
 @handles(ReloadConfig)
 async def reload_config(daemon: Context, req: ReloadConfig, conn: Connection) -> None:
-    changes = _reconfigured(functools.partial(liveconfig.reload, daemon, "tfrun config reload"))
-    await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon), changes))
+    changes = _reconfigured(functools.partial(live.reload, daemon, "tfrun config reload"))
+    await conn.send(ConfigReply(str(daemon.layout.config_file), live.effective(daemon), changes))
 
 
 @handles(SetConfig)
 async def set_config(daemon: Context, req: SetConfig, conn: Connection) -> None:
     """Edit config.toml and reload it, with no await in between: no other request sees the file half done."""
-    changes = _reconfigured(functools.partial(liveconfig.set_key, daemon, req.key, req.values, req.unset))
-    await conn.send(ConfigReply(str(daemon.layout.config_file), liveconfig.effective(daemon), changes))
+    changes = _reconfigured(functools.partial(live.set_key, daemon, req.key, req.values, req.unset))
+    await conn.send(ConfigReply(str(daemon.layout.config_file), live.effective(daemon), changes))
 
 
 def _reconfigured(change: Callable[[], list[str]]) -> list[str]:

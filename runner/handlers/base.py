@@ -23,7 +23,7 @@ from tfrun.runner.records.job import JobRow
 
 if TYPE_CHECKING:
     from tfrun.protocol.jobs import Job
-    from tfrun.runner.box.config import Config
+    from tfrun.runner.config.settings import Config
     from tfrun.runner.records.store import Store
 
 R = TypeVar("R", bound=Message)

@@ -1,10 +1,10 @@
 """Handlers of housekeeping: removing ended jobs (`rm`, `prune`) and what tfrun's folders take (`df`); the work is
-runner/box/housekeeping.py's."""
+runner/housekeeping.py's."""
 
 from __future__ import annotations
 
 from tfrun.protocol.housekeeping import DiskUsage, Prune, Remove
-from tfrun.runner.box import housekeeping
+from tfrun.runner import housekeeping
 from tfrun.runner.handlers.base import Connection, handles
 
 

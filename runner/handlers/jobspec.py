@@ -17,7 +17,7 @@ from tfrun.protocol.fields import Cause, ErrorCode, is_job_id, validate_name
 from tfrun.protocol.submit import Submit
 from tfrun.runner.alerts import rules
 from tfrun.runner.alerts.outbox import diagnose, usable
-from tfrun.runner.box.doctor import job_python
+from tfrun.runner.doctor import job_python
 from tfrun.runner.executors.slurm import settings as slurm_settings
 from tfrun.runner.handlers.base import RequestError, Shown, invalid
 from tfrun.runner.metrics import LogMetrics
@@ -25,9 +25,9 @@ from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.records.job import JobSpec
 
 if TYPE_CHECKING:
-    from tfrun.runner.box.blobs import BlobStore
     from tfrun.runner.executors.executor import Executor
     from tfrun.runner.queue.scheduler import Scheduler
+    from tfrun.runner.workdir.blobs import BlobStore
 
 
 class Context(Shown, Protocol):

@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING, Optional, Protocol
 from tfrun.duration import format_duration
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.services import CheckService, ServiceReply, StartService
-from tfrun.runner.box.doctor import job_python
-from tfrun.runner.executors import process
+from tfrun.runner.doctor import job_python
 from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
-from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow, JobSpec
 from tfrun.runner.services import commands as services
+from tfrun.runner.shim import jobdir, process
 
 if TYPE_CHECKING:
     from tfrun.runner.executors.executor import Executor

@@ -19,16 +19,16 @@ from tfrun.protocol.jobs import (
 )
 from tfrun.protocol.submit import FileEntry, HaveBlobs, MissingBlobs, PutBlob, PutBlobs, Submit, SubmitArray
 from tfrun.protocol.wire import Ok, encode
+from tfrun.runner import housekeeping
 from tfrun.runner.alerts import diskfull
-from tfrun.runner.box import housekeeping
 from tfrun.runner.faults import crash_point
 from tfrun.runner.handlers import jobspec
 from tfrun.runner.handlers.base import Connection, handles, invalid, public
 from tfrun.runner.records.job import JobRow
 
 if TYPE_CHECKING:
-    from tfrun.runner.box.blobs import Spares
     from tfrun.runner.records.lifecycle import Lifecycle
+    from tfrun.runner.workdir.blobs import Spares
 
 T = TypeVar("T")
 

@@ -33,13 +33,13 @@ from tfrun.protocol.watching import (
     TopReply,
 )
 from tfrun.runner.alerts.outbox import diagnose, usable
-from tfrun.runner.box.gpuhistory import read_gpu_use
-from tfrun.runner.box.gpus import held_outside, read_gpu_memory
+from tfrun.runner.gpus.devices import held_outside, read_gpu_memory
+from tfrun.runner.gpus.history import read_gpu_use
 from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
 from tfrun.runner.metrics import PatternError as MetricPatternError
 from tfrun.runner.metrics.explain import explain
 from tfrun.runner.metrics.jobmetrics import pending, read_metrics, recent_losses, thinned, unread_bytes
-from tfrun.runner.records import jobdir
+from tfrun.runner.shim import jobdir
 
 INLINE_METRICS_BYTES = 16 << 10  # read on the event loop below this (a look a second at a job printing fast: ~2 KB)
 

@@ -4,7 +4,7 @@ as the log grows until the job is final (LogEnd says where it stopped, so a clie
 
 A *chunk* is a run of the log's bytes; a *line* is a terminal line (runner/logs/lines.py), as the job's output
 shows on a terminal once carriage returns and erasures are applied. Times come from the shim's log index
-(runner/logs/logindex.py). Offsets are byte offsets in the log read (output.log, or task-I.log for a task of a job on
+(runner/shim/logindex.py). Offsets are byte offsets in the log read (output.log, or task-I.log for a task of a job on
 several Slurm nodes: `ReadLog.task`); a line-wise stream resumes at a line's end.
 """
 
@@ -17,19 +17,51 @@ import os
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, NamedTuple, Optional
+from typing import Any, BinaryIO, Callable, NamedTuple, Optional, Protocol
 
 from tfrun.constants import FILTER_THREADS, FOLLOW_POLL_S, LOG_CHUNK_BYTES
+from tfrun.protocol.fields import State
 from tfrun.protocol.logs import LogChunk, LogEnd, LogLines, ReadLog
 from tfrun.protocol.wire import Message
-from tfrun.runner.executors.slurm.task import TASK_LOG
 from tfrun.runner.logs.lines import BlockMatcher, LineFilter, Selector, Tail, TerminalLines, display
 from tfrun.runner.logs.loggrowth import LogGrowth
-from tfrun.runner.logs.logindex import LogIndex, Stamper
-from tfrun.runner.records import jobdir
-from tfrun.runner.records.job import JobRow
+from tfrun.runner.shim import jobdir
+from tfrun.runner.shim.logindex import LogIndex, Stamper
+from tfrun.runner.shim.slurmtask import TASK_LOG
 
 Send = Callable[[Message], Awaitable[None]]
+
+
+class _Nodes(Protocol):
+    @property
+    def nodes(self) -> Optional[int]: ...  # Slurm: one task a node, task I > 0 writing task-I.log
+
+
+class LoggedJob(Protocol):
+    """What a log stream needs of a job: where its folder is, how many tasks write logs, and whether it is
+    final and how it ended (runner/records/job.py's JobRow is one; this wing stands below records/)."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def job_dir(self) -> str: ...
+
+    @property
+    def spec(self) -> _Nodes: ...
+
+    @property
+    def final(self) -> bool: ...
+
+    @property
+    def state(self) -> State: ...
+
+    @property
+    def exit_code(self) -> Optional[int]: ...
+
+    @property
+    def restarted_as(self) -> Optional[int]: ...
+
 
 # Threads that compile and match `logs` patterns, apart from the default pool (doctor, metrics, GPUs), so that
 # costly filters queue behind each other instead of in front of everything else.
@@ -56,9 +88,9 @@ class NoSuchLog(Exception):
     message says so, for the client."""
 
 
-def log_path(req: ReadLog, row: JobRow) -> Path:
+def log_path(req: ReadLog, row: LoggedJob) -> Path:
     """The log the request reads: the job's own (its task 0's), or task-I.log, which task I of a job on
-    several Slurm nodes writes (runner/executors/slurm/task.py). Only the job's own log has an (offset, time) index (the
+    several Slurm nodes writes (runner/shim/slurmtask.py). Only the job's own log has an (offset, time) index (the
     shim's, beside it): a task's is written by its command on another node, so `since` and `timestamps` on it
     are refused rather than answered wrong."""
     tasks = row.spec.nodes or 1
@@ -95,8 +127,8 @@ async def selection(req: ReadLog) -> Selection:
 async def stream(
     req: ReadLog,
     chosen: Selection,
-    row: JobRow,
-    latest: Callable[[], JobRow],
+    row: LoggedJob,
+    latest: Callable[[], LoggedJob],
     log_growth: LogGrowth,
     send: Send,
     settle_s: float = 0.0,

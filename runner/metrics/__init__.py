@@ -39,7 +39,7 @@ where nothing in the log gave a step yet is a print's step its count of such pri
 set: Average loss: 0.2475`, `Validation loss: 0.31`, `Test loss: 0.31` after training) is named `test_loss`,
 `val_loss` or `eval_loss`, which training_loss() never takes.
 
-May touch: records, logs (terminal lines).
+Stands on: records, logs (terminal lines), shim (the job's folder).
 
 One sample a step a metric: a value its step has given already (a bar redrawn where it was after tqdm.write, a
 line printed again) is left out of a sample, and a sample left with no value is none; a value that differs is

@@ -22,7 +22,7 @@ from tfrun.numerals import is_digits
 from tfrun.protocol.watching import MetricSample
 from tfrun.runner.metrics import Sample, plausible, training_loss
 from tfrun.runner.metrics.eventfile import PRINTED, ScalarFile
-from tfrun.runner.records import jobdir
+from tfrun.runner.shim import jobdir
 
 TOP_TAIL_BYTES = 64 << 10  # the end of a metrics file that `tfrun top` reads
 _COMPACT = json.JSONEncoder(separators=(",", ":")).encode  # one encoder for every line: json.dumps with these

@@ -10,9 +10,9 @@ Jobs without GPUs wait only for the cap on concurrent CPU-only jobs (`max_cpu_jo
 job submitted `--after` others waits until they have all succeeded; if one did not, it fails, saying which.
 
 A GPU is free only if no other tfrund's job holds its box-wide lease and no process outside tfrun holds more
-than a little of its memory (runner/box/gpus.py, runner/queue/gpulease.py): a pass that has GPU jobs to place
+than a little of its memory (runner/gpus/devices.py, runner/shim/gpulease.py): a pass that has GPU jobs to place
 claims the leases of the devices it picks for each job, and the job's shim takes them over before the pass lets
-its claims go (runner/queue/claims.py). A job that waits for a GPU held outside the daemon says by whom, and the
+its claims go (runner/gpus/claims.py). A job that waits for a GPU held outside the daemon says by whom, and the
 pass runs again every GPU_RECHECK_S while it does (the end of another daemon's job makes no event here).
 
 A pass runs whenever a job is submitted or ends and when the daemon starts; passes never overlap.
@@ -35,31 +35,40 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Protocol
 
 from tfrun.constants import DEFAULT_GRACE_S, GPU_HELD_OUTSIDE, GPU_RECHECK_S
 from tfrun.content import ManifestError
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.submit import FileEntry
-from tfrun.runner.box import checkpoints
-from tfrun.runner.box.blobs import read_manifest, write_manifest
-from tfrun.runner.box.config import inherited_env
 from tfrun.runner.faults import crash_point
+from tfrun.runner.gpus.claims import Claims
+from tfrun.runner.home import inherited_env
 from tfrun.runner.queue import queries
-from tfrun.runner.queue.claims import Claims
-from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow, JobSpec, from_json
+from tfrun.runner.shim import jobdir
+from tfrun.runner.workdir import checkpoints
+from tfrun.runner.workdir.blobs import read_manifest, write_manifest
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from tfrun.paths import Layout
-    from tfrun.runner.box.blobs import Spares
-    from tfrun.runner.box.config import Config
     from tfrun.runner.executors.runs import Runs
     from tfrun.runner.records.store import Store
+    from tfrun.runner.workdir.blobs import Spares
 
 log = logging.getLogger("tfrund")
+
+
+class QueueConfig(Protocol):
+    """What the scheduler takes of the daemon's config (runner/config/settings.py's Config is one)."""
+
+    @property
+    def default_gpus(self) -> Optional[int]: ...  # a job that names no count; None: 1 where the box has GPUs
+
+    @property
+    def max_cpu_jobs(self) -> int: ...  # jobs without GPUs at once; 0: no cap
 
 
 class SnapshotError(Exception):
@@ -70,7 +79,9 @@ class Scheduler:
     """Decides when each queued job starts and with which devices; Runs starts it, the lifecycle
     records what becomes of it. It writes only scheduling fields itself (`prepared`, `gpus`, `waiting`)."""
 
-    def __init__(self, store: Store, runs: Runs, spares: Spares, layout: Layout, config: Callable[[], Config]) -> None:
+    def __init__(
+        self, store: Store, runs: Runs, spares: Spares, layout: Layout, config: Callable[[], QueueConfig]
+    ) -> None:
         self.store = store
         self.runs = runs
         self.spares = spares
@@ -281,7 +292,7 @@ class Scheduler:
         row = replace(row, gpus=devices, waiting=None)
         try:
             env = job_env(self.layout, row, devices, self.devices)
-            env.update(self._claims.env(devices))  # its shim takes the claims over (runner/queue/claims.py)
+            env.update(self._claims.env(devices))  # its shim takes the claims over (runner/gpus/claims.py)
             await self.runs.start_job(row, env, DEFAULT_GRACE_S)
         except OSError as exc:  # e.g. a full disk: the job is recorded as failed, not left queued forever
             self.runs.mark_failed(row, f"could not start: {exc.strerror or exc}")

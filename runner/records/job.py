@@ -2,7 +2,7 @@
 record the store keeps (runner/records/store.py) with what happened to it since.
 
 "Spec" means this and only this: the submit options as the daemon keeps them, in the `spec` column of the
-job's row (JSON). The file the shim starts from (spec.json) is the job's *launch record* (runner/records/jobdir.py),
+job's row (JSON). The file the shim starts from (spec.json) is the job's *launch record* (runner/shim/jobdir.py),
 and an alert rule as written ("stall=10m") is the rule's *text* (runner/alerts/rules.py).
 
 The stored JSON keeps the keys and order it always had, so a database written by an older tfrund reads
@@ -20,7 +20,7 @@ from typing import Any, Optional
 from tfrun import restarts
 from tfrun.protocol.fields import CAUSES, Cause, JobState, State
 from tfrun.protocol.jobs import Job
-from tfrun.runner.records import jobdir
+from tfrun.runner.shim import jobdir
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class JobSpec:
     restart_of: Optional[int] = None  # the job it runs again
     partition: Optional[str] = None  # Slurm: sbatch --partition (None: the [slurm] table's)
     time_limit: Optional[str] = None  # Slurm: sbatch --time, in Slurm's form (None: the [slurm] table's)
-    nodes: Optional[int] = None  # Slurm: sbatch --nodes, one task a node (runner/executors/slurm/task.py)
+    nodes: Optional[int] = None  # Slurm: sbatch --nodes, one task a node (runner/shim/slurmtask.py)
     service: Optional[str] = None  # a service's kind (tensorboard, jupyter): runner/services/commands.py
     port: Optional[int] = None  # the box port a service listens on (127.0.0.1)
     restart_on: tuple[Cause, ...] = restarts.DEFAULT  # the failures `max_restarts` restarts (--restart-on)

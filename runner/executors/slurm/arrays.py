@@ -39,8 +39,8 @@ from tfrun.runner.executors.slurm.commands import Slurm, SlurmError
 from tfrun.runner.executors.slurm.record import Records
 from tfrun.runner.executors.slurm.settings import SlurmSettings
 from tfrun.runner.faults import crash_point
-from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow
+from tfrun.runner.shim import jobdir
 
 if TYPE_CHECKING:
     pass

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 from tfrun.constants import SAFE_PATH
 from tfrun.runner.executors.executor import TFRUN_PARENT
-from tfrun.runner.executors.slurm import task
 from tfrun.runner.executors.slurm.settings import SlurmSettings, nice
-from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow
+from tfrun.runner.shim import jobdir
+from tfrun.runner.shim import slurmtask as task
 
 if TYPE_CHECKING:
-    from tfrun.runner.records.jobdir import LaunchRecord
+    from tfrun.runner.shim.jobdir import LaunchRecord
 
 SCRIPT = "slurm.sh"  # in the job's folder
 SIGNAL_MARGIN_S = 5  # the shim's SIGTERM comes this much before the grace's SIGKILL would pass the time limit
@@ -44,7 +44,7 @@ def sbatch_args(row: JobRow, settings: SlurmSettings, grace: float) -> list[str]
     if spec.nodes:
         args.append(f"--nodes={spec.nodes}")  # --gres is per node: --gpus N on each
     if spec.nodes and spec.nodes > 1:
-        args.append("--ntasks-per-node=1")  # one task a node, started by task.py's srun
+        args.append("--ntasks-per-node=1")  # one task a node, started by slurmtask.py's srun
     niceness = nice(spec.priority)
     if niceness is not None:
         args.append(f"--nice={niceness}")
@@ -60,7 +60,7 @@ def batch_script(job_dir: Path) -> str:
     command = [sys.executable, "-S", *SAFE_PATH, "-m", "tfrun.runner.shim", "--batch", str(job_dir)]
     return (
         "#!/bin/sh\n"
-        "# tfrun's shim runs the job, records its end in exit.json and owns the cancel grace (executors/shim.py)\n"
+        "# tfrun's shim runs the job, records its end in exit.json and owns the cancel grace (shim/supervise.py)\n"
         f"PYTHONPATH={shlex.quote(TFRUN_PARENT)} exec {shlex.join(command)}\n"
     )
 
@@ -74,7 +74,7 @@ def launch_env(env: dict[str, str]) -> dict[str, str]:
 def launch_record(row: JobRow, env: dict[str, str], grace: float) -> LaunchRecord:
     """What the shim in the batch script runs: the job's command in its work dir, with `env` less the
     allocation's variables; a job of several nodes runs one task a node, each with its TF_CONFIG
-    (runner/executors/slurm/task.py)."""
+    (runner/shim/slurmtask.py)."""
     job_dir = Path(row.job_dir)
     record: LaunchRecord = {
         "command": list(row.spec.command),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tfrun.numerals import is_digits
-from tfrun.runner.box.config import inherited_env
+from tfrun.runner.home import inherited_env
 from tfrun.shorten import shorten
 
 COMMAND_TIMEOUT_S = 15.0

@@ -1,6 +1,6 @@
 """SlurmExecutor: jobs submitted with one `sbatch --parsable` each, run by tfrun's own shim in the batch
 script, so the output file, exit.json, metrics, the exit-code contract and the cancel grace are exactly
-as on a box (runner/executors/shim.py `--batch`: the shim stays in the foreground, since the allocation ends with
+as on a box (runner/shim/supervise.py `--batch`: the shim stays in the foreground, since the allocation ends with
 the batch script).
 
 Slurm places jobs: `places_jobs()` tells the scheduler to hand every queued job over at once (after its
@@ -47,12 +47,12 @@ from tfrun.runner.executors.slurm.commands import AccountedJob, QueuedJob, Slurm
 from tfrun.runner.executors.slurm.record import Records, SlurmRecord
 from tfrun.runner.executors.slurm.settings import SlurmSettings
 from tfrun.runner.executors.slurm.watcher import Watcher, in_thread
-from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow
+from tfrun.runner.shim import jobdir
 
 if TYPE_CHECKING:
     from tfrun.protocol.admin import Check
-    from tfrun.runner.records.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
+    from tfrun.runner.shim.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
 
 log = logging.getLogger("tfrund")
 

@@ -6,7 +6,7 @@ Standard library only, and no typing at run time: the shim imports this.
     files.json    the snapshot's manifest, from which a restart builds the same work/ again
     work/         the snapshot of the user's work dir, the job's cwd
     output.log    stdout and stderr of the job, appended by the job itself (O_APPEND)
-    output.idx    (offset, time) records of the log's growth, appended by the shim (runner/logs/logindex.py)
+    output.idx    (offset, time) records of the log's growth, appended by the shim (runner/shim/logindex.py)
     shim.json     the shim's and the job's identities, its cgroup's OOM-kill count (ShimRecord; written by
                   the shim once the job runs)
     cancel.json   a cancel request with its grace period (CancelRequest; written by the daemon)
@@ -16,7 +16,7 @@ Standard library only, and no typing at run time: the shim imports this.
     shim.log      the shim's own complaints, if any
     metrics.jsonl per-step metrics the job writes through tfrun.jobs (TFRUN_METRICS_FILE)
     logmetrics.jsonl  metrics the daemon read from the log, for jobs that write no metrics.jsonl
-    gpus.jsonl    the memory and load of the GPUs the job holds, sampled by the daemon (runner/box/gpuhistory.py)
+    gpus.jsonl    the memory and load of the GPUs the job holds, sampled by the daemon (runner/gpus/history.py)
 
 Every JSON file is written to a temporary name and renamed, so a reader sees all of it or nothing. The
 records' keys are defined once, by the TypedDicts below (mypy checks each use); what a reader gets is a
@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # the shim imports this: no pathlib or typing at run time, ~1
         grace: float  # the cancel grace period when cancel.json gives none
         spare_exit: str  # where the exit record goes if the job folder takes no writes (Layout.spare_exit)
         # A stop's SIGTERM goes to the job's first process alone, which stops the rest (a multi-node job's
-        # launcher, runner/executors/slurm/task.py: srun answers a SIGTERM with SIGKILL); the SIGKILL after the
+        # launcher, runner/shim/slurmtask.py: srun answers a SIGTERM with SIGKILL); the SIGKILL after the
         # grace to all.
         term_leader_only: bool
 
@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # the shim imports this: no pathlib or typing at run time, ~1
         job_pid: int
         job_start: Optional[int]
         started_at: float
-        oom_file: Optional[str]  # the cgroup's OOM-kill counter file (runner/executors/cgroup.py)
+        oom_file: Optional[str]  # the cgroup's OOM-kill counter file (runner/shim/cgroup.py)
         oom_kills: Optional[int]  # its count just before the job started
         slurm_restarts: int  # (Slurm) the run of the Slurm job: how often Slurm had requeued it (SLURM_RESTART_COUNT)
 

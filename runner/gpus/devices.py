@@ -5,7 +5,7 @@ No GPU, no driver or no NVML is a normal state: the answer is then an empty list
 cannot have a GPU, TFRUN_GPU_STANDIN names a JSON file that stands in for NVML's answer (a list of
 {"index", "name", "used", "total"}, bytes, and optionally "utilization", "uuid" and "processes": NVML's
 per-process list, [{"pid", "used"}]), read afresh at each look; tests use it, nothing else should. Stand-in
-GPUs are leased in `<the file>.leases/` (runner/queue/gpulease.py), not with the box's real ones.
+GPUs are leased in `<the file>.leases/` (runner/shim/gpulease.py), not with the box's real ones.
 
 A GPU is free for a job of this daemon when no job of its own holds it (runner/queue/scheduler.py), no other tfrund's
 job holds its lease, and no process outside tfrun holds more than GPU_FOREIGN_BYTES of its memory: `held_outside`
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from tfrun.constants import GPU_FOREIGN_BYTES, GPU_LEASE_DIR
-from tfrun.runner.queue import gpulease
+from tfrun.runner.shim import gpulease
 
 log = logging.getLogger("tfrund")
 STANDIN_ENV = "TFRUN_GPU_STANDIN"

@@ -1,4 +1,4 @@
-"""The GPU leases a scheduling pass claims (runner/queue/gpulease.py) for the jobs it starts.
+"""The GPU leases a scheduling pass claims (runner/shim/gpulease.py) for the jobs it starts.
 
 A pass with GPU jobs to place first reads who holds each GPU outside the daemon (for the waiting jobs' reasons);
 then, as it places each job, it claims the leases of the devices it picks, so that no other daemon hands them out,
@@ -16,8 +16,8 @@ import asyncio
 import os
 from typing import Union
 
-from tfrun.runner.box.gpus import held_outside, lease_folder, lease_keys, read_gpu_memory
-from tfrun.runner.queue import gpulease
+from tfrun.runner.gpus.devices import held_outside, lease_folder, lease_keys, read_gpu_memory
+from tfrun.runner.shim import gpulease
 
 
 class Claims:

@@ -4,7 +4,7 @@ cgroup v2 counts kills in `memory.events` ("oom_kill N"), cgroup v1 in `memory.o
 kernel 4.13+). The shim reads the count for its own cgroup (which its job inherits) just before it starts
 the job and records it in shim.json; when the job dies of SIGKILL the daemon reads it again as it records the
 job's end (runner/records/lifecycle.py `end_cause`, the one place a job's cause is decided, through
-runner/alerts/oom.py): a higher count means the kernel killed something in the job's cgroup for want of memory.
+runner/records/oom.py): a higher count means the kernel killed something in the job's cgroup for want of memory.
 
 Standard library only, and no typing or pathlib at run time: the shim imports this.
 """

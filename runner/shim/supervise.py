@@ -4,13 +4,13 @@
 daemon can reap its first process at once and the shim lives on as nobody's child; then it starts the job
 in a process group of its own with stdout and stderr on the job's log file (no pipe that a dead daemon
 could leave full), waits for it, and writes exit.json once nothing of the job is left. While it waits it
-notes the log's growth in the job's (offset, time) index every 0.1 s (runner/logs/logindex.py).
+notes the log's growth in the job's (offset, time) index every 0.1 s (runner/shim/logindex.py).
 
 Cancel is SIGTERM to the shim: it signals the job's group and every other descendant, waits the grace
 period from cancel.json, then SIGKILLs what is left. The shim owns that timer, so a daemon that dies in the
 middle of a cancel does not stop the escalation. Descendants that leave the group (setsid, double fork)
 are still found: the shim is their subreaper. A launch record with `term_leader_only` (a multi-node Slurm job,
-runner/executors/slurm/task.py) has the SIGTERM go to the job's first process alone, which stops the rest its own way;
+runner/shim/slurmtask.py) has the SIGTERM go to the job's first process alone, which stops the rest its own way;
 the SIGKILL after the grace still goes to all.
 
 `python -m tfrun.runner.shim --batch JOB_DIR` is the same shim as a Slurm batch script's process
@@ -20,7 +20,7 @@ A Slurm job that Slurm requeued runs its batch script again in the same folder: 
 earlier run's exit record aside (so that nobody takes it for this run's end), says so in the log, and
 records which run it is (SLURM_RESTART_COUNT) in shim.json.
 
-A job given GPUs by a daemon that leases them (runner/queue/gpulease.py; TFRUN_GPU_LEASES in its launch record's
+A job given GPUs by a daemon that leases them (runner/shim/gpulease.py; TFRUN_GPU_LEASES in its launch record's
 environment names the daemon's claims) runs only once its shim holds a lease of its own on each, taken over from
 the daemon's claim without a gap; the job sees its shim's in TFRUN_GPU_LEASES. The shim lets them go once the job
 has ended, before it records the end (so the daemon finds the GPUs free when it learns of it); however the shim
@@ -40,18 +40,15 @@ import time
 
 from tfrun.constants import DEFAULT_GRACE_S, JOB_UMASK_ENV
 from tfrun.numerals import is_digits
-from tfrun.runner.executors import cgroup
-from tfrun.runner.executors.process import Identity, descendants
-from tfrun.runner.logs import logindex
-from tfrun.runner.queue import gpulease
-from tfrun.runner.records import jobdir
+from tfrun.runner.shim import cgroup, gpulease, jobdir, logindex
+from tfrun.runner.shim.process import Identity, descendants
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the shim imports this)
 
 if TYPE_CHECKING:  # no typing or pathlib at run time: the shim starts once per job and should start fast
     from typing import Optional
 
-    from tfrun.runner.records.jobdir import ExitRecord, LaunchRecord, ShimRecord
+    from tfrun.runner.shim.jobdir import ExitRecord, LaunchRecord, ShimRecord
 
 _PR_SET_CHILD_SUBREAPER = 36
 _HANDLED = (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP)
@@ -207,7 +204,7 @@ class Shim:
         self._write_exit(code=code, sig=sig, started=self.started_at, error=stopped)
 
     def _index(self) -> None:
-        """Once per INDEX_INTERVAL_S: if the log grew, note its new size and the time (runner/logs/logindex.py)."""
+        """Once per INDEX_INTERVAL_S: if the log grew, note its new size and the time (runner/shim/logindex.py)."""
         now = time.time()
         if now < self.next_tick:
             return

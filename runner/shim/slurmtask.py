@@ -4,12 +4,12 @@ so that MultiWorkerMirroredStrategy trains across the nodes without the user's c
 Two roles, both run by this file's path with the daemon's Python and `-S`, never `-m`: the job's environment
 (its PYTHONPATH, which holds only `tfrun.jobs`) then reaches the job untouched, and nothing here imports tfrun.
 
-- `task.py launch N -- COMMAND...` is the launch record's command (runner/executors/slurm/executor.py), run by the
+- `slurmtask.py launch N -- COMMAND...` is the launch record's command (runner/executors/slurm/executor.py), run by the
   shim in the batch script. It runs `srun` for N tasks, one a node, with one port reserved for each task
   (`--resv-ports=N`) and the step killed when one task fails (`--kill-on-bad-exit`), and exits with the
   code of the task that failed first: srun's own is the highest of all, which is the SIGTERM of a task it
   killed (143), not the failure that made it kill them.
-- `task.py rank -- COMMAND...` runs in each task. It builds TF_CONFIG from the step's SLURM_* variables,
+- `slurmtask.py rank -- COMMAND...` runs in each task. It builds TF_CONFIG from the step's SLURM_* variables,
   sets TFRUN_TASK_INDEX and TFRUN_NUM_TASKS, sends the output of every task but the first to `task-I.log`
   in the job's folder (so the job's log, and the metrics read from it, are the chief's alone), runs COMMAND
   and records how it ended in `task-I.json` for the launcher.
@@ -38,7 +38,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from tfrun.runner.records.jobdir import LaunchRecord
+    from tfrun.runner.shim.jobdir import LaunchRecord
 
 TASK_INDEX_ENV = "TFRUN_TASK_INDEX"
 NUM_TASKS_ENV = "TFRUN_NUM_TASKS"
@@ -319,12 +319,12 @@ def _is_digits(text: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """`task.py launch N -- COMMAND...` or `task.py rank -- COMMAND...` (see the module's docstring)."""
+    """`slurmtask.py launch N -- COMMAND...` or `slurmtask.py rank -- COMMAND...` (see the module's docstring)."""
     if len(argv) >= 5 and argv[1] == "launch" and _is_digits(argv[2]) and argv[3] == "--":
         return launch(int(argv[2]), argv[4:])
     if len(argv) >= 4 and argv[1] == "rank" and argv[2] == "--":
         return rank(argv[3:])
-    print("usage: task.py launch N -- COMMAND... | task.py rank -- COMMAND...", file=sys.stderr)
+    print("usage: slurmtask.py launch N -- COMMAND... | slurmtask.py rank -- COMMAND...", file=sys.stderr)
     return 2
 
 

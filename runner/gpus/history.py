@@ -1,5 +1,5 @@
 """Each job's GPUs over its life: the memory and load of the GPUs a job holds, sampled by the daemon every
-GPU_USE_EVERY_S into the job's gpus.jsonl (runner/records/jobdir.py), for its page in `tfrun ui`: how much of
+GPU_USE_EVERY_S into the job's gpus.jsonl (runner/shim/jobdir.py), for its page in `tfrun ui`: how much of
 a GPU's memory a run needed is what a user sizes the next one by.
 
 Sampled only while a job of this daemon holds a GPU (nothing is read on a box whose jobs hold none), in a
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from tfrun.protocol.watching import GpuUse
-from tfrun.runner.box.gpus import GpuReading, read_gpu_memory
-from tfrun.runner.records import jobdir
+from tfrun.runner.gpus.devices import GpuReading, read_gpu_memory
 from tfrun.runner.records.store import Store
+from tfrun.runner.shim import jobdir
 
 log = logging.getLogger("tfrund")
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tfrun import tomltext
-from tfrun.constants import BLOB_GRACE_S, CONFIG_FILE, DAEMON_ONLY_ENV
+from tfrun.constants import BLOB_GRACE_S, CONFIG_FILE
 from tfrun.duration import parse_duration
 from tfrun.paths import Layout
 from tfrun.runner.alerts import rules
@@ -124,7 +124,7 @@ class Config:
     gpus: Optional[list[str]] = None  # None: ask NVML
     default_gpus: Optional[int] = None
     max_cpu_jobs: int = 0  # 0: no cap
-    max_blob_bytes: int = 0  # 0: no cap on the uploaded contents kept (runner/box/housekeeping.py)
+    max_blob_bytes: int = 0  # 0: no cap on the uploaded contents kept (runner/housekeeping.py)
     blob_grace: float = BLOB_GRACE_S  # an uploaded content younger than this is never collected
     name: Optional[str] = None  # the box's name in alerts; None: the machine's hostname
     executor: str = "local"  # where jobs run: "local" (a shim each, here) or "slurm" (sbatch)
@@ -284,10 +284,3 @@ def _seconds(raw: dict[str, Any], key: str, default: float, where: str) -> float
     if seconds is None:
         raise ConfigError(f"{where} {key} must be a duration such as 15m")
     return seconds
-
-
-def inherited_env() -> dict[str, str]:
-    """tfrund's environment less its own secrets (TFRUN_NOTIFY): what everything it starts begins with (a
-    shim, a job, a service, sbatch and so a batch job), since a job's environment is readable by its code and
-    by whoever the job hands it to, and a job that needs alerts asks the daemon (`--notify`)."""
-    return {key: value for key, value in os.environ.items() if key not in DAEMON_ONLY_ENV}

@@ -4,7 +4,7 @@ A line is an OOM when it is one of the fatal messages; the messages that only lo
 TensorFlow's (and XLA's) BFC allocator warning that ends "The caller indicates that this is not a failure"
 (it retries with less), and the `CUDA_ERROR_OUT_OF_MEMORY` lines the stream executor logs when it shrinks
 its first allocation (training goes on); the driver's code is fatal only inside a raised exception. A kill
-by the kernel's OOM killer prints nothing: runner/executors/cgroup.py sees it (on Slurm, Slurm's state or slurmstepd's
+by the kernel's OOM killer prints nothing: runner/shim/cgroup.py sees it (on Slurm, Slurm's state or slurmstepd's
 line in slurm-ID.out: runner/executors/slurm/executor.py).
 
 Whether a job's end was for want of memory is decided once, by the lifecycle (runner/records/lifecycle.py
@@ -26,11 +26,10 @@ import signal
 from pathlib import Path
 from typing import Optional
 
-from tfrun.runner.executors import cgroup
-from tfrun.runner.executors.process import boot_id
 from tfrun.runner.logs.lines import display, plain
-from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow
+from tfrun.runner.shim import cgroup, jobdir
+from tfrun.runner.shim.process import boot_id
 
 # A Slurm job's reason when Slurm killed it for its memory (runner/executors/slurm/states.py): its oom alert's words.
 SLURM_OUT_OF_MEMORY = "out of memory: Slurm killed it over its memory limit"
@@ -106,7 +105,7 @@ def oom_kind(line: str) -> Optional[str]:
 
 
 def killed_by_oom_killer(job_dir: Path) -> bool:
-    """Whether the kernel's OOM killer struck the job's cgroup while it ran: its count (runner/executors/cgroup.py) rose
+    """Whether the kernel's OOM killer struck the job's cgroup while it ran: its count (runner/shim/cgroup.py) rose
     above the one its shim recorded just before the job started. Only where that shim ran, in this boot: a
     Slurm job's shim records a counter of its compute node, and a count from before a reboot starts again at
     0, so the counter read here then is another one, and its count says nothing of the job."""

@@ -18,7 +18,7 @@ What stays:
   or another user's on a shared root, a link, one named by an older tfrun: `checkpoints.made_here`);
 - contents a kept job's manifest names (what `tfrun restart` builds from), that a spare names (a re-submit
   from that folder would otherwise send them again), that a connection holds (a submit between `HaveBlobs`
-  and `Submit`), or that arrived less than `blob_grace` ago (runner/box/blobs.py).
+  and `Submit`), or that arrived less than `blob_grace` ago (runner/workdir/blobs.py).
 
 A job folder is renamed to `N.removed` before its rows go and deleted after them: a daemon killed half way
 leaves at worst a `N.removed` folder, which the next rm or prune deletes, never an unaccounted folder that
@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
 from tfrun.constants import END_ALERTS_WAIT_S
 from tfrun.paths import Layout
 from tfrun.protocol.housekeeping import DiskReport, FolderUsage, Prune, Removal, RemoveReply
-from tfrun.runner.box.blobs import BlobStore, Collected, manifest_digests
-from tfrun.runner.box.checkpoints import made_here
 from tfrun.runner.executors.slurm import arrays as slurm_arrays
-from tfrun.runner.records import jobdir
 from tfrun.runner.records.job import JobRow
+from tfrun.runner.shim import jobdir
+from tfrun.runner.workdir.blobs import BlobStore, Collected, manifest_digests
+from tfrun.runner.workdir.checkpoints import made_here
 
 if TYPE_CHECKING:
-    from tfrun.runner.box.config import Config
+    from tfrun.runner.config.settings import Config
     from tfrun.runner.records.store import Store
 
 log = logging.getLogger("tfrund")
@@ -183,7 +183,7 @@ async def _end_alerts_stored(daemon: Context, ids: list[int]) -> None:
 
 def _measure(rows: list[JobRow], checkpoints: bool, shared: set[str], daemon_id: str) -> list[Removal]:
     """What removing each of `rows` frees, and what becomes of its checkpoint folder: only one this daemon
-    made may go (runner/box/checkpoints.py), never another home's or another user's on a shared root."""
+    made may go (runner/workdir/checkpoints.py), never another home's or another user's on a shared root."""
     seen: set[tuple[int, int]] = set()
     counted: set[str] = set()  # checkpoint folders measured already: a restart chain removed whole shares one
     removals = []

@@ -22,8 +22,8 @@ from tfrun.numerals import is_digits
 from tfrun.protocol.admin import Setting
 from tfrun.runner.alerts import rules
 from tfrun.runner.alerts.outbox import diagnose, shown_url, usable
-from tfrun.runner.box.config import COUNT, KEYS, STRINGS, Config, ConfigError
-from tfrun.runner.box.doctor import job_python
+from tfrun.runner.config.settings import COUNT, KEYS, STRINGS, Config, ConfigError
+from tfrun.runner.doctor import job_python
 from tfrun.shorten import shorten
 
 if TYPE_CHECKING:

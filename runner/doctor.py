@@ -32,7 +32,7 @@ from typing import Any, Optional
 import tfrun
 from tfrun.constants import PYTHON_SEARCH_MAX, PYTHON_SEARCH_TIMEOUT_S, PYTHON_SEARCH_WORKERS, PYTHONS_NAMED
 from tfrun.protocol.admin import Check
-from tfrun.runner.box.checkpoints import RootOpen, check_root
+from tfrun.runner.workdir.checkpoints import RootOpen, check_root
 from tfrun.shorten import shorten
 
 OK, WARN, FAIL = "ok", "warn", "fail"

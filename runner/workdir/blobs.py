@@ -43,7 +43,7 @@ class BlobStore:
         self.incoming = root / "incoming"
         self.incoming.mkdir(parents=True, exist_ok=True)
         self._known: set[str] = set()  # digests seen stored (a collection forgets those it removes)
-        # Collections (runner/box/housekeeping.py) against submits in flight: a content a connection was told of
+        # Collections (runner/housekeeping.py) against submits in flight: a content a connection was told of
         # (`missing` with a holder) is held until it hangs up, and one it let go of after a collection began is
         # left to the next (that one may have read the jobs' manifests before the submit made its job).
         self._lock = threading.Lock()  # guards the three below, and each removal

@@ -1,0 +1,107 @@
+"""The house in layers: no loop of imports, no verb reaching into another, and runner/ on floors that each import
+only those below (the order a newcomer reads it in, held here)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+
+from harness.codebase import cycles, imports, tfrun_modules
+from harness.paths import REPO
+
+
+def test_no_modules_import_each_other_round_a_loop() -> None:
+    """A loop of imports (lazy ones too: they only hide it) makes a newcomer read every module in it to change
+    one; a package's own __init__ imported by its modules is no loop."""
+    modules = tfrun_modules()
+    graph = {name: {m for m in imports(path, modules) if m != name and not name.startswith(f"{m}.")}
+             for name, path in modules.items()}  # fmt: skip
+    assert cycles(graph) == []
+
+
+def test_no_verb_imports_another_verb() -> None:
+    """A verb is a thin command over the client's library: what two verbs share (a pool's view, a followed log,
+    a page opened in the browser) is a module of client/, not a verb another verb reaches into."""
+    modules = tfrun_modules()
+    verbs = {name for name in modules if name.startswith("tfrun.client.verbs.")}
+    crossing = {verb: sorted(imports(modules[verb], modules) & (verbs - {verb})) for verb in verbs}
+    assert {verb: found for verb, found in crossing.items() if found} == {}
+
+
+# runner/ from the ground up: each floor imports only the floors below it (and itself, within one part).
+RUNNER_FLOORS = (
+    ("faults.py", "home.py"),
+    ("shim/",),
+    ("logs/",),
+    ("records/",),
+    ("metrics/",),
+    ("gpus/",),
+    ("alerts/",),
+    ("workdir/",),
+    ("executors/",),
+    ("services/",),
+    ("queue/",),
+    ("doctor.py",),
+    ("config/",),
+    ("limits.py", "housekeeping.py"),
+    ("handlers/",),
+    ("daemon.py",),
+    ("cli.py",),
+    ("__main__.py",),
+)
+
+
+def _runner_part(module: str) -> str:
+    """The part of runner/ a module of it is in: its folder (`shim/`) or its own file (`daemon.py`)."""
+    path = tfrun_modules()[module].relative_to(REPO / "runner")
+    return f"{path.parts[0]}/" if len(path.parts) > 1 else path.name
+
+
+def test_the_daemon_stands_in_floors_each_importing_only_those_below() -> None:
+    """A newcomer reads runner/ from the ground up, and a change to a part reaches only the floors above it:
+    no import runs back up (a TYPE_CHECKING one neither: a type is a dependency). Where a lower part needs
+    something of a higher one, it says what in its own terms (a Protocol: alerts' AlertConfig, queue's
+    QueueConfig, logs' LoggedJob), and the higher part hands it down."""
+    floor = {part: number for number, parts in enumerate(RUNNER_FLOORS) for part in parts}
+    found = sorted(f"{p.name}/" if p.is_dir() else p.name for p in (REPO / "runner").iterdir()
+                   if (p / "__init__.py").exists() or (p.suffix == ".py" and p.name != "__init__.py"))  # fmt: skip
+    assert found == sorted(floor), "every part of runner/ is on one floor of RUNNER_FLOORS"
+    modules = tfrun_modules()
+    upward = []
+    for name, path in modules.items():
+        if not name.startswith("tfrun.runner."):
+            continue
+        part = _runner_part(name)
+        for imported in imports(path, modules):
+            if imported.startswith("tfrun.runner.") and imported != "tfrun.runner":
+                other = _runner_part(imported)
+                if other != part and floor[other] >= floor[part]:
+                    upward.append(f"{path.relative_to(REPO)} imports {imported} ({other} is not below {part})")
+    assert upward == []
+
+
+def test_the_daemon_s_docstring_lists_its_floors_in_this_order() -> None:
+    """runner/__init__.py is where a newcomer starts: its numbered list is RUNNER_FLOORS, floor by floor."""
+    doc = ast.get_docstring(ast.parse((REPO / "runner" / "__init__.py").read_text())) or ""
+    listed = [tuple(re.findall(r"[\w.]+/|[\w.]+\.py", line.split(": ")[0]))
+              for line in doc.splitlines() if re.match(r"\d+\. ", line)]  # fmt: skip
+    assert listed == list(RUNNER_FLOORS)
+
+
+def test_the_shim_stands_on_the_standard_library_alone() -> None:
+    """runner/shim/ is what runs beside each job (its shim, a Slurm task by its path): the standard library and
+    tfrun's constants and numerals, nothing else of tfrun and nothing installed."""
+    allowed = {"tfrun", "tfrun.constants", "tfrun.numerals"}
+    outside = []
+    for path in sorted((REPO / "runner" / "shim").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if name.startswith("tfrun.runner.shim") or name in allowed or top in sys.stdlib_module_names:
+                    continue
+                outside.append(f"{path.name}: {name}")
+    assert outside == []
