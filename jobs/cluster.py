@@ -1,5 +1,5 @@
 """Which worker of a multi-worker job this process is, from TF_CONFIG (TensorFlow's own variable, which tfrun
-sets in every task of a `submit --nodes N` job on Slurm, runner/executors/slurm/task.py).
+sets in every task of a `submit --nodes N` job on Slurm, runner/shim/slurmtask.py).
 
 Under MultiWorkerMirroredStrategy every worker runs the same script and trains the same model, so the job's
 outputs would be written N times: tfrun.jobs writes its metrics and checkpoints on the chief only (the task

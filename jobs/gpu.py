@@ -10,7 +10,7 @@ Without memory growth TensorFlow takes nearly all of every GPU's memory at start
 TF_FORCE_GPU_ALLOW_GROWTH=true for jobs unless the job's environment says otherwise. Growth has to be set
 before TensorFlow first touches a GPU: call this first.
 
-Where TF_CONFIG names more than one worker (a `submit --nodes N` job on Slurm, runner/executors/slurm/task.py), the
+Where TF_CONFIG names more than one worker (a `submit --nodes N` job on Slurm, runner/shim/slurmtask.py), the
 strategy is MultiWorkerMirroredStrategy over them all, each with its local GPUs (TensorFlow wants it made at
 the start too, before other ops). With Keras 3, `model.fit` under it fails (keras-team/keras#20585): use
 tf-keras (`pip install tf-keras`, TF_USE_LEGACY_KERAS=1). Python 3.8, standard library and TensorFlow only.

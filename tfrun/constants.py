@@ -17,7 +17,7 @@ EXIT_USAGE = 2  # bad options or bad input (click uses 2 for usage errors too)
 EXIT_NO_SUCH_JOB = 3
 EXIT_DAEMON = 125  # the daemon cannot be reached or started, or speaks another protocol (like docker's 125)
 EXIT_LOST = 255  # the job was lost: its shim vanished without recording an exit status
-SPARE_EXIT_BYTES = 4096  # reserved per job outside its folder for its exit record (runner/records/jobdir.py)
+SPARE_EXIT_BYTES = 4096  # reserved per job outside its folder for its exit record (runner/shim/jobdir.py)
 SIGNAL_EXIT_BASE = 128  # a job killed by signal N exits as 128+N, as a shell reports it
 
 # Cancellation: SIGTERM to the job's process group, then SIGKILL after this many seconds.
@@ -37,7 +37,7 @@ MONITOR_INTERVAL_S = 0.2
 FOLLOW_POLL_S = 0.1  # a follower looks anyway after this long without a file event
 
 # The daemon's config file in its home (tfrun/paths.py), and a setting's source when that file set it (`tfrun
-# config` shows it; runner/box/config.py, client/daemonconfig.py).
+# config` shows it; runner/config/settings.py, client/daemonconfig.py).
 CONFIG_FILE = "config.toml"
 
 # Limits on what a request may carry. Lists are bounded by the header size too: a work dir of about
@@ -93,7 +93,7 @@ CONFIG_COUNT_DIGITS = 9  # `tfrun config set max_cpu_jobs N`: a count, never a n
 # client's config.toml), trying again every RECONNECT_PAUSE_S meanwhile.
 DEFAULT_RECONNECT_TIMEOUT_S = 300.0
 RECONNECT_PAUSE_S = 0.5
-SPARE_COUNT = 4  # ready copies of recent snapshots that the daemon keeps for re-submits (runner/box/blobs.py)
+SPARE_COUNT = 4  # ready copies of recent snapshots that the daemon keeps for re-submits (runner/workdir/blobs.py)
 SPARE_MAX_BYTES = 256 << 20  # no spare of a snapshot larger than this: it would double its disk use
 # `tfrun metrics` of an ended job waits up to this long for the alert watch to finish reading its log.
 METRICS_SETTLE_S = 5.0
@@ -108,7 +108,7 @@ DEFAULT_BOX_VENV = "~/.local/share/tfrun/venv"
 MIN_BOX_PYTHON = (3, 9)
 BOX_PYTHONS = ("python3", *(f"python3.{minor}" for minor in range(14, 8, -1)))
 WHEELHOUSE_ENV = "TFRUN_WHEELHOUSE"
-# Housekeeping (runner/box/housekeeping.py): `tfrun rm`, `prune`, `df`, and the uploaded contents kept.
+# Housekeeping (runner/housekeeping.py): `tfrun rm`, `prune`, `df`, and the uploaded contents kept.
 MAX_REMOVE_JOBS = 1000  # jobs one `tfrun rm` names
 BLOB_GRACE_S = 3600.0  # an uploaded content younger than this is never collected (blob_grace in config.toml)
 END_ALERTS_WAIT_S = 5.0  # how long removing a job that just ended waits for its end alerts to be stored
@@ -133,7 +133,7 @@ JOB_UMASK_ENV = "TFRUN_JOB_UMASK"
 WORK_FILE_MODE_MASK = 0o755
 PRIVATE_DIR_MODE = 0o700  # TFRUN_HOME and each job's checkpoint folder
 
-# GPUs shared by every tfrund on the box (runner/queue/gpulease.py): leases held by the jobs' shims, in a folder of
+# GPUs shared by every tfrund on the box (runner/shim/gpulease.py): leases held by the jobs' shims, in a folder of
 # each user's own in this sticky one. A GPU where some process outside tfrun holds more memory than
 # GPU_FOREIGN_BYTES (a notebook, another user's script) is not handed out either. While a job waits for a GPU
 # held outside this daemon, it looks again every GPU_RECHECK_S (a lease's end makes no event).

@@ -6,7 +6,7 @@ The causes (`tfrun.protocol.fields.Cause`), as the daemon tells them at a job's 
     lost    its shim, the daemon or the machine went away without a record of its end; on Slurm, a node
             failure or a preemption too
     oom     it ran out of memory: the kernel's OOM killer killed it (its cgroup's memory.events), Slurm killed
-            it over its memory limit, or its log ends with a fatal out-of-memory message (runner/alerts/oom.py)
+            it over its memory limit, or its log ends with a fatal out-of-memory message (runner/records/oom.py)
     signal  a signal killed it that was not tfrun's cancel (a kill -9, a segfault, a time limit's SIGTERM)
     error   it failed any other way: it exited non-zero, or could not start
 

@@ -62,7 +62,7 @@ class DoctorReport(Message):
 @tagged("doctor")
 @dataclass
 class Doctor(Request[DoctorReport]):
-    """Check the box's health for training (runner/box/doctor.py); answered by `DoctorReport`.
+    """Check the box's health for training (runner/doctor.py); answered by `DoctorReport`.
     `python`: the job interpreter to check (default: the one jobs get)."""
 
     python: Optional[OsText] = None

@@ -26,7 +26,7 @@ class Removal:
     bytes: int = 0  # freed on disk: its folder, and its checkpoint folder where that goes too
     checkpoint_dir: Optional[str] = None
     # its checkpoint folder: "removed", "kept" (not asked to), "shared" (a kept job's too), "foreign" (not one
-    # this daemon made: never deleted, runner/box/checkpoints.py), "" (none there)
+    # this daemon made: never deleted, runner/workdir/checkpoints.py), "" (none there)
     checkpoints: str = ""
 
 
@@ -43,7 +43,7 @@ class RemoveReply(Message):
 @dataclass
 class Remove(Request[RemoveReply]):
     """Remove ended jobs: their folders and records, their checkpoint folders with `checkpoints` (where no
-    kept job shares them), then the uploaded contents no kept job needs (runner/box/housekeeping.py). With
+    kept job shares them), then the uploaded contents no kept job needs (runner/housekeeping.py). With
     `dry_run`, only say what would go. Answered by `RemoveReply`."""
 
     jobs: Annotated[list[JobRef], Limit(items=MAX_REMOVE_JOBS)]

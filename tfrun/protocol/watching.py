@@ -61,7 +61,7 @@ class Gpu:
 
 @dataclass
 class GpuUse:
-    """A GPU a job held, sampled by its daemon (runner/box/gpuhistory.py): when, which, its memory in use and
+    """A GPU a job held, sampled by its daemon (runner/gpus/history.py): when, which, its memory in use and
     in all (bytes) and its load (percent; None where NVML did not say)."""
 
     time: float
