@@ -1,5 +1,5 @@
 """`python -m tfrun.client` is `tfrun`."""
 
-from tfrun.client.cli import main
+from .cli import main
 
 main()

@@ -26,15 +26,16 @@ from collections.abc import AsyncGenerator, Awaitable, Iterator, Sequence
 from pathlib import Path
 from typing import Callable, Optional, TypeVar, Union
 
-from tfrun.client.asyncclient import AsyncClient, NoSuchJob, Ref
-from tfrun.client.calls import Call
-from tfrun.client.connection import Target
-from tfrun.client.follow import LogQuery
-from tfrun.client.submission import Submitted
 from tfrun.protocol.jobs import CancelResult, Job
 from tfrun.protocol.submit import JobOptions
 from tfrun.protocol.watching import Alert, Gpu, MetricSample
 from tfrun.protocol.wire import Message
+
+from .asyncclient import AsyncClient, NoSuchJob, Ref
+from .calls import Call
+from .connection import Target
+from .follow import LogQuery
+from .submission import Submitted
 
 __all__ = ["AsyncClient", "Call", "Client", "JobHandle", "JobOptions", "NoSuchJob", "Ref", "Submitted"]
 

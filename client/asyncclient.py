@@ -14,15 +14,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, 
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar, Union
 
-from tfrun.client import config, submission
-from tfrun.client.calls import Call
-from tfrun.client.calls import jobs as job_calls
-from tfrun.client.calls import logs as log_calls
-from tfrun.client.calls import watching as watch_calls
-from tfrun.client.connection import Target
-from tfrun.client.errors import TfrunError
-from tfrun.client.follow import LogCursor, LogQuery, follow_log, read_log, resilient
-from tfrun.client.submission import Submission, Submitted
 from tfrun.constants import EXIT_NO_SUCH_JOB, MAX_CANCEL_JOBS
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
@@ -32,9 +23,20 @@ from tfrun.protocol.submit import JobOptions
 from tfrun.protocol.watching import Alert, Gpu, MetricSample
 from tfrun.protocol.wire import Request
 
+from . import config, submission
+from .calls import Call
+from .calls import jobs as job_calls
+from .calls import logs as log_calls
+from .calls import watching as watch_calls
+from .connection import Target
+from .errors import TfrunError
+from .follow import LogCursor, LogQuery, follow_log, read_log, resilient
+from .submission import Submission, Submitted
+
 if TYPE_CHECKING:
-    from tfrun.client.snapshot import Snapshot
     from tfrun.protocol.wire import Message
+
+    from .snapshot import Snapshot
 
 T = TypeVar("T")
 M = TypeVar("M", bound="Message")
@@ -223,7 +225,7 @@ class AsyncClient:
 
     async def pull(self, job: Ref, paths: Sequence[str] = ("checkpoints",), dest: Path = Path(".")) -> tuple[int, int]:
         """Copy the job's checkpoints or files (see `tfrun pull`) into `dest`; return (files, bytes)."""
-        from tfrun.client.transfer import pull
+        from .transfer import pull
 
         Path(dest).mkdir(parents=True, exist_ok=True)
         return await self.session(lambda channel: pull(channel, str(job), list(paths), Path(dest)))

@@ -18,9 +18,10 @@ import termios
 import tty
 from collections.abc import Iterator
 
-from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_USAGE
+
+from .config import Host
+from .errors import TfrunError
 
 
 def attach_here(command: list[str]) -> None:
@@ -33,7 +34,7 @@ def attach_here(command: list[str]) -> None:
 
 async def attach_remote(host: Host, accept_new: bool, command: list[str]) -> int:
     """Run `command` on the box in a pseudo-terminal wired to this one; its exit code once it ends."""
-    from tfrun.client import ssh
+    from . import ssh
 
     if not os.isatty(sys.stdin.fileno()):
         raise TfrunError("tfrun attach needs a terminal (stdin is not one)", EXIT_USAGE)

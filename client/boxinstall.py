@@ -17,10 +17,11 @@ import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError
 from tfrun.constants import BOX_PYTHONS, EXIT_DAEMON, EXIT_FAILURE, MIN_BOX_PYTHON
 from tfrun.numerals import is_digits
+
+from .config import Host
+from .errors import TfrunError
 
 if TYPE_CHECKING:
     import asyncssh
@@ -211,7 +212,7 @@ async def pip_install(
 async def start_daemon(conn: asyncssh.SSHClientConnection, host: Host, restart: bool) -> Optional[int]:
     """Start the installed tfrund (stopping an older one first: its jobs keep running, the new one re-adopts
     them); the pid it says it runs as."""
-    from tfrun.client.remotecommand import remote_command
+    from .remotecommand import remote_command
 
     stop, start = remote_command(host, "stop"), remote_command(host, "start")  # the host's env on stdin
     if restart:

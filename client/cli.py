@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, TypeVar
 import click
 
 from tfrun import __version__
-from tfrun.client.errors import TfrunError, remote_exit
-from tfrun.client.verbs import VerbGroup
 from tfrun.constants import (
     EXIT_DAEMON,
     EXIT_FAILURE,
@@ -29,16 +27,20 @@ from tfrun.constants import (
     SIGNAL_EXIT_BASE,
 )
 
+from .errors import TfrunError, remote_exit
+from .verbs import VerbGroup
+
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
     from rich.console import Console
 
-    from tfrun.client.api import AsyncClient
-    from tfrun.client.calls import Call
-    from tfrun.client.connection import Target
-    from tfrun.client.styled import Output
-    from tfrun.client.syncchannel import SyncChannel
     from tfrun.protocol.wire import Message
+
+    from .api import AsyncClient
+    from .calls import Call
+    from .connection import Target
+    from .styled import Output
+    from .syncchannel import SyncChannel
 
 T = TypeVar("T")
 M = TypeVar("M", bound="Message")
@@ -108,7 +110,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 def target() -> Target:
     """Where this verb's requests go, as its --host options said (see `host_options`)."""
-    from tfrun.client.connection import Target
+    from .connection import Target
 
     found = click.get_current_context().find_object(Target)
     return found if found is not None else Target()
@@ -122,7 +124,7 @@ def place(full: bool = False) -> str:
 
 def client() -> AsyncClient:
     """The API (client/api.py) on the daemon this verb's --host names."""
-    from tfrun.client.api import AsyncClient
+    from .api import AsyncClient
 
     return AsyncClient(target(), say=lambda line: click.echo(f"tfrun: {line}", err=True))
 
@@ -155,9 +157,10 @@ def each(asked: Call[M, T], take: Callable[[T], bool]) -> None:
 
 def running_daemon() -> Optional[SyncChannel]:
     """A plain-socket channel to the daemon up on this machine, or None when none is (the API's way starts one)."""
-    from tfrun.client.syncchannel import SyncChannel
     from tfrun.paths import Layout
     from tfrun.protocol.wire import ConnectionClosed
+
+    from .syncchannel import SyncChannel
 
     try:
         return SyncChannel.connect(str(Layout.from_env().socket))
@@ -222,7 +225,7 @@ def _completer(name: str) -> Completer:
     start must not pay for."""
 
     def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-        from tfrun.client import completion
+        from . import completion
 
         found: Completer = getattr(completion, name)
         return found(ctx, param, incomplete)
@@ -292,7 +295,7 @@ def color_choice() -> str:
 
 def output() -> Output:
     """Where a verb writes its lines and tables (client/styled.py), with the main group's --color."""
-    from tfrun.client.styled import Output
+    from .styled import Output
 
     return Output(color_choice())
 
@@ -300,7 +303,7 @@ def output() -> Output:
 def console() -> Console:
     """rich's console, with the main group's --color: for `tfrun top`'s live view only (rich.console costs a
     quarter of a short verb's start; the others write through `output`)."""
-    from tfrun.client import render
+    from . import render
 
     return render.console(color_choice())
 

@@ -24,14 +24,15 @@ try:
 except ImportError:  # click 8.1, the last for Python 3.9
     from click.parser import split_arg_string  # type: ignore[no-redef]
 
-from tfrun.client import config
-from tfrun.client.calls import jobs as job_calls
-from tfrun.client.connection import Target
 from tfrun.constants import COMPLETE_VAR, COMPLETION_TIMEOUT_S
 from tfrun.numerals import is_digits
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.jobs import JobList
+
+from . import config
+from .calls import jobs as job_calls
+from .connection import Target
 
 SHELLS = ("bash", "zsh", "fish")
 
@@ -148,7 +149,7 @@ def jobs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Co
     prefix, sep, rest = incomplete.partition(":")
     if sep:
         try:
-            from tfrun.client import fleet
+            from . import fleet
 
             cfg = config.load()
             if prefix not in cfg.hosts and prefix != config.LOCAL:

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from tfrun.client import privatefiles
-from tfrun.client.errors import TfrunError
 from tfrun.constants import DEFAULT_CONFIRM_UPLOAD_BYTES, DEFAULT_RECONNECT_TIMEOUT_S, EXIT_USAGE
 from tfrun.duration import format_duration, parse_duration
 from tfrun.sizes import parse_size
+
+from . import privatefiles
+from .errors import TfrunError
 
 if TYPE_CHECKING:
     from tfrun import tomltext

@@ -6,14 +6,15 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError, cannot_start
 from tfrun.constants import EXIT_DAEMON, SAFE_PATH
 from tfrun.paths import Layout
 from tfrun.private import NotPrivate
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import ConnectionClosed
+
+from .config import Host
+from .errors import TfrunError, cannot_start
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Target:
     async def _connect(self) -> Channel:
         if self.host is None:
             return await connect_local(Layout.from_env())
-        from tfrun.client import keeperclient
+        from . import keeperclient
 
         if keeperclient.enabled():
             try:
@@ -63,7 +64,7 @@ class Target:
 
     async def _direct(self) -> Channel:
         """A channel over an SSH connection of this verb's own (TFRUN_SSH_PERSIST=0), closed with it."""
-        from tfrun.client import ssh  # asyncssh costs 0.3 s to import: only a direct connection pays it
+        from . import ssh  # asyncssh costs 0.3 s to import: only a direct connection pays it
 
         assert self.host is not None
         conn = await ssh.open_ssh(self.host, self.accept_new_host_key)

@@ -12,9 +12,10 @@ from typing import Any
 
 import click
 
-from tfrun.client import render
 from tfrun.constants import CONFIG_FILE
 from tfrun.protocol.admin import ConfigReply
+
+from . import render
 
 
 def values(reply: ConfigReply) -> dict[str, Any]:

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tfrun.client import render
-from tfrun.client.errors import TfrunError, error_line
 from tfrun.constants import EXIT_FAILURE, EXIT_NO_SUCH_JOB, EXIT_OK
+
+from . import render
+from .errors import TfrunError, error_line
 
 if TYPE_CHECKING:  # a submit asks its upload question here, and needs none of housekeeping's messages
     from tfrun.protocol.housekeeping import DiskReport, Removal, RemoveReply

@@ -18,13 +18,14 @@ from typing import Generic, Optional, TypeVar
 
 import click
 
-from tfrun.client import config
-from tfrun.client.calls import Call
-from tfrun.client.config import ClientConfig, Host
-from tfrun.client.connection import Target
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_USAGE
 from tfrun.protocol.wire import Message
+
+from . import config
+from .calls import Call
+from .config import ClientConfig, Host
+from .connection import Target
+from .errors import TfrunError
 
 M = TypeVar("M", bound=Message)
 T = TypeVar("T")
@@ -71,8 +72,9 @@ async def ask_all(hosts: Sequence[Host], asked: Call[M, T], wait: float, accept_
 async def ask_one(host: Host, asked: Call[M, T], wait: float, accept_new: bool = False) -> Answer[T]:
     """One member's answer to `asked` within `wait` seconds, never an exception: `tfrun top` over a pool
     asks each member on its own clock, so a slow one never holds up the others' next frame."""
-    from tfrun.client.asyncclient import AsyncClient
     from tfrun.protocol.channel import RemoteError
+
+    from .asyncclient import AsyncClient
 
     client = AsyncClient(Target(host, accept_new, wait))
     try:

@@ -17,17 +17,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from tfrun.client import fleet, render, reports
-from tfrun.client.calls import watching
-from tfrun.client.config import Host
-from tfrun.client.styled import Styled
-from tfrun.client.top import header, job_cells, jobs_lines, live_screen, on_screen
 from tfrun.protocol.watching import Gpu, TopReply
+
+from . import fleet, render, reports
+from .calls import watching
+from .config import Host
+from .styled import Styled
+from .top import header, job_cells, jobs_lines, live_screen, on_screen
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from tfrun.client.styled import Output
+    from .styled import Output
 
 
 @dataclass

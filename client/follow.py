@@ -15,13 +15,14 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Callable, Optional, TypeVar
 
-from tfrun.client import config
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON, RECONNECT_PAUSE_S
 from tfrun.duration import format_duration
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.logs import LogEnd, LogLines, ReadLog
 from tfrun.protocol.wire import ConnectionClosed, ProtocolError
+
+from . import config
+from .errors import TfrunError
 
 T = TypeVar("T")
 Connect = Callable[[], Awaitable[Channel]]

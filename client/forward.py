@@ -25,12 +25,13 @@ import os
 from collections.abc import Awaitable
 from typing import Any, Callable, Optional
 
-from tfrun.client import loopback
-from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError
-from tfrun.client.tunnel import forward_path, pump, refusal
 from tfrun.constants import EXIT_DAEMON, EXIT_USAGE
 from tfrun.private import NotPrivate, check_peer
+
+from . import loopback
+from .config import Host
+from .errors import TfrunError
+from .tunnel import forward_path, pump, refusal
 
 
 class NothingListens(TfrunError):
@@ -47,8 +48,9 @@ def service_guard(client: Any, job: int) -> Guard:
     """The guard of a forward to service `job`: the box's daemon (through `client`, an AsyncClient) says the
     service still runs and its own processes listen on its port, so once it ended nothing reaches whoever
     listens there since."""
-    from tfrun.client.calls import services
     from tfrun.protocol.channel import RemoteError
+
+    from .calls import services
 
     async def guard() -> None:
         try:
@@ -62,8 +64,8 @@ def service_guard(client: Any, job: int) -> Guard:
 def keeper_opener(host: Host, accept_new: bool) -> Opener:
     """Tunnels through the box's keeper, starting one (again) whenever none answers: a keeper idles out or its
     connection drops, and a forward that stays for a day must outlive both."""
-    from tfrun.client import keeperclient
-    from tfrun.client.keepertrust import socket_path
+    from . import keeperclient
+    from .keepertrust import socket_path
 
     path = forward_path(socket_path(host, accept_new))
 
@@ -105,7 +107,7 @@ async def direct_opener(host: Host, accept_new: bool) -> tuple[Opener, Callable[
     would be: a forward that stays for a day must outlive the link's outages."""
     import asyncssh
 
-    from tfrun.client import ssh
+    from . import ssh
 
     held = [await ssh.open_ssh(host, accept_new)]
 

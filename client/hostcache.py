@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any
 
-from tfrun.client import privatefiles
+from . import privatefiles
 
 
 class SocketCache:

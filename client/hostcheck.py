@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Callable, Union
 
 from tfrun import __version__
-from tfrun.client.calls import admin
-from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError
-from tfrun.client.remotecommand import remote_command
-from tfrun.client.ssh import can_forward, fix_hint, open_channel, open_ssh, run_command
 from tfrun.constants import EXIT_DAEMON, EXIT_FAILURE, EXIT_OK
 from tfrun.protocol.channel import Channel, RemoteError
+
+from .calls import admin
+from .config import Host
+from .errors import TfrunError
+from .remotecommand import remote_command
+from .ssh import can_forward, fix_hint, open_channel, open_ssh, run_command
 
 # How `check` reports a step: passed (True) or failed (False), or a doctor's check by its status.
 Report = Callable[[Union[bool, str], str], None]

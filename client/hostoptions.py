@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import click
 
-from tfrun.client.cli import complete_hosts, complete_hosts_and_pools, fail, job_refs
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_USAGE
 
+from .cli import complete_hosts, complete_hosts_and_pools, fail, job_refs
+from .errors import TfrunError
+
 if TYPE_CHECKING:
-    from tfrun.client.config import Host
+    from .config import Host
 
 F = TypeVar("F", bound=Callable[..., Any])
 _POOL = "tfrun.pool"  # where --host leaves a pool: (its name, its members)
@@ -97,8 +98,8 @@ def _addressed(ctx: click.Context, refs: Any) -> Any:
     many = isinstance(refs, tuple)
     if not any(":" in ref for ref in (refs if many else (refs,))):
         return refs
-    from tfrun.client import config, fleet  # only for an address: fleet imports asyncio
-    from tfrun.client.connection import Target
+    from . import config, fleet  # only for an address: fleet imports asyncio
+    from .connection import Target
 
     try:
         cfg = config.load()
@@ -135,8 +136,8 @@ def _set_accept_new(ctx: click.Context, _: click.Parameter, value: bool) -> None
 def _set_target(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> None:
     from click.core import ParameterSource
 
-    from tfrun.client import config
-    from tfrun.client.connection import Target
+    from . import config
+    from .connection import Target
 
     if value is None and isinstance(ctx.obj, Target):
         return  # a subcommand without --host keeps its group's: `tfrun config --host box set ...`

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import tfrun
-from tfrun.client import config
-from tfrun.client.boxinstall import (
+from tfrun.constants import DEFAULT_BOX_VENV, EXIT_USAGE
+
+from . import config
+from .boxinstall import (
     BoxPython,
     box_info,
     find_python,
@@ -32,10 +34,9 @@ from tfrun.client.boxinstall import (
     start_daemon,
     version_tuple,
 )
-from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError
-from tfrun.client.wheel import build_wheel, download_dependencies
-from tfrun.constants import DEFAULT_BOX_VENV, EXIT_USAGE
+from .config import Host
+from .errors import TfrunError
+from .wheel import build_wheel, download_dependencies
 
 if TYPE_CHECKING:
     import asyncssh
@@ -107,7 +108,7 @@ def record(name: str, tfrund: str) -> None:
 
 async def install(name: Optional[str], options: Options, accept_new: bool, progress: Progress) -> Result:
     """Install this client's tfrun on the box of host `name` (see the module docstring); idempotent."""
-    from tfrun.client import ssh
+    from . import ssh
 
     host = configured_host(name)
     assert host.name is not None

@@ -42,12 +42,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError
-from tfrun.client.keeperclient import answers
-from tfrun.client.tunnel import forward_path, pump, serve_forward
 from tfrun.private import peer_is_self
 from tfrun.protocol.wire import read_header
+
+from .config import Host
+from .errors import TfrunError
+from .keeperclient import answers
+from .tunnel import forward_path, pump, serve_forward
 
 IDLE_EXIT_S = 600.0
 
@@ -98,7 +99,7 @@ class Keeper:
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Pipe one local connection to the daemon over an SSH channel of its own, both ways. A caller of
         another uid (root aside, none can reach the 0700 folder) is hung up on unheard."""
-        from tfrun.client.ssh import open_raw
+        from .ssh import open_raw
 
         if not peer_is_self(writer.get_extra_info("socket")):
             writer.close()
@@ -180,7 +181,7 @@ async def _keep(index: int, host: Host, path: Path, accept_new: bool, timeout: O
 
 
 async def _open(host: Host, accept_new: bool) -> Any:
-    from tfrun.client import ssh
+    from . import ssh
 
     conn = await ssh.open_ssh(host, accept_new)
     try:

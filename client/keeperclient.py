@@ -14,13 +14,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional
 
-from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError
-from tfrun.client.keepertrust import socket_path
 from tfrun.constants import EXIT_DAEMON, SAFE_PATH
 from tfrun.private import check_private, peer_is_self
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.wire import ConnectionClosed
+
+from .config import Host
+from .errors import TfrunError
+from .keepertrust import socket_path
 
 # The longest a verb waits for a keeper to get ready when it has no shorter timeout of its own (a pool's): the
 # keeper's connect gives up after its ConnectTimeout (15 s by default) and a link that dies under it after

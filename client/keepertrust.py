@@ -16,9 +16,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from tfrun.client.config import Host
 from tfrun.constants import SSH_GLOBAL_KNOWN_HOSTS, SSH_USER_KNOWN_HOSTS
 from tfrun.private import private_dir, runtime_dir
+
+from .config import Host
 
 
 def socket_path(host: Host, accept_new: bool) -> Path:

@@ -26,8 +26,9 @@ from typing import Any, Optional
 
 import asyncssh
 
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON, SSH_GLOBAL_KNOWN_HOSTS, SSH_USER_KNOWN_HOSTS
+
+from .errors import TfrunError
 
 _TOKEN = re.compile(r"%(.)")
 _VARIABLE = re.compile(r"\$\{(\w+)\}")

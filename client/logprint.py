@@ -9,11 +9,12 @@ from typing import Optional
 
 import click
 
-from tfrun.client import cli
-from tfrun.client.api import AsyncClient
-from tfrun.client.follow import LogCursor, LogQuery
 from tfrun.protocol.logs import LogEnd
 from tfrun.protocol.wire import ProtocolError
+
+from . import cli
+from .api import AsyncClient
+from .follow import LogCursor, LogQuery
 
 
 async def print_chunks(chunks: AsyncIterator[bytes]) -> None:

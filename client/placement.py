@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from tfrun.client.config import Host
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.watching import TopReply
+
+from .config import Host
 
 
 @dataclass

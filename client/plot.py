@@ -10,9 +10,10 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from tfrun.client.styled import Styled
 from tfrun.losses import evaluation_name, training_loss_name
 from tfrun.protocol.watching import MetricSample
+
+from .styled import Styled
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 _BRAILLE = 0x2800

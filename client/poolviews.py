@@ -9,15 +9,16 @@ from typing import Any, Optional
 
 import click
 
-from tfrun.client import cli, config, fleet, render, reports
-from tfrun.client.calls import jobs as job_calls
-from tfrun.client.calls import watching
-from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError, error_line
-from tfrun.client.placement import Figures, choose
 from tfrun.constants import EXIT_DAEMON, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from tfrun.protocol.jobs import Job
 from tfrun.protocol.watching import Delivery
+
+from . import cli, config, fleet, render, reports
+from .calls import jobs as job_calls
+from .calls import watching
+from .config import Host
+from .errors import TfrunError, error_line
+from .placement import Figures, choose
 
 
 def wait_s() -> float:
@@ -36,7 +37,7 @@ def ps_pool(
 ) -> None:
     """`tfrun ps --host POOL`: every member's jobs (and services, if asked), each once, as HOST:ID; with `last`,
     each member's newest `last`."""
-    from tfrun.client.joblist import left_out, newest
+    from .joblist import left_out, newest
 
     listing = job_calls.job_list(show_all, last, services)
     answers = fleet.note_skipped(cli.run(fleet.ask_all(fleet.distinct(members), listing, wait_s(), accept_new_keys())))
@@ -85,7 +86,7 @@ def place(name: str, members: list[Host], gpus: Optional[int], dry_run: bool) ->
 
 def top_pool(name: str, members: list[Host], interval: float, once: bool) -> None:
     """`tfrun top --host POOL`: client/fleettop.py's view of every member."""
-    from tfrun.client import fleettop
+    from . import fleettop
 
     wait, accept_new = wait_s(), accept_new_keys()
     if once:

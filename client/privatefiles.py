@@ -23,8 +23,9 @@ import stat
 from pathlib import Path
 from typing import Optional
 
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_USAGE, PRIVATE_DIR_MODE
+
+from .errors import TfrunError
 
 PRIVATE_FILE_MODE = 0o600
 

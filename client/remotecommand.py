@@ -7,11 +7,12 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError
 from tfrun.constants import (
     EXIT_USAGE,
 )
+
+from .config import Host
+from .errors import TfrunError
 
 # reads K=V lines up to an empty one (from a pipe, `read` takes no byte past its line, so what follows is the
 # command's own input: the protocol), exports them, and becomes the command.

@@ -13,18 +13,19 @@ import time
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
-from tfrun.client.styled import Styled, wants_color
 from tfrun.constants import GPU_HELD_OUTSIDE
 from tfrun.protocol.fields import JobState
 from tfrun.sizes import shown
 
+from .styled import Styled, wants_color
+
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from tfrun.client.styled import Output
-
     # the records are only drawn here: a verb imports the protocol modules it asks with, and no others
     from tfrun.protocol.jobs import Job
+
+    from .styled import Output
 
 STATE_STYLE: dict[str, str] = {
     JobState.QUEUED: "yellow",

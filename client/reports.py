@@ -9,16 +9,16 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional, Union
 
-from tfrun.client.render import Cell, one_line, print_table, size, table_lines, when
-from tfrun.client.styled import Styled
+from .render import Cell, one_line, print_table, size, table_lines, when
+from .styled import Styled
 
 if TYPE_CHECKING:
-    from tfrun.client.styled import Output
-
     # the records are only drawn here: a verb imports the protocol modules it asks with, and no others
     from tfrun.protocol.admin import Check
     from tfrun.protocol.submit import FileEntry
     from tfrun.protocol.watching import Alert, Delivery, Gpu, LineReading, MetricSample
+
+    from .styled import Output
 
 _TF_CHECKPOINT = re.compile(r"^(?P<prefix>.*?)(\.index|\.data-\d+-of-\d+)$")
 _STEP = re.compile(r"-(\d+)$")

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Callable, Optional
 
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_USAGE
 from tfrun.content import sha256_file
 from tfrun.protocol.submit import FileEntry
+
+from .errors import TfrunError
 
 if TYPE_CHECKING:
     import pathspec

@@ -21,11 +21,6 @@ from typing import Any, Optional
 
 import asyncssh
 
-from tfrun.client import knownhosts
-from tfrun.client.config import Host, parse_destination
-from tfrun.client.errors import TfrunError, cannot_start
-from tfrun.client.hostcache import SocketCache
-from tfrun.client.remotecommand import RemoteCommand, remote_command
 from tfrun.constants import (
     EXIT_DAEMON,
     EXIT_USAGE,
@@ -39,6 +34,12 @@ from tfrun.protocol.channel import Channel, RemoteError, check_proof
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.proof import KEY_BYTES, new_challenge
 from tfrun.protocol.wire import Hello, ProtocolError, decode_header, encode, read_header, read_message, write_message
+
+from . import knownhosts
+from .config import Host, parse_destination
+from .errors import TfrunError, cannot_start
+from .hostcache import SocketCache
+from .remotecommand import RemoteCommand, remote_command
 
 _RECHECK_S = 24 * 3600.0  # how long a box's refusal to forward is believed before trying again
 

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from tfrun.client import config
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_USAGE
 from tfrun.numerals import is_digits
+
+from . import config
+from .errors import TfrunError
 
 # Keep an idle connection (a VS Code window, `logs -f` on a quiet job) from being dropped by a NAT or firewall
 # that forgets silent flows, and notice a dead link after about two minutes instead of hanging. No

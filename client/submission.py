@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from tfrun import restarts
-from tfrun.client.connection import Target
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON, EXIT_USAGE
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
@@ -23,10 +21,13 @@ from tfrun.protocol.jobs import Job
 from tfrun.protocol.submit import ArrayAxis, JobOptions, Submit, SubmitArray
 from tfrun.protocol.wire import ConnectionClosed, ProtocolError
 
+from .connection import Target
+from .errors import TfrunError
+
 if TYPE_CHECKING:
-    from tfrun.client.follow import Connect, Notice
-    from tfrun.client.snapshot import Snapshot
-    from tfrun.client.syncchannel import SyncChannel
+    from .follow import Connect, Notice
+    from .snapshot import Snapshot
+    from .syncchannel import SyncChannel
 
 
 @dataclass
@@ -65,8 +66,8 @@ def snapshot(
     script: str, workdir: Optional[Path], local: bool, on_snapshot: Callable[[Snapshot], None]
 ) -> tuple[Snapshot, str]:
     """The work dir's snapshot, hashed, and the script's path in it."""
-    from tfrun.client.snapshot import relative_script, scan, why_not_sent
-    from tfrun.client.transfer import LazyProgress
+    from .snapshot import relative_script, scan, why_not_sent
+    from .transfer import LazyProgress
 
     root, relative = relative_script(script, workdir)
     snap = scan(root, local=local)
@@ -118,8 +119,8 @@ async def send(
     target: Target, connect: Connect, notice: Notice, ready: Submission, confirm: Optional[Callable[[int, int], None]]
 ) -> Submitted:
     """Upload what the daemon lacks, then submit, again on a new connection if the daemon goes away."""
-    from tfrun.client.follow import resilient
-    from tfrun.client.transfer import upload
+    from .follow import resilient
+    from .transfer import upload
 
     sent_request = False  # whether the submit went out: from then on, a failure leaves its outcome unknown
 
@@ -147,7 +148,7 @@ def send_here(
     imports no asyncio), when the upload is small (transfer.upload_here). None when it is not, or when the
     daemon went away meanwhile: `send` then does it all again, which is safe, since a daemon that took the
     submit answers its `submission_id` with the job it made."""
-    from tfrun.client.transfer import upload_here
+    from .transfer import upload_here
 
     sent_request = False
     try:

@@ -20,20 +20,21 @@ import tty
 from collections.abc import Awaitable, Iterator, Sequence
 from typing import TYPE_CHECKING, Callable, Optional
 
-from tfrun.client import render, reports
-from tfrun.client.calls import watching
-from tfrun.client.follow import DISCONNECTS, Connect, Reconnect
-from tfrun.client.plot import sparkline
-from tfrun.client.styled import Styled
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.jobs import Job
 from tfrun.protocol.watching import TopReply
+
+from . import render, reports
+from .calls import watching
+from .follow import DISCONNECTS, Connect, Reconnect
+from .plot import sparkline
+from .styled import Styled
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.live import Live
 
-    from tfrun.client.styled import Output
+    from .styled import Output
 
 
 _JOB_COLUMNS = ("NAME", "STATE", "GPUS", "RUNTIME", "LOSS", "TREND", "COMMAND")  # after those naming the job

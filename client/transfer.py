@@ -10,19 +10,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from tfrun.client.errors import TfrunError
-from tfrun.client.snapshot import Snapshot
 from tfrun.constants import EXIT_FAILURE, EXIT_USAGE, FILE_CHUNK_BYTES
 from tfrun.content import ManifestError, check_relative
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.submit import FILE_KINDS, FileEntry, HaveBlobs, PutBlob, PutBlobs
 from tfrun.protocol.wire import ProtocolError
 
+from .errors import TfrunError
+from .snapshot import Snapshot
+
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from tfrun.client.landing import Landing
-    from tfrun.client.syncchannel import SyncChannel
+    from .landing import Landing
+    from .syncchannel import SyncChannel
 
 _PROGRESS_AFTER_S = 1.0  # a transfer shorter than this shows no bar
 _PACK_BELOW = 256 << 10  # contents up to this size travel packed several to a frame
@@ -194,8 +195,9 @@ async def pull(channel: Channel, job: str, paths: list[str], dest: Path) -> tupl
     its last part, and whatever the daemon lists, nothing is written elsewhere (client/landing.py): an entry
     not under the NAME of the path it was listed for, a name that is not plain, or a place in `dest` that
     holds a link or another user's file is left out, and once the rest is written, PullRefused names it."""
-    from tfrun.client.landing import Landing, NotHere
     from tfrun.protocol.files import ListFiles  # here: a submit, which imports this module too, never pulls
+
+    from .landing import Landing, NotHere
 
     wanted: dict[str, tuple[FileEntry, str]] = {}  # local relative path -> (its entry, the path to ask for)
     refused: list[str] = []
@@ -234,7 +236,7 @@ class PullRefused(TfrunError):
     """A pull that wrote what it could and left out what the daemon listed that it may not write."""
 
     def __init__(self, files: int, total: int, where: str, refused: list[str]) -> None:
-        from tfrun.client.render import size
+        from .render import size
 
         more = len(refused) - _REFUSALS_SHOWN
         shown = ", ".join(refused[:_REFUSALS_SHOWN]) + (f" and {more} more" if more > 0 else "")
@@ -280,8 +282,9 @@ async def _fetch(
     channel: Channel, job: str, path: str, entry: FileEntry, landing: Landing, progress: LazyProgress
 ) -> int:
     """Stream one file into a new temporary sibling of its place, then rename it over (never through a link)."""
-    from tfrun.client.landing import new_file
     from tfrun.protocol.files import ReadFile
+
+    from .landing import new_file
 
     parts = entry.path.split("/")
     folder = landing.folder(parts[:-1])

@@ -21,27 +21,32 @@ import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
-import tfrun
-from tfrun.client import privatefiles
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_FAILURE, PRIVATE_DIR_MODE
+from tfrun.paths import package_folder
+
+from . import privatefiles
+from .errors import TfrunError
 
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every entry's time, so the same files make the same wheel
+MAPPED = ("client", "runner", "jobs")  # tfrun's packages that a source tree keeps in folders of their own
 
 # -- the wheel, built here ------------------------------------------------------------------------------------
 
 
 def _package_files() -> list[tuple[str, Path]]:
-    """(name in the wheel, file here) of every file of the installed tfrun package, its symlinked folders
-    (tfrun/client -> client/ in a source tree) followed, caches and hidden files (an editor's) left out."""
-    root = Path(tfrun.__file__).parent
+    """(name in the wheel, file here) of every file of the installed tfrun package, caches and hidden files (an
+    editor's) left out. In a source tree tfrun.client, .runner and .jobs are the folders client/, runner/ and
+    jobs/ (the build maps them); in an installed wheel they are folders of tfrun/, walked once."""
+    roots = {"tfrun": package_folder("tfrun")} | {f"tfrun/{name}": package_folder(f"tfrun.{name}") for name in MAPPED}
     found = []
-    for folder, dirs, files in os.walk(root, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
-        for name in sorted(files):
-            if not name.endswith((".pyc", ".pyo")) and not name.startswith("."):
-                path = Path(folder, name)
-                found.append((f"tfrun/{path.relative_to(root).as_posix()}", path))
+    for prefix, root in roots.items():
+        for folder, dirs, files in os.walk(root):
+            skipped = set(MAPPED) if prefix == "tfrun" and Path(folder) == root else set()
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith(".") and d not in skipped)
+            for name in sorted(files):
+                if not name.endswith((".pyc", ".pyo")) and not name.startswith("."):
+                    path = Path(folder, name)
+                    found.append((f"{prefix}/{path.relative_to(root).as_posix()}", path))
     return found
 
 

@@ -16,7 +16,7 @@ import os
 
 import tensorflow as tf
 
-from tfrun.jobs.metrics import MetricWriter, is_bad
+from .metrics import MetricWriter, is_bad
 
 TENSORBOARD_DIR_ENV = "TFRUN_TENSORBOARD_DIR"
 

@@ -25,7 +25,7 @@ import tempfile
 
 import tensorflow as tf
 
-from tfrun.jobs.cluster import is_chief, task_index
+from .cluster import is_chief, task_index
 
 CHECKPOINT_DIR_ENV = "TFRUN_CHECKPOINT_DIR"
 _COUNTERS = ("step", "epoch", "epoch_step")  # steps trained, epochs finished, the step the epoch began at

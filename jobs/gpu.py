@@ -18,7 +18,7 @@ tf-keras (`pip install tf-keras`, TF_USE_LEGACY_KERAS=1). Python 3.8, standard l
 
 import tensorflow as tf
 
-from tfrun.jobs.cluster import num_workers, task_index
+from .cluster import num_workers, task_index
 
 
 def setup_gpus(mixed_precision=False, memory_growth=True, report=True):

@@ -17,7 +17,7 @@ import math
 import os
 import time
 
-from tfrun.jobs.cluster import is_chief
+from .cluster import is_chief
 
 METRICS_FILE_ENV = "TFRUN_METRICS_FILE"
 FLUSH_EVERY_S = 1.0

@@ -12,7 +12,7 @@ checkpoints, resume, and a stop on NaN, with the loop kept as the user wrote it.
 Python 3.8, standard library and TensorFlow (through Checkpoints) only.
 """
 
-from tfrun.jobs.metrics import MetricWriter, is_bad
+from .metrics import MetricWriter, is_bad
 
 
 class Progress:

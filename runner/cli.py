@@ -28,21 +28,23 @@ from tfrun.protocol.admin import DaemonInfo, DaemonStatus, Shutdown
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import Error, Message, Ok, ProtocolError, encode
-from tfrun.runner import limits
-from tfrun.runner.config.settings import Config, ConfigError
-from tfrun.runner.daemon import Daemon
-from tfrun.runner.home import (
+from tfrun.usage import OneLineUsageGroup
+
+from . import limits
+from .config.settings import Config, ConfigError
+from .daemon import Daemon
+from .home import (
     AlreadyRunning,
     DaemonError,
     acquire_lock,
     install_job_pythonpath,
+    install_shim_pythonpath,
     keep_private,
     lock_holder,
     prepare_dirs,
     tighten_home,
 )
-from tfrun.runner.records.store import Store, StoreError
-from tfrun.usage import OneLineUsageGroup
+from .records.store import Store, StoreError
 
 
 def _fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
@@ -83,6 +85,7 @@ def run() -> None:
         store = Store(layout.database, layout.jobs_dir)
         layout.jobs_dir.mkdir(exist_ok=True)
         install_job_pythonpath(layout)
+        install_shim_pythonpath(layout)
     except AlreadyRunning as exc:
         _fail(str(exc))
     except (DaemonError, StoreError, ConfigError) as exc:
@@ -244,7 +247,7 @@ def doctor(python: Optional[str], as_json: bool) -> None:
     """Check this box for training: the job interpreter and its TensorFlow (CUDA build, GPUs, memory
     growth), the NVIDIA driver, and the checkpoint root. Works with or without a running daemon;
     exits 1 if any check fails (a warning is not a failure: a CPU-only box is allowed)."""
-    from tfrun.runner.doctor import FAIL, job_python, run_checks
+    from .doctor import FAIL, job_python, run_checks
 
     try:
         config = Config.load(Layout.from_env())

@@ -44,18 +44,19 @@ from tfrun.protocol.wire import (
     read_rest,
     write_message,
 )
-from tfrun.runner.alerts.diskfull import DiskWatch
-from tfrun.runner.alerts.outbox import Outbox
-from tfrun.runner.alerts.watch import Alerts
-from tfrun.runner.config import live
-from tfrun.runner.config.settings import Config, ConfigError
-from tfrun.runner.executors.executor import Executor
-from tfrun.runner.executors.local import LocalExecutor
-from tfrun.runner.executors.runs import Runs
-from tfrun.runner.executors.slurm.executor import SlurmExecutor
-from tfrun.runner.gpus.devices import device_ids
-from tfrun.runner.gpus.history import GpuHistory
-from tfrun.runner.handlers import (
+
+from .alerts.diskfull import DiskWatch
+from .alerts.outbox import Outbox
+from .alerts.watch import Alerts
+from .config import live
+from .config.settings import Config, ConfigError
+from .executors.executor import Executor
+from .executors.local import LocalExecutor
+from .executors.runs import Runs
+from .executors.slurm.executor import SlurmExecutor
+from .gpus.devices import device_ids
+from .gpus.history import GpuHistory
+from .handlers import (
     HANDLERS,
     WATCHING,
     Connection,
@@ -67,14 +68,14 @@ from tfrun.runner.handlers import (
     submit,
     watching,
 )
-from tfrun.runner.handlers.base import Shown
-from tfrun.runner.home import HomeWatch
-from tfrun.runner.logs.loggrowth import LogGrowth
-from tfrun.runner.queue.scheduler import Scheduler
-from tfrun.runner.records.job import JobRow
-from tfrun.runner.records.lifecycle import Lifecycle
-from tfrun.runner.records.store import Store
-from tfrun.runner.workdir.blobs import BlobStore, Spares
+from .handlers.base import Shown
+from .home import HomeWatch
+from .logs.loggrowth import LogGrowth
+from .queue.scheduler import Scheduler
+from .records.job import JobRow
+from .records.lifecycle import Lifecycle
+from .records.store import Store
+from .workdir.blobs import BlobStore, Spares
 
 log = logging.getLogger("tfrund")
 
@@ -97,7 +98,7 @@ class Daemon:
         self.lifecycle = Lifecycle(store, layout.jobs_dir, lambda: self.config.checkpoint_root)
         # Chosen once, at start (`executor` applies when tfrund restarts); [slurm] is read at each launch.
         self.executor: Executor = (
-            SlurmExecutor(lambda: self.config.slurm)
+            SlurmExecutor(lambda: self.config.slurm, layout.shim_pythonpath)
             if config.executor == "slurm"
             else LocalExecutor(layout, device_ids(config.gpus))
         )

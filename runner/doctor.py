@@ -29,14 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import tfrun
 from tfrun.constants import PYTHON_SEARCH_MAX, PYTHON_SEARCH_TIMEOUT_S, PYTHON_SEARCH_WORKERS, PYTHONS_NAMED
+from tfrun.paths import package_folder
 from tfrun.protocol.admin import Check
-from tfrun.runner.workdir.checkpoints import RootOpen, check_root
 from tfrun.shorten import shorten
 
+from .workdir.checkpoints import RootOpen, check_root
+
 OK, WARN, FAIL = "ok", "warn", "fail"
-_PROBE = Path(tfrun.__file__).parent / "jobs" / "probe.py"
+_PROBE = package_folder("tfrun.jobs") / "probe.py"
 _PROBE_TIMEOUT_S = 180  # importing TensorFlow on a cold disk takes a while
 _PROBE_ERROR_CHARS = 300  # why the job python cannot import TensorFlow: its error's first line, shortened
 _LOW_SPACE_BYTES = 10 * 10**9

@@ -1,8 +1,8 @@
 """The daemon's home and its hold on it: the folders of TFRUN_HOME, made its user's alone (`keep_private`,
 `tighten_home`), the flock one daemon holds for its whole life (`acquire_lock`, `lock_holder`), the job side's
-import path (`install_job_pythonpath`), the environment every process it starts begins with (`inherited_env`),
-and `HomeWatch`, which tells a daemon that its home, lock file or socket was removed or replaced under it, so
-that it stops instead of serving a home nobody can reach.
+and the shim's import paths (`install_job_pythonpath`, `install_shim_pythonpath`), the environment every process
+it starts begins with (`inherited_env`), and `HomeWatch`, which tells a daemon that its home, lock file or socket
+was removed or replaced under it, so that it stops instead of serving a home nobody can reach.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import os
 import shutil
 import stat
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
-import tfrun
 from tfrun.constants import DAEMON_ONLY_ENV, JOB_UMASK_ENV, PRIVATE_DIR_MODE, PRIVATE_UMASK
 from tfrun.numerals import is_digits
-from tfrun.paths import Layout
+from tfrun.paths import Layout, package_folder
 from tfrun.private import NotPrivate, private_dir
 
 log = logging.getLogger("tfrund")
@@ -202,21 +201,51 @@ def inherited_env() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key not in DAEMON_ONLY_ENV}
 
 
+# The modules of tfrun/ that runner/shim/ imports (tests/test_layers.py holds the shim to them).
+SHIM_CORE_MODULES = ("__init__.py", "constants.py", "numerals.py")
+
+
 def install_job_pythonpath(layout: Layout) -> None:
     """Make `tfrun.jobs` importable in every job: a folder with only that code, for the job's PYTHONPATH.
 
     Copied, not linked to this install, so that the job's interpreter never sees the daemon's packages.
     """
-    package = Path(tfrun.__file__).parent
-    fresh = layout.job_pythonpath.with_name(layout.job_pythonpath.name + ".new")
+
+    def fill(tfrun: Path) -> None:
+        shutil.copy2(package_folder("tfrun") / "__init__.py", tfrun / "__init__.py")
+        shutil.copytree(package_folder("tfrun.jobs"), tfrun / "jobs", ignore=shutil.ignore_patterns("__pycache__"))
+
+    _install_pythonpath(layout.job_pythonpath, fill)
+
+
+def install_shim_pythonpath(layout: Layout) -> None:
+    """Make the shim importable by the interpreter that runs it with `-S` (no site, so no editable install's
+    finder, and nothing of the daemon's environment): a folder with runner/shim/ and the few tfrun modules it
+    needs, for every shim's PYTHONPATH and every Slurm batch script's. Its path stays the same across upgrades,
+    so a batch script that waits in Slurm's queue finds the shim of the tfrun installed when it starts."""
+
+    def fill(tfrun: Path) -> None:
+        for name in SHIM_CORE_MODULES:
+            shutil.copy2(package_folder("tfrun") / name, tfrun / name)
+        runner = package_folder("tfrun.runner")
+        (tfrun / "runner").mkdir()
+        shutil.copy2(runner / "__init__.py", tfrun / "runner" / "__init__.py")
+        shutil.copytree(runner / "shim", tfrun / "runner" / "shim", ignore=shutil.ignore_patterns("__pycache__"))
+
+    _install_pythonpath(layout.shim_pythonpath, fill)
+
+
+def _install_pythonpath(folder: Path, fill: Callable[[Path], None]) -> None:
+    """Fill a fresh copy of `folder` (its tfrun/ made by `fill`), then swap it in with two renames: a process
+    that starts meanwhile finds the old copy or the new one whole."""
+    fresh = folder.with_name(folder.name + ".new")
     shutil.rmtree(fresh, ignore_errors=True)
     (fresh / "tfrun").mkdir(parents=True)
-    shutil.copy2(package / "__init__.py", fresh / "tfrun" / "__init__.py")
-    shutil.copytree(package / "jobs", fresh / "tfrun" / "jobs", ignore=shutil.ignore_patterns("__pycache__"))
-    old = layout.job_pythonpath.with_name(f"{layout.job_pythonpath.name}.old.{os.getpid()}")
-    if layout.job_pythonpath.exists():
-        os.rename(layout.job_pythonpath, old)
-    os.rename(fresh, layout.job_pythonpath)
+    fill(fresh / "tfrun")
+    old = folder.with_name(f"{folder.name}.old.{os.getpid()}")
+    if folder.exists():
+        os.rename(folder, old)
+    os.rename(fresh, folder)
     shutil.rmtree(old, ignore_errors=True)
 
 

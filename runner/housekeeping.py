@@ -43,15 +43,16 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
 from tfrun.constants import END_ALERTS_WAIT_S
 from tfrun.paths import Layout
 from tfrun.protocol.housekeeping import DiskReport, FolderUsage, Prune, Removal, RemoveReply
-from tfrun.runner.executors.slurm import arrays as slurm_arrays
-from tfrun.runner.records.job import JobRow
-from tfrun.runner.shim import jobdir
-from tfrun.runner.workdir.blobs import BlobStore, Collected, manifest_digests
-from tfrun.runner.workdir.checkpoints import made_here
+
+from .executors.slurm import arrays as slurm_arrays
+from .records.job import JobRow
+from .shim import jobdir
+from .workdir.blobs import BlobStore, Collected, manifest_digests
+from .workdir.checkpoints import made_here
 
 if TYPE_CHECKING:
-    from tfrun.runner.config.settings import Config
-    from tfrun.runner.records.store import Store
+    from .config.settings import Config
+    from .records.store import Store
 
 log = logging.getLogger("tfrund")
 

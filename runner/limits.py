@@ -20,7 +20,7 @@ import resource
 import time
 from typing import Callable, Optional
 
-from tfrun.runner.alerts.diskfull import is_disk_full
+from .alerts.diskfull import is_disk_full
 
 REPEAT_WINDOW_S = 600.0
 _KEYS_HELD = 1024  # distinct texts remembered at most: older ones are forgotten first

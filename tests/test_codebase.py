@@ -12,20 +12,27 @@ import pytest
 from harness.codebase import tfrun_modules
 from harness.paths import DATA, REPO
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.9 and 3.10
+    import tomli as tomllib
+
 
 @pytest.mark.parametrize(
     "command",
     [
         ["ruff", "check", "."],
         ["ruff", "format", "--check", "."],
-        ["mypy"],
-        ["mypy", "tests"],
-        ["mypy", "bench"],
+        [".ci/typecheck"],
+        [".ci/typecheck", "tests"],
+        [".ci/typecheck", "bench"],
     ],
     ids=["ruff-check", "ruff-format", "mypy", "mypy-tests", "mypy-bench"],
 )
 def test_static_checks_pass(command: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", *command], cwd=REPO, capture_output=True, text=True, timeout=600)
+    """ruff, and mypy through .ci/typecheck (the package as it installs: runner/ is tfrun.runner, and so on)."""
+    argv = [sys.executable, *command] if command[0].startswith(".ci/") else [sys.executable, "-m", *command]
+    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -34,6 +41,19 @@ def test_installing_tfrun_puts_no_client_runner_or_jobs_package_on_the_path(tmp_
     probe = "import importlib.util as u; print([n for n in ('client', 'runner', 'jobs') if u.find_spec(n)])"
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_the_build_lists_every_package_of_the_source_folders() -> None:
+    """pyproject.toml maps runner/, client/ and jobs/ to tfrun.runner, .client and .jobs, and setuptools finds no
+    package in a mapped folder: each is listed, and a new one missing from the list would be missing from the
+    wheel (and from a box that `hosts install` set up from it)."""
+    listed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    found = []
+    for folder in ("tfrun", "runner", "client", "jobs"):
+        for init in (REPO / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(REPO).parts
+            found.append(".".join(parts if folder == "tfrun" else ("tfrun", *parts)))
+    assert sorted(listed) == sorted(found)
 
 
 def test_the_shim_imports_nothing_heavy() -> None:

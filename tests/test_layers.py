@@ -10,6 +10,8 @@ import sys
 from harness.codebase import cycles, imports, tfrun_modules
 from harness.paths import REPO
 
+from tfrun.runner.home import SHIM_CORE_MODULES
+
 
 def test_no_modules_import_each_other_round_a_loop() -> None:
     """A loop of imports (lazy ones too: they only hide it) makes a newcomer read every module in it to change
@@ -90,18 +92,20 @@ def test_the_daemon_s_docstring_lists_its_floors_in_this_order() -> None:
 
 
 def test_the_shim_stands_on_the_standard_library_alone() -> None:
-    """runner/shim/ is what runs beside each job (its shim, a Slurm task by its path): the standard library and
-    tfrun's constants and numerals, nothing else of tfrun and nothing installed."""
-    allowed = {"tfrun", "tfrun.constants", "tfrun.numerals"}
+    """runner/shim/ is what runs beside each job (its shim, a Slurm task by its path), from a copy of its own
+    made at the daemon's start (runner/home.py install_shim_pythonpath): the standard library and the few modules
+    of tfrun/ copied with it, nothing else of tfrun and nothing installed."""
+    allowed = {"tfrun", *(f"tfrun.{name.removesuffix('.py')}" for name in SHIM_CORE_MODULES if name != "__init__.py")}
     outside = []
     for path in sorted((REPO / "runner" / "shim").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
+            if isinstance(node, ast.ImportFrom):
+                names = [f"{'.' * node.level}{node.module or ''}"]
             for name in names:
-                top = name.split(".")[0]
-                if name.startswith("tfrun.runner.shim") or name in allowed or top in sys.stdlib_module_names:
+                if name.startswith(".") and not name.startswith(".."):
+                    continue  # a module of shim/ itself
+                if name in allowed or name.split(".")[0] in sys.stdlib_module_names:
                     continue
                 outside.append(f"{path.name}: {name}")
     assert outside == []

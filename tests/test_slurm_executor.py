@@ -98,11 +98,12 @@ def test_sbatch_options_put_tfruns_own_first_and_the_extras_last(tmp_path: Path)
     assert args[6:] == ["--gres=gpu:2", "--partition=gpu", "--account=ml", "--time=60", "--qos=high",
                         f"{job_dir}/slurm.sh"]  # fmt: skip
     assert not any(a.startswith("--gres") for a in sbatch_args(_row(tmp_path), SlurmSettings(), 10.0))
-    script = batch_script(job_dir)
+    script = batch_script(job_dir, tmp_path / "shimpath")
     assert (
         script.startswith("#!/bin/sh\n")
         and " ".join(["-S", *SAFE_PATH, "-m", "tfrun.runner.shim", "--batch", str(job_dir)]) in script
     )
+    assert f"PYTHONPATH={tmp_path}/shimpath exec " in script  # the shim's own copy: `-S` runs no install's finder
     assert "exec " in script  # the shim is the batch script's process: scancel --batch reaches it
 
 

@@ -157,7 +157,7 @@ def test_a_job_held_in_slurms_queue_costs_no_file_read_at_a_poll(tmp_path: Path)
     (job_dir / "shim.json").write_text(json.dumps({"shim_pid": 1, "job_pid": 2, "started_at": 10.0}))
     spec = JobSpec(script="x.py", args=(), command=("python3", "x.py"), env={})
     row = JobRow(1, None, "queued", spec, str(job_dir), str(tmp_path), 0.0)
-    executor = SlurmExecutor(SlurmSettings)
+    executor = SlurmExecutor(SlurmSettings, tmp_path / "shimpath")
     assert executor.records.of(row.id, job_dir) == {"slurm_id": "7"}
     job_dir.rename(tmp_path / "elsewhere")
     held = {"7": QueuedJob("7", "PENDING", str(job_dir), reason="JobHeldUser")}
@@ -217,7 +217,7 @@ def test_a_record_of_slurms_own_sigterm_waits_for_slurms_word(tmp_path: Path) ->
     (job_dir / "shim.json").write_text(json.dumps(shim))
     (job_dir / "exit.json").write_text(json.dumps(stopped))
     (job_dir / "slurm.json").write_text(json.dumps({"slurm_id": "7"}))
-    executor = SlurmExecutor(SlurmSettings)
+    executor = SlurmExecutor(SlurmSettings, tmp_path / "shimpath")
 
     def check(state: str | None) -> list[object]:
         queue = {"7": QueuedJob("7", state, str(job_dir))} if state else {}

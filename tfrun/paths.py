@@ -1,10 +1,12 @@
 """Where one daemon's files live. Every path derives from TFRUN_HOME, so isolated daemons run side by side.
 
-The client uses this to find the local daemon's socket; the daemon uses it for everything it owns.
+The client uses this to find the local daemon's socket; the daemon uses it for everything it owns. And where
+tfrun's own packages are (`package_folder`), which in a source tree is not always a folder of tfrun/.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +15,14 @@ from tfrun.constants import CONFIG_FILE
 
 # sockaddr_un.sun_path holds 108 bytes on Linux, including the terminating NUL.
 _MAX_SOCKET_PATH = 107
+
+
+def package_folder(package: str) -> Path:
+    """Where a package of tfrun's is, found without importing it: runner/, client/ and jobs/ are mapped to
+    tfrun.runner, .client and .jobs by the build, so in a source tree they are not folders of tfrun/."""
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.submodule_search_locations, package
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def default_home() -> Path:
@@ -114,6 +124,12 @@ class Layout:
     def job_pythonpath(self) -> Path:
         """A folder holding only `tfrun.jobs`, put on every job's PYTHONPATH."""
         return self.home / "pythonpath"
+
+    @property
+    def shim_pythonpath(self) -> Path:
+        """A folder holding only what the shim runs (runner/shim/ and the tfrun modules it needs), put on
+        every shim's PYTHONPATH."""
+        return self.home / "shimpath"
 
     def job_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tfrun.client.calls import Call, whole
 from tfrun.protocol.admin import (
     Check,
     ConfigReply,
@@ -16,6 +15,8 @@ from tfrun.protocol.admin import (
     ReloadConfig,
     SetConfig,
 )
+
+from . import Call, whole
 
 
 def config(secrets: bool = False) -> Call[ConfigReply, ConfigReply]:

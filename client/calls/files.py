@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from tfrun.client.calls import Call
 from tfrun.protocol.files import FileList, ListFiles
 from tfrun.protocol.submit import FileEntry
+
+from . import Call
 
 
 def files(job: str, path: str = "checkpoints") -> Call[FileList, list[FileEntry]]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tfrun.client.calls import Call, whole
 from tfrun.protocol.housekeeping import DiskReport, DiskUsage, Prune, Remove, RemoveReply
+
+from . import Call, whole
 
 
 def remove(jobs: list[str], checkpoints: bool = False, dry_run: bool = False) -> Call[RemoveReply, RemoveReply]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
-from tfrun.client.calls import Call, whole
 from tfrun.protocol.jobs import (
     Cancel,
     CancelReply,
@@ -18,6 +17,8 @@ from tfrun.protocol.jobs import (
     Restart,
     Wait,
 )
+
+from . import Call, whole
 
 if TYPE_CHECKING:
     from tfrun.protocol.fields import State

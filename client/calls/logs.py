@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
-from tfrun.client.calls import Call
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON
 from tfrun.protocol.logs import Attach, AttachReply
+
+from ..errors import TfrunError
+from . import Call
 
 
 def attach_command(ref: str) -> Call[AttachReply, list[str]]:

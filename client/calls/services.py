@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from tfrun.client.calls import Call, whole
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_DAEMON
 from tfrun.protocol.services import CheckService, ServiceReply, StartService
+
+from ..errors import TfrunError
+from . import Call, whole
 
 # A URL's path and query as a service names them (`/`, `/lab?token=...`): RFC 3986's characters, less those that
 # could end an HTML attribute or a script (quotes, <, >, backslash, spaces), which no service of tfrun's sends.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tfrun.client.calls import Call, whole
 from tfrun.protocol.watching import (
     Alert,
     AlertList,
@@ -26,6 +25,8 @@ from tfrun.protocol.watching import (
     Top,
     TopReply,
 )
+
+from . import Call, whole
 
 
 def alerts(job: Optional[str] = None, limit: int = 100) -> Call[AlertList, list[Alert]]:

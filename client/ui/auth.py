@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from tfrun.client import loopback
+from .. import loopback
 
 KEY_PARAM = "key"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -13,14 +13,15 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar
 
-from tfrun.client import config
-from tfrun.client.asyncclient import AsyncClient
-from tfrun.client.config import Host
-from tfrun.client.connection import Target
-from tfrun.client.errors import TfrunError
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.jobs import Job
 from tfrun.protocol.wire import ProtocolError
+
+from .. import config
+from ..asyncclient import AsyncClient
+from ..config import Host
+from ..connection import Target
+from ..errors import TfrunError
 
 T = TypeVar("T")
 

@@ -15,11 +15,12 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Optional
 
-from tfrun.client.calls import jobs as job_calls
-from tfrun.client.ui.boxes import Box
-from tfrun.client.ui.feeds import Event, Feed
 from tfrun.numerals import is_digits
 from tfrun.protocol.channel import Channel
+
+from ..calls import jobs as job_calls
+from .boxes import Box
+from .feeds import Event, Feed
 
 MAX_COMPARED = 100  # jobs one Compare page follows (an array has up to 1000 tasks: its first 100 are shown)
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfrun.client import reports
-from tfrun.client.calls import files as file_calls
-from tfrun.client.calls import watching as watch_calls
-from tfrun.client.render import size, when
-from tfrun.client.ui.boxes import Box
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.watching import Alert, Delivery
+
+from .. import reports
+from ..calls import files as file_calls
+from ..calls import watching as watch_calls
+from ..render import size, when
+from .boxes import Box
 
 JOB_ALERTS = 100  # a job's alerts its page shows
 

@@ -19,18 +19,19 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Optional
 
-from tfrun.client.asyncclient import AsyncClient
-from tfrun.client.calls import jobs as job_calls
-from tfrun.client.calls import watching as watch_calls
-from tfrun.client.errors import TfrunError
-from tfrun.client.follow import LogCursor, LogQuery
-from tfrun.client.ui import boxes, extras, jobpages
-from tfrun.client.ui.boxes import Box, Unreachable
-from tfrun.client.ui.jobpages import JobsView
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.jobs import Job
 from tfrun.protocol.watching import MetricSample, MetricsReply
+
+from ..asyncclient import AsyncClient
+from ..calls import jobs as job_calls
+from ..calls import watching as watch_calls
+from ..errors import TfrunError
+from ..follow import LogCursor, LogQuery
+from . import boxes, extras, jobpages
+from .boxes import Box, Unreachable
+from .jobpages import JobsView
 
 LINGER_S = 30.0  # how long a feed nobody reads runs on
 JOBS_EVERY_S = 2.0  # a page of jobs asked again (as `tfrun top` asks each frame)

@@ -15,13 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from tfrun.client.calls import jobs as job_calls
-from tfrun.client.calls import watching as watch_calls
-from tfrun.client.ui.boxes import LOSSES, PAGE, Box, Unreachable, row
 from tfrun.constants import MAX_INT64, MAX_NAME
 from tfrun.numerals import is_digits
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import JobState, State
+
+from ..calls import jobs as job_calls
+from ..calls import watching as watch_calls
+from .boxes import LOSSES, PAGE, Box, Unreachable, row
 
 
 class BadView(Exception):

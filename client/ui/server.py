@@ -20,16 +20,17 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from tfrun.client.calls import jobs as job_calls
-from tfrun.client.calls import watching as watch_calls
-from tfrun.client.follow import LogQuery
-from tfrun.client.ui import compare, feeds, jobpages, watch
-from tfrun.client.ui.auth import Guard
-from tfrun.client.ui.boxes import Box, Unreachable
-from tfrun.client.ui.feeds import Feed, Feeds
 from tfrun.constants import MAX_CONTEXT, MAX_PATTERNS
 from tfrun.numerals import is_digits
 from tfrun.protocol.channel import RemoteError
+
+from ..calls import jobs as job_calls
+from ..calls import watching as watch_calls
+from ..follow import LogQuery
+from . import compare, feeds, jobpages, watch
+from .auth import Guard
+from .boxes import Box, Unreachable
+from .feeds import Feed, Feeds
 
 STATIC = Path(__file__).parent / "static"
 HEARTBEAT_S = 15.0  # a comment on a quiet stream: a page that went away is noticed, its feed let go

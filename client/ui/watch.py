@@ -12,13 +12,14 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from tfrun.client import reports
-from tfrun.client.calls import watching as watch_calls
-from tfrun.client.ui import extras
-from tfrun.client.ui.boxes import Box, Unreachable
-from tfrun.client.ui.feeds import Feed
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.watching import Gpu
+
+from .. import reports
+from ..calls import watching as watch_calls
+from . import extras
+from .boxes import Box, Unreachable
+from .feeds import Feed
 
 ALERTS_EVERY_S = 5.0  # the alerts asked again: a delivery's retry changes its state
 ALERTS_SHOWN = 200  # the newest alerts of each box the page shows, and of all of them together

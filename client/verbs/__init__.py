@@ -120,7 +120,7 @@ class VerbGroup(OneLineUsageGroup):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         if os.environ.get(COMPLETE_VAR, "").startswith("bash"):  # a Tab press: bash's words need our reading
-            from tfrun.client import completion
+            from .. import completion
 
             completion.register()
         return super().main(*args, **kwargs)

@@ -8,10 +8,11 @@ from typing import Optional
 
 import click
 
-from tfrun.client import cli, daemonconfig, hostoptions, render, reports
-from tfrun.client.calls import Call, admin
 from tfrun.constants import EXIT_FAILURE, EXIT_OK
 from tfrun.protocol.admin import ConfigReply
+
+from .. import cli, daemonconfig, hostoptions, render, reports
+from ..calls import Call, admin
 
 
 @click.group("config", invoke_without_command=True)

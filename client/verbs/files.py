@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from tfrun.client import cli, hostoptions, render, reports
-from tfrun.client.calls import files as file_calls
+from .. import cli, hostoptions, render, reports
+from ..calls import files as file_calls
 
 
 @click.command()
@@ -48,7 +48,7 @@ def pull(job: str, paths: tuple[str, ...], dest: Path) -> None:
     box lists nor those already under --to; nothing is written into or over another user's folder or file,
     and modes follow your umask. What the box lists outside what was asked is refused, and named.
     """
-    from tfrun.client.transfer import landed
+    from ..transfer import landed
 
     asked = list(paths) or ["checkpoints"]
     dest.mkdir(parents=True, exist_ok=True)

@@ -7,11 +7,11 @@ from typing import Any
 
 import click
 
-from tfrun.client import cli, config, fleet, poolviews, render
-from tfrun.client.calls import watching
-from tfrun.client.errors import TfrunError
-from tfrun.client.placement import Figures
-from tfrun.client.styled import Styled
+from .. import cli, config, fleet, poolviews, render
+from ..calls import watching
+from ..errors import TfrunError
+from ..placement import Figures
+from ..styled import Styled
 
 
 @click.command()

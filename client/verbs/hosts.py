@@ -11,9 +11,10 @@ from typing import Any, Optional
 
 import click
 
-from tfrun.client import cli, completion, config, render
-from tfrun.client.errors import TfrunError
 from tfrun.constants import DEFAULT_BOX_VENV, EXIT_USAGE, WHEELHOUSE_ENV
+
+from .. import cli, completion, config, render
+from ..errors import TfrunError
 
 
 @click.group()
@@ -96,7 +97,7 @@ def hosts_add(
       tfrun hosts add box --python /opt/conda/bin/python  change box's job interpreter, keep the rest
       HF_TOKEN=... tfrun hosts add box --env HF_TOKEN    tfrund gets HF_TOKEN, given off the command line
     """
-    from tfrun.client import fleet
+    from .. import fleet
 
     try:
         cfg = config.load()
@@ -222,7 +223,7 @@ def _install_on(
     as_json: bool = False,
 ) -> None:
     """`hosts install` and `hosts add --install`: the install (client/install.py), then one summary line."""
-    from tfrun.client import install
+    from .. import install
 
     options = install.Options(venv=venv, python=python, offline=offline, wheels=wheels, force=force)
     result = cli.run(install.install(name, options, accept_new, lambda line: click.echo(f"tfrun: {line}", err=True)))
@@ -246,7 +247,7 @@ def hosts_check(name: Optional[str], accept_new_host_key: bool, as_json: bool) -
         cli.fail(exc.message, exc.exit_code)
     if host is None:
         cli.fail("no host given and no default host configured", EXIT_USAGE)
-    from tfrun.client import hostcheck
+    from .. import hostcheck
 
     steps: list[dict[str, str]] = []
 
@@ -311,7 +312,7 @@ def ssh_config(
       ssh box
       tfrun submit --host box train.py
     """
-    from tfrun.client import sshconfig
+    from .. import sshconfig
 
     written: Optional[Path] = None
     pointed = False

@@ -8,8 +8,9 @@ from typing import Optional
 
 import click
 
-from tfrun.client import cli, hostoptions
 from tfrun.constants import MAX_INT64
+
+from .. import cli, hostoptions
 
 
 @click.command()
@@ -32,9 +33,10 @@ def rm(jobs: tuple[str, ...], checkpoints: bool, dry_run: bool, as_json: bool) -
       tfrun rm 3 4                 remove jobs 3 and 4; their checkpoints stay
       tfrun rm --checkpoints bert  the newest job named bert, with its checkpoints
     """
-    from tfrun.client.calls import housekeeping
-    from tfrun.client.diskspace import show_removals
     from tfrun.constants import MAX_REMOVE_JOBS
+
+    from ..calls import housekeeping
+    from ..diskspace import show_removals
 
     if len(jobs) > MAX_REMOVE_JOBS:
         raise click.UsageError(f"at most {MAX_REMOVE_JOBS} jobs at once (tfrun prune removes many)")
@@ -75,8 +77,8 @@ def prune(
       tfrun prune --keep-last 20               all but the 20 jobs that ended last
       tfrun prune                              only the contents no job needs
     """
-    from tfrun.client.calls import housekeeping
-    from tfrun.client.diskspace import show_removals
+    from ..calls import housekeeping
+    from ..diskspace import show_removals
 
     removed = cli.call(housekeeping.prune(older_than, keep_last, checkpoints, dry_run))
     sys.exit(show_removals(removed, as_json, cli.place(), named=False))
@@ -89,8 +91,8 @@ def df(as_json: bool) -> None:
     """What tfrun's folders take on the box: job folders, their logs, uploaded contents (blobs), spare
     snapshots, checkpoints, the database; sizes on disk, as `du` counts them. `tfrun rm` and
     `tfrun prune` free space; max_blob_bytes in the daemon's config.toml caps the uploaded contents."""
-    from tfrun.client.calls import housekeeping
-    from tfrun.client.diskspace import show_disk_report
+    from ..calls import housekeeping
+    from ..diskspace import show_disk_report
 
     target = cli.target()
     show_disk_report(cli.call(housekeeping.disk_usage()), target.host.label if target.host else "local", as_json)

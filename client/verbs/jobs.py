@@ -7,10 +7,6 @@ from typing import TYPE_CHECKING, Optional
 
 import click
 
-from tfrun.client import cli, hostoptions, render
-from tfrun.client.calls import jobs as job_calls
-from tfrun.client.errors import error_line
-from tfrun.client.joblist import left_out, newest
 from tfrun.constants import (
     DEFAULT_GRACE_S,
     EXIT_FAILURE,
@@ -22,8 +18,13 @@ from tfrun.constants import (
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.jobs import JobList
 
+from .. import cli, hostoptions, render
+from ..calls import jobs as job_calls
+from ..errors import error_line
+from ..joblist import left_out, newest
+
 if TYPE_CHECKING:
-    from tfrun.client.calls import Call
+    from ..calls import Call
 
 
 # -- looking at jobs ----------------------------------------------------------------------------------------
@@ -68,7 +69,7 @@ def ps(show_all: bool, last: Optional[int], quiet: bool, as_json: bool, with_ser
     newest_only = last or None  # -n 0: every job
     pool = hostoptions.pool()
     if pool is not None:
-        from tfrun.client.poolviews import ps_pool
+        from ..poolviews import ps_pool
 
         ps_pool(*pool, show_all, newest_only, quiet, as_json, with_services)
         return
@@ -195,7 +196,7 @@ def cancel(jobs: tuple[str, ...], every: bool, grace: float, as_json: bool) -> N
 def restart(job: str, follow: bool, as_json: bool) -> None:
     """Run an ended JOB again, as a new job: the same snapshot (not your files as they are now), command,
     environment, and the same checkpoint folder, so a job using tfrun.jobs resumes where it stopped."""
-    from tfrun.client.logprint import follow_job
+    from ..logprint import follow_job
 
     client = cli.client()
     record = cli.run(client.restart(job))

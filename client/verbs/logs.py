@@ -8,12 +8,13 @@ from typing import Optional
 
 import click
 
-from tfrun.client import cli, hostoptions
-from tfrun.client.errors import TfrunError
-from tfrun.client.follow import LogQuery
-from tfrun.client.logprint import follow_job, print_chunks
-from tfrun.client.timespec import Since, since_option
 from tfrun.constants import EXIT_OK, MAX_CONTEXT, MAX_INT64, MAX_NODES, MAX_PATTERN_CHARS, MAX_PATTERNS
+
+from .. import cli, hostoptions
+from ..errors import TfrunError
+from ..follow import LogQuery
+from ..logprint import follow_job, print_chunks
+from ..timespec import Since, since_option
 
 
 @click.command()
@@ -110,7 +111,7 @@ def logs(
 def attach(job: str) -> None:
     """Open JOB's terminal: a job submitted with --tty runs in a tmux session on the box; this attaches to
     it, to answer input() or drive a breakpoint(). Ctrl-b d detaches and leaves the job running."""
-    from tfrun.client.attach import attach_here, attach_remote
+    from ..attach import attach_here, attach_remote
 
     command = cli.run(cli.client().attach_command(job))
     host = cli.target().host

@@ -12,16 +12,17 @@ from typing import Callable, Optional, TypeVar
 
 import click
 
-from tfrun.client import cli, hostoptions, render
-from tfrun.client.calls import jobs as job_calls
-from tfrun.client.calls import services as service_calls
-from tfrun.client.config import Host
-from tfrun.client.errors import TfrunError
-from tfrun.client.forward import Forward, Opener, direct_opener, keeper_opener, local_port_for, service_guard
 from tfrun.constants import EXIT_USAGE
 from tfrun.duration import parse_duration
 from tfrun.protocol.jobs import Job
 from tfrun.protocol.services import ServiceReply
+
+from .. import cli, hostoptions, render
+from ..calls import jobs as job_calls
+from ..calls import services as service_calls
+from ..config import Host
+from ..errors import TfrunError
+from ..forward import Forward, Opener, direct_opener, keeper_opener, local_port_for, service_guard
 
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -88,7 +89,7 @@ async def _serve(
     """Forward `local_port` to the box's `box_port` (the keeper's connection, or one of this process's own),
     `announce` the port listened on, and serve until cancelled; each connection to a `service`'s port only
     while that service serves it."""
-    from tfrun.client import keeperclient
+    from .. import keeperclient
 
     close = None
     open_tunnel: Opener
@@ -205,7 +206,7 @@ def _show(reply: ServiceReply, local_port: Optional[int], open_browser: bool, de
                        f"{'tfrun stop ' + name + ' ends it' if detach else 'Ctrl-C stops it'}", err=True)  # fmt: skip
         sys.stdout.flush()
         if open_browser:
-            from tfrun.client.browser import open_page
+            from ..browser import open_page
 
             open_page(url, keep=detach)
 

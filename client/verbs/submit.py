@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import click
 
-from tfrun.client import cli, config, hostoptions, render, submission
 from tfrun.constants import (
     EXIT_OK,
     MAX_PRIORITY,
@@ -19,11 +18,14 @@ from tfrun.constants import (
 )
 from tfrun.protocol.fields import validate_name
 
+from .. import cli, config, hostoptions, render, submission
+
 if TYPE_CHECKING:
-    from tfrun.client.snapshot import Snapshot
-    from tfrun.client.submission import Submission, Submitted
     from tfrun.protocol.fields import Cause
     from tfrun.protocol.jobs import Job
+
+    from ..snapshot import Snapshot
+    from ..submission import Submission, Submitted
 
 
 def _snapshot_notes(snap: Snapshot) -> None:
@@ -187,8 +189,9 @@ def submit(
       pass show slack | tfrun submit --env HF_TOKEN --notify-file - train.py
                                                        secrets from your env and stdin, not argv
     """
-    from tfrun.client.diskspace import UploadQuestion
     from tfrun.protocol.submit import JobOptions
+
+    from ..diskspace import UploadQuestion
 
     if name is not None and validate_name(name):
         raise click.BadParameter(str(validate_name(name)), param_hint="--name")
@@ -204,8 +207,8 @@ def submit(
     if dry_run and pool is None:
         raise click.UsageError("--dry-run goes with --host POOL")
     if pool is not None:
-        from tfrun.client.connection import Target
-        from tfrun.client.poolviews import place
+        from ..connection import Target
+        from ..poolviews import place
 
         chosen = place(*pool, gpus, dry_run)
         click.get_current_context().obj = Target(chosen, cli.target().accept_new_host_key)
@@ -246,7 +249,7 @@ def submit(
         click.echo(render.to_json({**dataclasses.asdict(job), "host": target.host.label, "address": address}
                                   if host and target.host else job))  # fmt: skip
     elif follow:
-        from tfrun.client.logprint import follow_job
+        from ..logprint import follow_job
 
         click.echo(f"job {address} submitted" + (f", {job.waiting}" if job.waiting else ""), err=True)
         sys.exit(cli.run(follow_job(cli.client(), str(job.id))))

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Optional
 
 import click
 
-from tfrun.client import cli, hostoptions
-from tfrun.client.errors import TfrunError
 from tfrun.constants import EXIT_USAGE
 
+from .. import cli, hostoptions
+from ..errors import TfrunError
+
 if TYPE_CHECKING:
-    from tfrun.client.config import Host
+    from ..config import Host
 
 
 @click.command()
@@ -64,9 +65,9 @@ def _shown() -> tuple[Optional[list[Host]], bool]:
 
 async def _serve(shown: tuple[Optional[list[Host]], bool], port: int, open_browser: bool, read_only: bool) -> None:
     """Listen, print the URL (the only place its key is written), open the browser if asked, serve until Ctrl-C."""
-    from tfrun.client.browser import open_page
-    from tfrun.client.ui import boxes, server
-    from tfrun.client.ui.auth import Guard
+    from ..browser import open_page
+    from ..ui import boxes, server
+    from ..ui.auth import Guard
 
     try:
         sock = server.listen(port)

@@ -8,10 +8,11 @@ from typing import Optional
 
 import click
 
-from tfrun.client import cli, hostoptions, render, reports
-from tfrun.client.calls import watching
-from tfrun.client.errors import error_line
 from tfrun.constants import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, MAX_ALERTS
+
+from .. import cli, hostoptions, render, reports
+from ..calls import watching
+from ..errors import error_line
 
 
 @click.command()
@@ -52,11 +53,11 @@ def top(interval: float, once: bool) -> None:
     """
     pooled = hostoptions.pool()
     if pooled is not None:
-        from tfrun.client import poolviews
+        from .. import poolviews
 
         poolviews.top_pool(*pooled, interval, once)
         return
-    from tfrun.client import top as view
+    from .. import top as view
 
     client = cli.client()
     if once:
@@ -95,7 +96,7 @@ def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
     """
     pooled = hostoptions.pool()
     if pooled is not None:
-        from tfrun.client import poolviews
+        from .. import poolviews
 
         if job is not None:
             cli.fail(f"{pooled[0]} is a pool: give JOB as an address HOST:ID (without --host), or leave it out",
@@ -138,7 +139,7 @@ def notify_test(url: Optional[str], as_json: bool) -> None:
             raise click.BadParameter("stdin holds more than one URL: test one at a time", param_hint="URL")
     pooled = hostoptions.pool()
     if pooled is not None:
-        from tfrun.client import poolviews
+        from .. import poolviews
 
         sys.exit(poolviews.notify_test_pool(pooled[1], url, as_json))
     results = cli.call(watching.notify_test(url))
@@ -199,7 +200,7 @@ def metrics(
         reports.metric_table(reply.source, reply.samples, cli.output())
     if not (plot or png):
         return
-    from tfrun.client import plot as plotting
+    from .. import plot as plotting
 
     wanted = names or plotting.default_names(reply.samples)
     curves = plotting.series(reply.samples, wanted)

@@ -14,13 +14,14 @@ from typing import Optional
 
 from tfrun.constants import EXIT_LOST
 from tfrun.protocol.fields import JobState
-from tfrun.runner.alerts.alerttext import INDENT
-from tfrun.runner.alerts.spikes import DEFAULT_PATIENCE, Spike
-from tfrun.runner.logs.lines import TerminalLines, display, plain
-from tfrun.runner.records.job import JobRow
-from tfrun.runner.shim import jobdir
-from tfrun.runner.shim.slurmtask import TASK_LOG, first_failed_task
 from tfrun.shorten import shorten
+
+from ..logs.lines import TerminalLines, display, plain
+from ..records.job import JobRow
+from ..shim import jobdir
+from ..shim.slurmtask import TASK_LOG, first_failed_task
+from .alerttext import INDENT
+from .spikes import DEFAULT_PATIENCE, Spike
 
 CONTEXT_LINES = 15
 CONTEXT_BYTES = 32 << 10

@@ -23,11 +23,12 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
-from tfrun.runner.alerts.outbox import Outbox
-from tfrun.runner.alerts.rules import AlertConfig
-from tfrun.runner.records.store import Store
-from tfrun.runner.shim import jobdir
 from tfrun.sizes import shown
+
+from ..records.store import Store
+from ..shim import jobdir
+from .outbox import Outbox
+from .rules import AlertConfig
 
 RULE = "disk-full"
 FULL_BELOW_BYTES = 1 << 20

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tfrun.runner.alerts import alertmessage
-from tfrun.runner.alerts.outbox import Outbox
-from tfrun.runner.alerts.rules import AlertConfig
-from tfrun.runner.gpus.devices import GpuReading, read_gpu_memory
-from tfrun.runner.records.store import Store
+from ..gpus.devices import GpuReading, read_gpu_memory
+from ..records.store import Store
+from . import alertmessage
+from .outbox import Outbox
+from .rules import AlertConfig
 
 
 class GpuMemory:

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from tfrun.losses import TrainingLoss
-from tfrun.runner.alerts.spikes import SpikeDetector
-from tfrun.runner.metrics import LogMetrics, Sample
-from tfrun.runner.metrics.eventfile import ScalarFile
-from tfrun.runner.metrics.jobmetrics import keep_log_metrics
+
+from ..metrics import LogMetrics, Sample
+from ..metrics.eventfile import ScalarFile
+from ..metrics.jobmetrics import keep_log_metrics
+from .spikes import SpikeDetector
 
 # A look (read_log) reads one job's log for this long at most; a pass of the watch whose looks left a backlog
 # gives the event loop as long again before the next (runner/alerts/watch.py: a backlog costs tfrund half a core

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tfrun.protocol.watching import Delivery
-from tfrun.runner.alerts import alerttext
-from tfrun.runner.records.alertrows import EXPIRED, PENDING, SENT, NewAlert
-from tfrun.runner.records.store import Store
 from tfrun.shorten import shorten
+
+from ..records.alertrows import EXPIRED, PENDING, SENT, NewAlert
+from ..records.store import Store
+from . import alerttext
 
 log = logging.getLogger("tfrund")
 

@@ -27,20 +27,21 @@ from pathlib import Path
 from typing import Optional
 
 from tfrun.protocol.fields import JobState
-from tfrun.runner.alerts import alertmessage
-from tfrun.runner.alerts.gpumemory import GpuMemory
-from tfrun.runner.alerts.jobwatch import LOOK_READ_BYTES, Settings, Watch, keep, read_log
-from tfrun.runner.alerts.outbox import Outbox
-from tfrun.runner.alerts.rules import AlertConfig
-from tfrun.runner.alerts.spikes import DEFAULT_FACTOR, SpikeDetector
-from tfrun.runner.logs.loggrowth import LogGrowth, Subscription
-from tfrun.runner.metrics import LogMetrics, PatternError, Sample
-from tfrun.runner.metrics.jobmetrics import LossPoint, callback_losses, log_losses, printed_run
-from tfrun.runner.records import oom
-from tfrun.runner.records.job import JobRow
-from tfrun.runner.records.store import Store
-from tfrun.runner.shim import jobdir
 from tfrun.shorten import shorten
+
+from ..logs.loggrowth import LogGrowth, Subscription
+from ..metrics import LogMetrics, PatternError, Sample
+from ..metrics.jobmetrics import LossPoint, callback_losses, log_losses, printed_run
+from ..records import oom
+from ..records.job import JobRow
+from ..records.store import Store
+from ..shim import jobdir
+from . import alertmessage
+from .gpumemory import GpuMemory
+from .jobwatch import LOOK_READ_BYTES, Settings, Watch, keep, read_log
+from .outbox import Outbox
+from .rules import AlertConfig
+from .spikes import DEFAULT_FACTOR, SpikeDetector
 
 log = logging.getLogger("tfrund")
 

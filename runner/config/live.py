@@ -20,16 +20,18 @@ from tfrun.constants import CONFIG_COUNT_DIGITS, CONFIG_FILE
 from tfrun.duration import format_duration
 from tfrun.numerals import is_digits
 from tfrun.protocol.admin import Setting
-from tfrun.runner.alerts import rules
-from tfrun.runner.alerts.outbox import diagnose, shown_url, usable
-from tfrun.runner.config.settings import COUNT, KEYS, STRINGS, Config, ConfigError
-from tfrun.runner.doctor import job_python
 from tfrun.shorten import shorten
+
+from ..alerts import rules
+from ..alerts.outbox import diagnose, shown_url, usable
+from ..doctor import job_python
+from .settings import COUNT, KEYS, STRINGS, Config, ConfigError
 
 if TYPE_CHECKING:
     from tfrun.paths import Layout
-    from tfrun.runner.alerts.watch import Alerts
-    from tfrun.runner.queue.scheduler import Scheduler
+
+    from ..alerts.watch import Alerts
+    from ..queue.scheduler import Scheduler
 
 log = logging.getLogger("tfrund")
 

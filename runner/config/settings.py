@@ -37,11 +37,12 @@ from tfrun import tomltext
 from tfrun.constants import BLOB_GRACE_S, CONFIG_FILE
 from tfrun.duration import parse_duration
 from tfrun.paths import Layout
-from tfrun.runner.alerts import rules
-from tfrun.runner.executors.slurm import settings as slurm_settings
-from tfrun.runner.metrics import LogMetrics, PatternError
 from tfrun.shorten import shorten
 from tfrun.sizes import parse_size
+
+from ..alerts import rules
+from ..executors.slurm import settings as slurm_settings
+from ..metrics import LogMetrics, PatternError
 
 if sys.version_info >= (3, 11):
     import tomllib

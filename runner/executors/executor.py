@@ -31,18 +31,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol, Union
 
-import tfrun
 from tfrun.protocol.fields import Cause, State
-from tfrun.runner.records.job import JobRow
+
+from ..records.job import JobRow
 
 if TYPE_CHECKING:
     from tfrun.protocol.admin import Check
 
 log = logging.getLogger("tfrund")
-TFRUN_PARENT = str(Path(tfrun.__file__).resolve().parent.parent)  # where `import tfrun` finds this tfrun
 
 
 class Started(NamedTuple):

@@ -26,15 +26,17 @@ from typing import TYPE_CHECKING, Optional
 from tfrun.constants import EXIT_LOST, SAFE_PATH
 from tfrun.paths import Layout
 from tfrun.protocol.fields import JobState
-from tfrun.runner.executors.executor import TFRUN_PARENT, Capabilities, Change, Ended, Started
-from tfrun.runner.home import inherited_env
-from tfrun.runner.records.job import JobRow
-from tfrun.runner.shim import jobdir
-from tfrun.runner.shim.process import Identity, boot_id
+
+from ..home import inherited_env
+from ..records.job import JobRow
+from ..shim import jobdir
+from ..shim.process import Identity, boot_id
+from .executor import Capabilities, Change, Ended, Started
 
 if TYPE_CHECKING:
     from tfrun.protocol.admin import Check
-    from tfrun.runner.shim.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
+
+    from ..shim.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
 
 log = logging.getLogger("tfrund")
 SWEEP_S = 5.0  # every running job is looked at this often, whatever its shim's pidfd says
@@ -89,12 +91,12 @@ class LocalExecutor:
         with open(job_dir / jobdir.SHIM_LOG, "ab") as shim_log:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
-                "-S",  # no site: the shim needs only tfrun (on PYTHONPATH) and starts ~30 ms sooner
+                "-S",  # no site: the shim needs only its own copy (on PYTHONPATH) and starts ~30 ms sooner
                 *SAFE_PATH,
                 "-m",
                 "tfrun.runner.shim",
                 str(job_dir),
-                env={**inherited_env(), "PYTHONPATH": TFRUN_PARENT},
+                env={**inherited_env(), "PYTHONPATH": str(self.layout.shim_pythonpath)},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=shim_log,

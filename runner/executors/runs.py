@@ -20,11 +20,12 @@ from typing import Callable
 
 from tfrun.constants import MONITOR_INTERVAL_S
 from tfrun.protocol.fields import JobState
-from tfrun.runner.executors.executor import Change, Ended, Executor, Requeued, Started
-from tfrun.runner.faults import crash_point
-from tfrun.runner.records.job import JobRow
-from tfrun.runner.records.lifecycle import Lifecycle
-from tfrun.runner.records.store import Store
+
+from ..faults import crash_point
+from ..records.job import JobRow
+from ..records.lifecycle import Lifecycle
+from ..records.store import Store
+from .executor import Change, Ended, Executor, Requeued, Started
 
 log = logging.getLogger("tfrund")
 

@@ -16,8 +16,8 @@ import asyncio
 import os
 from typing import Union
 
-from tfrun.runner.gpus.devices import held_outside, lease_folder, lease_keys, read_gpu_memory
-from tfrun.runner.shim import gpulease
+from ..shim import gpulease
+from .devices import held_outside, lease_folder, lease_keys, read_gpu_memory
 
 
 class Claims:

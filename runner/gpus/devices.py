@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from tfrun.constants import GPU_FOREIGN_BYTES, GPU_LEASE_DIR
-from tfrun.runner.shim import gpulease
+
+from ..shim import gpulease
 
 log = logging.getLogger("tfrund")
 STANDIN_ENV = "TFRUN_GPU_STANDIN"

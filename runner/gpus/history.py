@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from tfrun.protocol.watching import GpuUse
-from tfrun.runner.gpus.devices import GpuReading, read_gpu_memory
-from tfrun.runner.records.store import Store
-from tfrun.runner.shim import jobdir
+
+from ..records.store import Store
+from ..shim import jobdir
+from .devices import GpuReading, read_gpu_memory
 
 log = logging.getLogger("tfrund")
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 from tfrun.protocol.jobs import Wait
 from tfrun.protocol.logs import ReadLog
 from tfrun.protocol.wire import Message
-from tfrun.runner.handlers import admin, files, housekeeping, jobs, logs, services, submit, watching
-from tfrun.runner.handlers.base import HANDLERS, Connection, RequestError
+
+from . import admin, files, housekeeping, jobs, logs, services, submit, watching
+from .base import HANDLERS, Connection, RequestError
 
 # Requests that only watch a job: the daemon drops one the moment its client hangs up, rather than when the
 # job ends. Nothing else is dropped half way: a submit or a cancel whose client left still runs to its end.

@@ -24,14 +24,15 @@ from tfrun.protocol.admin import (
 )
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.wire import PROTOCOL_VERSION, Ok
-from tfrun.runner.config import live
-from tfrun.runner.config.settings import ConfigError
-from tfrun.runner.doctor import job_python, run_checks
-from tfrun.runner.handlers.base import Connection, handles, invalid
+
+from ..config import live
+from ..config.settings import ConfigError
+from ..doctor import job_python, run_checks
+from .base import Connection, handles, invalid
 
 if TYPE_CHECKING:
-    from tfrun.runner.executors.executor import Executor
-    from tfrun.runner.records.store import Store
+    from ..executors.executor import Executor
+    from ..records.store import Store
 
 
 class Context(live.Context, Protocol):

@@ -17,14 +17,16 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.wire import Message, write_message
-from tfrun.runner.alerts import diskfull, rules
-from tfrun.runner.alerts.outbox import masked
-from tfrun.runner.records.job import JobRow
+
+from ..alerts import diskfull, rules
+from ..alerts.outbox import masked
+from ..records.job import JobRow
 
 if TYPE_CHECKING:
     from tfrun.protocol.jobs import Job
-    from tfrun.runner.config.settings import Config
-    from tfrun.runner.records.store import Store
+
+    from ..config.settings import Config
+    from ..records.store import Store
 
 R = TypeVar("R", bound=Message)
 C = TypeVar("C")  # what the handler needs of the daemon: its module's Context (runner/daemon.py's Daemon is each)

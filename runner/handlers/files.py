@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from tfrun.protocol.files import FileList, ListFiles, ReadFile
-from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid
-from tfrun.runner.records import jobfiles
+
+from ..records import jobfiles
+from .base import Connection, Shown, find, handles, invalid
 
 
 @handles(ListFiles)

@@ -4,8 +4,9 @@ runner/housekeeping.py's."""
 from __future__ import annotations
 
 from tfrun.protocol.housekeeping import DiskUsage, Prune, Remove
-from tfrun.runner import housekeeping
-from tfrun.runner.handlers.base import Connection, handles
+
+from .. import housekeeping
+from .base import Connection, handles
 
 
 @handles(Remove)

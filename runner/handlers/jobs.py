@@ -34,15 +34,16 @@ from tfrun.protocol.jobs import (
     record_text,
 )
 from tfrun.protocol.submit import FileEntry
-from tfrun.runner.alerts.outbox import masked
-from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public, rule_texts
-from tfrun.runner.queue.scheduler import SnapshotError, snapshot_files
-from tfrun.runner.records.job import SERVICE_LIKE, JobRow, from_json
+
+from ..alerts.outbox import masked
+from ..queue.scheduler import SnapshotError, snapshot_files
+from ..records.job import SERVICE_LIKE, JobRow, from_json
+from .base import Connection, Shown, find, handles, invalid, public, rule_texts
 
 if TYPE_CHECKING:
-    from tfrun.runner.executors.runs import Runs
-    from tfrun.runner.queue.scheduler import Scheduler
-    from tfrun.runner.records.lifecycle import Lifecycle
+    from ..executors.runs import Runs
+    from ..queue.scheduler import Scheduler
+    from ..records.lifecycle import Lifecycle
 
 
 class Context(Shown, Protocol):

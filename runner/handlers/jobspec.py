@@ -15,19 +15,20 @@ from tfrun import arrays, restarts
 from tfrun.content import ManifestError, check_manifest
 from tfrun.protocol.fields import Cause, ErrorCode, is_job_id, validate_name
 from tfrun.protocol.submit import Submit
-from tfrun.runner.alerts import rules
-from tfrun.runner.alerts.outbox import diagnose, usable
-from tfrun.runner.doctor import job_python
-from tfrun.runner.executors.slurm import settings as slurm_settings
-from tfrun.runner.handlers.base import RequestError, Shown, invalid
-from tfrun.runner.metrics import LogMetrics
-from tfrun.runner.metrics import PatternError as MetricPatternError
-from tfrun.runner.records.job import JobSpec
+
+from ..alerts import rules
+from ..alerts.outbox import diagnose, usable
+from ..doctor import job_python
+from ..executors.slurm import settings as slurm_settings
+from ..metrics import LogMetrics
+from ..metrics import PatternError as MetricPatternError
+from ..records.job import JobSpec
+from .base import RequestError, Shown, invalid
 
 if TYPE_CHECKING:
-    from tfrun.runner.executors.executor import Executor
-    from tfrun.runner.queue.scheduler import Scheduler
-    from tfrun.runner.workdir.blobs import BlobStore
+    from ..executors.executor import Executor
+    from ..queue.scheduler import Scheduler
+    from ..workdir.blobs import BlobStore
 
 
 class Context(Shown, Protocol):

@@ -7,15 +7,17 @@ from typing import TYPE_CHECKING, Protocol
 
 from tfrun.protocol.fields import ErrorCode, JobState
 from tfrun.protocol.logs import Attach, AttachReply, ReadLog
-from tfrun.runner.executors.local import tty_socket
-from tfrun.runner.handlers.base import Connection, RequestError, Shown, find, handles, invalid
-from tfrun.runner.logs import logstream
-from tfrun.runner.logs.lines import PatternError
+
+from ..executors.local import tty_socket
+from ..logs import logstream
+from ..logs.lines import PatternError
+from .base import Connection, RequestError, Shown, find, handles, invalid
 
 if TYPE_CHECKING:
     from tfrun.paths import Layout
-    from tfrun.runner.executors.executor import Executor
-    from tfrun.runner.logs.loggrowth import LogGrowth
+
+    from ..executors.executor import Executor
+    from ..logs.loggrowth import LogGrowth
 
 
 class Context(Shown, Protocol):

@@ -12,16 +12,17 @@ from typing import TYPE_CHECKING, Optional, Protocol
 from tfrun.duration import format_duration
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.services import CheckService, ServiceReply, StartService
-from tfrun.runner.doctor import job_python
-from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
-from tfrun.runner.records.job import JobRow, JobSpec
-from tfrun.runner.services import commands as services
-from tfrun.runner.shim import jobdir, process
+
+from ..doctor import job_python
+from ..records.job import JobRow, JobSpec
+from ..services import commands as services
+from ..shim import jobdir, process
+from .base import Connection, Shown, find, handles, invalid, public
 
 if TYPE_CHECKING:
-    from tfrun.runner.executors.executor import Executor
-    from tfrun.runner.queue.scheduler import Scheduler
-    from tfrun.runner.records.lifecycle import Lifecycle
+    from ..executors.executor import Executor
+    from ..queue.scheduler import Scheduler
+    from ..records.lifecycle import Lifecycle
 
 _LOOK_S = 0.2
 _LOG_TAIL_BYTES = 2000

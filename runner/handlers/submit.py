@@ -19,16 +19,17 @@ from tfrun.protocol.jobs import (
 )
 from tfrun.protocol.submit import FileEntry, HaveBlobs, MissingBlobs, PutBlob, PutBlobs, Submit, SubmitArray
 from tfrun.protocol.wire import Ok, encode
-from tfrun.runner import housekeeping
-from tfrun.runner.alerts import diskfull
-from tfrun.runner.faults import crash_point
-from tfrun.runner.handlers import jobspec
-from tfrun.runner.handlers.base import Connection, handles, invalid, public
-from tfrun.runner.records.job import JobRow
+
+from .. import housekeeping
+from ..alerts import diskfull
+from ..faults import crash_point
+from ..records.job import JobRow
+from . import jobspec
+from .base import Connection, handles, invalid, public
 
 if TYPE_CHECKING:
-    from tfrun.runner.records.lifecycle import Lifecycle
-    from tfrun.runner.workdir.blobs import Spares
+    from ..records.lifecycle import Lifecycle
+    from ..workdir.blobs import Spares
 
 T = TypeVar("T")
 

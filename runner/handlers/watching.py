@@ -32,23 +32,25 @@ from tfrun.protocol.watching import (
     Top,
     TopReply,
 )
-from tfrun.runner.alerts.outbox import diagnose, usable
-from tfrun.runner.gpus.devices import held_outside, read_gpu_memory
-from tfrun.runner.gpus.history import read_gpu_use
-from tfrun.runner.handlers.base import Connection, Shown, find, handles, invalid, public
-from tfrun.runner.metrics import PatternError as MetricPatternError
-from tfrun.runner.metrics.explain import explain
-from tfrun.runner.metrics.jobmetrics import pending, read_metrics, recent_losses, thinned, unread_bytes
-from tfrun.runner.shim import jobdir
+
+from ..alerts.outbox import diagnose, usable
+from ..gpus.devices import held_outside, read_gpu_memory
+from ..gpus.history import read_gpu_use
+from ..metrics import PatternError as MetricPatternError
+from ..metrics.explain import explain
+from ..metrics.jobmetrics import pending, read_metrics, recent_losses, thinned, unread_bytes
+from ..shim import jobdir
+from .base import Connection, Shown, find, handles, invalid, public
 
 INLINE_METRICS_BYTES = 16 << 10  # read on the event loop below this (a look a second at a job printing fast: ~2 KB)
 
 if TYPE_CHECKING:
     from tfrun.paths import Layout
-    from tfrun.runner.alerts.outbox import Outbox
-    from tfrun.runner.alerts.watch import Alerts
-    from tfrun.runner.executors.runs import Runs
-    from tfrun.runner.queue.scheduler import Scheduler
+
+    from ..alerts.outbox import Outbox
+    from ..alerts.watch import Alerts
+    from ..executors.runs import Runs
+    from ..queue.scheduler import Scheduler
 
 
 class Context(Shown, Protocol):

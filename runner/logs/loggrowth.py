@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
-from tfrun.runner.logs.inotify import APPEARS, IN_IGNORED, IN_Q_OVERFLOW, WRITTEN, Inotify
+from .inotify import APPEARS, IN_IGNORED, IN_Q_OVERFLOW, WRITTEN, Inotify
 
 log = logging.getLogger("tfrund")
 

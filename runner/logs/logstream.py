@@ -23,11 +23,12 @@ from tfrun.constants import FILTER_THREADS, FOLLOW_POLL_S, LOG_CHUNK_BYTES
 from tfrun.protocol.fields import State
 from tfrun.protocol.logs import LogChunk, LogEnd, LogLines, ReadLog
 from tfrun.protocol.wire import Message
-from tfrun.runner.logs.lines import BlockMatcher, LineFilter, Selector, Tail, TerminalLines, display
-from tfrun.runner.logs.loggrowth import LogGrowth
-from tfrun.runner.shim import jobdir
-from tfrun.runner.shim.logindex import LogIndex, Stamper
-from tfrun.runner.shim.slurmtask import TASK_LOG
+
+from ..shim import jobdir
+from ..shim.logindex import LogIndex, Stamper
+from ..shim.slurmtask import TASK_LOG
+from .lines import BlockMatcher, LineFilter, Selector, Tail, TerminalLines, display
+from .loggrowth import LogGrowth
 
 Send = Callable[[Message], Awaitable[None]]
 

@@ -67,7 +67,7 @@ it (nor a match of a user pattern) costs a few byte searches, and only the segme
 (every segment while a table is printed: its rows hold none).
 """
 
-from tfrun.runner.metrics.reader import MAX_SEGMENT, LogMetrics
-from tfrun.runner.metrics.state import PatternError, Sample, plausible, training_loss
+from .reader import MAX_SEGMENT, LogMetrics
+from .state import PatternError, Sample, plausible, training_loss
 
 __all__ = ["MAX_SEGMENT", "LogMetrics", "PatternError", "Sample", "plausible", "training_loss"]

@@ -8,8 +8,9 @@ import re
 from typing import Optional
 
 from tfrun.numerals import is_digits
-from tfrun.runner.metrics.state import Keras, Reader, Sample, held_sample
-from tfrun.runner.metrics.text import END, NUM, PRINT_PAIR, json_float, metric_name, parse_float
+
+from .state import Keras, Reader, Sample, held_sample
+from .text import END, NUM, PRINT_PAIR, json_float, metric_name, parse_float
 
 KERAS_HEADER = re.compile(r"\s*Epoch (\d+)/\d+\s*")
 KERAS_BAR = re.compile(r"\s*(\d+)/(\d+|Unknown) ")

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfrun.protocol.watching import LineReading
-from tfrun.runner.logs.lines import display, plain
-from tfrun.runner.metrics import LogMetrics, Sample
 from tfrun.shorten import shorten
+
+from ..logs.lines import display, plain
+from . import LogMetrics, Sample
 
 EXPLAIN_LIMIT_BYTES = 8 << 20  # read this much of the log, from its start: enough for every shape it prints
 MAX_SHAPES = 10_000  # distinct shapes remembered; a log of more is mostly noise

@@ -20,9 +20,10 @@ from typing import Any, BinaryIO, NamedTuple, Optional
 from tfrun.losses import TrainingLoss
 from tfrun.numerals import is_digits
 from tfrun.protocol.watching import MetricSample
-from tfrun.runner.metrics import Sample, plausible, training_loss
-from tfrun.runner.metrics.eventfile import PRINTED, ScalarFile
-from tfrun.runner.shim import jobdir
+
+from ..shim import jobdir
+from . import Sample, plausible, training_loss
+from .eventfile import PRINTED, ScalarFile
 
 TOP_TAIL_BYTES = 64 << 10  # the end of a metrics file that `tfrun top` reads
 _COMPACT = json.JSONEncoder(separators=(",", ":")).encode  # one encoder for every line: json.dumps with these

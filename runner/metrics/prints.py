@@ -8,8 +8,9 @@ from typing import Optional
 
 from tfrun.losses import EVALUATION_PREFIXES
 from tfrun.numerals import is_digits
-from tfrun.runner.metrics.state import MAX_COUNTER_DIGITS, Reader, Sample
-from tfrun.runner.metrics.text import (
+
+from .state import MAX_COUNTER_DIGITS, Reader, Sample
+from .text import (
     NUM,
     NUMBER,
     PRINT_PAIR,

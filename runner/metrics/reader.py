@@ -10,7 +10,8 @@ from itertools import islice
 from typing import Any, Optional
 
 from tfrun.numerals import is_digits
-from tfrun.runner.metrics.bars import (
+
+from .bars import (
     KERAS_BAR,
     KERAS_HEADER,
     KERAS_PAIR,
@@ -20,9 +21,9 @@ from tfrun.runner.metrics.bars import (
     TQDM,
     ProgressBars,
 )
-from tfrun.runner.metrics.prints import Prints
-from tfrun.runner.metrics.state import Counters, Keras, PatternError, Sample, plausible
-from tfrun.runner.metrics.text import NUMBER, json_float, parse_float
+from .prints import Prints
+from .state import Counters, Keras, PatternError, Sample, plausible
+from .text import NUMBER, json_float, parse_float
 
 MAX_SEGMENT = 1 << 16  # longer segments are not metrics: skipped, and never buffered whole
 MAX_GIVEN = 64  # metric names remembered at the last step (Counters.given), kept in the state a restart restores

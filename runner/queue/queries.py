@@ -7,11 +7,12 @@ import json
 from typing import TYPE_CHECKING, Optional
 
 from tfrun.protocol.fields import JobState
-from tfrun.runner.records.job import SERVICE_LIKE, from_json
-from tfrun.runner.records.schema import IDS_PER_STATEMENT
+
+from ..records.job import SERVICE_LIKE, from_json
+from ..records.schema import IDS_PER_STATEMENT
 
 if TYPE_CHECKING:
-    from tfrun.runner.records.store import Store
+    from ..records.store import Store
 
 _UNFINISHED = f"state NOT IN ({', '.join('?' * len(JobState.FINAL))})"
 

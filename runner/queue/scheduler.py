@@ -41,22 +41,24 @@ from tfrun.constants import DEFAULT_GRACE_S, GPU_HELD_OUTSIDE, GPU_RECHECK_S
 from tfrun.content import ManifestError
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.submit import FileEntry
-from tfrun.runner.faults import crash_point
-from tfrun.runner.gpus.claims import Claims
-from tfrun.runner.home import inherited_env
-from tfrun.runner.queue import queries
-from tfrun.runner.records.job import JobRow, JobSpec, from_json
-from tfrun.runner.shim import jobdir
-from tfrun.runner.workdir import checkpoints
-from tfrun.runner.workdir.blobs import read_manifest, write_manifest
+
+from ..faults import crash_point
+from ..gpus.claims import Claims
+from ..home import inherited_env
+from ..records.job import JobRow, JobSpec, from_json
+from ..shim import jobdir
+from ..workdir import checkpoints
+from ..workdir.blobs import read_manifest, write_manifest
+from . import queries
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from tfrun.paths import Layout
-    from tfrun.runner.executors.runs import Runs
-    from tfrun.runner.records.store import Store
-    from tfrun.runner.workdir.blobs import Spares
+
+    from ..executors.runs import Runs
+    from ..records.store import Store
+    from ..workdir.blobs import Spares
 
 log = logging.getLogger("tfrund")
 

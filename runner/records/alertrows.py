@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
 
 from tfrun.protocol.watching import Alert, Delivery
-from tfrun.runner.records.schema import IDS_PER_STATEMENT
+
+from .schema import IDS_PER_STATEMENT
 
 log = logging.getLogger("tfrund")
 

@@ -20,7 +20,8 @@ from typing import Any, Optional
 from tfrun import restarts
 from tfrun.protocol.fields import CAUSES, Cause, JobState, State
 from tfrun.protocol.jobs import Job
-from tfrun.runner.shim import jobdir
+
+from ..shim import jobdir
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from tfrun.constants import FILE_CHUNK_BYTES
 from tfrun.content import ManifestError, check_relative
 from tfrun.protocol.files import FileChunk
 from tfrun.protocol.submit import FileEntry
-from tfrun.runner.records.job import JobRow
+
+from .job import JobRow
 
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

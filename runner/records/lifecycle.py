@@ -36,11 +36,12 @@ from typing import Any, Callable, Optional
 
 from tfrun import restarts
 from tfrun.protocol.fields import Cause, JobState, State
-from tfrun.runner.faults import crash_point
-from tfrun.runner.records import oom
-from tfrun.runner.records.job import JobRow, JobSpec
-from tfrun.runner.records.store import Store
-from tfrun.runner.shim import jobdir
+
+from ..faults import crash_point
+from ..shim import jobdir
+from . import oom
+from .job import JobRow, JobSpec
+from .store import Store
 
 log = logging.getLogger("tfrund")
 

@@ -26,10 +26,10 @@ import signal
 from pathlib import Path
 from typing import Optional
 
-from tfrun.runner.logs.lines import display, plain
-from tfrun.runner.records.job import JobRow
-from tfrun.runner.shim import cgroup, jobdir
-from tfrun.runner.shim.process import boot_id
+from ..logs.lines import display, plain
+from ..shim import cgroup, jobdir
+from ..shim.process import boot_id
+from .job import JobRow
 
 # A Slurm job's reason when Slurm killed it for its memory (runner/executors/slurm/states.py): its oom alert's words.
 SLURM_OUT_OF_MEMORY = "out of memory: Slurm killed it over its memory limit"

@@ -32,9 +32,10 @@ from typing import Any, Optional
 from tfrun.constants import MAX_INT64
 from tfrun.numerals import is_digits
 from tfrun.protocol.fields import JobState, is_job_id
-from tfrun.runner.records.alertrows import AlertRows
-from tfrun.runner.records.job import JobRow, JobSpec, from_json
-from tfrun.runner.records.schema import IDS_PER_STATEMENT, MIGRATIONS
+
+from .alertrows import AlertRows
+from .job import JobRow, JobSpec, from_json
+from .schema import IDS_PER_STATEMENT, MIGRATIONS
 
 SCHEMA_VERSION = max(MIGRATIONS)  # the schema this tfrund writes
 

@@ -16,8 +16,8 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-from tfrun.runner.home import inherited_env
-from tfrun.runner.shim import jobdir
+from ..home import inherited_env
+from ..shim import jobdir
 
 TENSORBOARD, JUPYTER = "tensorboard", "jupyter"
 # The alert rules that watch a service, of the daemon's: an idle notebook is no stalled job and a server's log

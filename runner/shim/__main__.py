@@ -6,7 +6,7 @@ run `-m tfrun.runner.shim` when their job starts, days later perhaps.
 
 import sys
 
-from tfrun.runner.shim.supervise import main
+from .supervise import main
 
 if __name__ == "__main__":
     main(sys.argv)

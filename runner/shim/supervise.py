@@ -40,15 +40,16 @@ import time
 
 from tfrun.constants import DEFAULT_GRACE_S, JOB_UMASK_ENV
 from tfrun.numerals import is_digits
-from tfrun.runner.shim import cgroup, gpulease, jobdir, logindex
-from tfrun.runner.shim.process import Identity, descendants
+
+from . import cgroup, gpulease, jobdir, logindex
+from .process import Identity, descendants
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the shim imports this)
 
 if TYPE_CHECKING:  # no typing or pathlib at run time: the shim starts once per job and should start fast
     from typing import Optional
 
-    from tfrun.runner.shim.jobdir import ExitRecord, LaunchRecord, ShimRecord
+    from .jobdir import ExitRecord, LaunchRecord, ShimRecord
 
 _PR_SET_CHILD_SUBREAPER = 36
 _HANDLED = (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP)

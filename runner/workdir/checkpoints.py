@@ -24,7 +24,8 @@ import stat
 from pathlib import Path
 
 from tfrun.constants import PRIVATE_DIR_MODE
-from tfrun.runner.records.job import JobRow
+
+from ..records.job import JobRow
 
 
 class CheckpointsTaken(OSError):

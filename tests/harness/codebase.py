@@ -14,8 +14,6 @@ def tfrun_modules() -> dict[str, Path]:
     for folder in ("runner", "client", "jobs", "tfrun"):
         for path in (REPO / folder).rglob("*.py"):
             parts = path.relative_to(REPO / folder).with_suffix("").parts
-            if folder == "tfrun" and parts[0] in ("runner", "client", "jobs"):
-                continue  # the symlinks to the folders above
             name = ".".join(["tfrun", *([] if folder == "tfrun" else [folder]), *parts])
             found[name.removesuffix(".__init__")] = path
     return found

@@ -33,14 +33,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypedDict
 
 from tfrun.constants import DEFAULT_GRACE_S, SAFE_PATH
-from tfrun.runner.executors.executor import TFRUN_PARENT
-from tfrun.runner.executors.slurm.batch import SCRIPT, launch_record, sbatch_args
-from tfrun.runner.executors.slurm.commands import Slurm, SlurmError
-from tfrun.runner.executors.slurm.record import Records
-from tfrun.runner.executors.slurm.settings import SlurmSettings
-from tfrun.runner.faults import crash_point
-from tfrun.runner.records.job import JobRow
-from tfrun.runner.shim import jobdir
+
+from ...faults import crash_point
+from ...records.job import JobRow
+from ...shim import jobdir
+from .batch import SCRIPT, launch_record, sbatch_args
+from .commands import Slurm, SlurmError
+from .record import Records
+from .settings import SlurmSettings
 
 if TYPE_CHECKING:
     pass
@@ -67,6 +67,7 @@ class Submitter(Protocol):
     records: Records
     slurm: Slurm
     settings: Callable[[], SlurmSettings]
+    shim_path: Path  # the shim's own import path (runner/home.py install_shim_pythonpath)
 
 
 def array_folder(row: JobRow) -> Path:
@@ -74,7 +75,7 @@ def array_folder(row: JobRow) -> Path:
     return Path(row.job_dir).parent.parent / ARRAYS / str(row.id)
 
 
-def batch_script(tasks: dict[int, Path]) -> str:
+def batch_script(tasks: dict[int, Path], shim_path: Path) -> str:
     """The array's batch script: the task's folder by SLURM_ARRAY_TASK_ID, then tfrun's shim in it."""
     command = shlex.join([sys.executable, "-S", *SAFE_PATH, "-m", "tfrun.runner.shim", "--batch"])
     cases = "".join(f"{index}) dir={shlex.quote(str(folder))} ;;\n" for index, folder in sorted(tasks.items()))
@@ -83,7 +84,7 @@ def batch_script(tasks: dict[int, Path]) -> str:
         "# each task of the array runs in its own tfrun job folder (runner/executors/slurm/arrays.py)\n"
         f'case "$SLURM_ARRAY_TASK_ID" in\n{cases}'
         '*) echo "tfrun: no task $SLURM_ARRAY_TASK_ID in this array" >&2; exit 1 ;;\nesac\n'
-        f'PYTHONPATH={shlex.quote(TFRUN_PARENT)} exec {command} "$dir"\n'
+        f'PYTHONPATH={shlex.quote(str(shim_path))} exec {command} "$dir"\n'
     )
 
 
@@ -118,7 +119,7 @@ async def launch(executor: Submitter, rows: list[JobRow], envs: list[dict[str, s
         output.unlink(missing_ok=True)  # one left by a launch that a dead daemon began
         output.symlink_to(job_dir / f"slurm-{row.id}.out")
     tasks = {int(row.array_index or 0): Path(row.job_dir) for row in rows}
-    (folder / SCRIPT).write_text(batch_script(tasks))
+    (folder / SCRIPT).write_text(batch_script(tasks, executor.shim_path))
     _write_json(folder / ARRAY_RECORD, {"tasks": {str(i): str(d) for i, d in tasks.items()}})
     crash_point("array-recorded")
     await _submit(executor, rows[0], folder, tasks, grace)

@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tfrun.constants import SAFE_PATH
-from tfrun.runner.executors.executor import TFRUN_PARENT
-from tfrun.runner.executors.slurm.settings import SlurmSettings, nice
-from tfrun.runner.records.job import JobRow
-from tfrun.runner.shim import jobdir
-from tfrun.runner.shim import slurmtask as task
+
+from ...records.job import JobRow
+from ...shim import jobdir
+from ...shim import slurmtask as task
+from .settings import SlurmSettings, nice
 
 if TYPE_CHECKING:
-    from tfrun.runner.shim.jobdir import LaunchRecord
+    from ...shim.jobdir import LaunchRecord
 
 SCRIPT = "slurm.sh"  # in the job's folder
 SIGNAL_MARGIN_S = 5  # the shim's SIGTERM comes this much before the grace's SIGKILL would pass the time limit
@@ -55,13 +55,13 @@ def sbatch_args(row: JobRow, settings: SlurmSettings, grace: float) -> list[str]
     return [*args, *settings.sbatch_options, str(job_dir / SCRIPT)]
 
 
-def batch_script(job_dir: Path) -> str:
+def batch_script(job_dir: Path, shim_path: Path) -> str:
     """The batch script: tfrun's shim in the foreground, as LocalExecutor starts it (`python -S -m`)."""
     command = [sys.executable, "-S", *SAFE_PATH, "-m", "tfrun.runner.shim", "--batch", str(job_dir)]
     return (
         "#!/bin/sh\n"
         "# tfrun's shim runs the job, records its end in exit.json and owns the cancel grace (shim/supervise.py)\n"
-        f"PYTHONPATH={shlex.quote(TFRUN_PARENT)} exec {shlex.join(command)}\n"
+        f"PYTHONPATH={shlex.quote(str(shim_path))} exec {shlex.join(command)}\n"
     )
 
 

@@ -11,8 +11,9 @@ import shutil
 from typing import Optional
 
 from tfrun.protocol.admin import Check
-from tfrun.runner.executors.slurm.commands import Partition, Slurm, SlurmError
-from tfrun.runner.executors.slurm.settings import SlurmSettings
+
+from .commands import Partition, Slurm, SlurmError
+from .settings import SlurmSettings
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tfrun.numerals import is_digits
-from tfrun.runner.home import inherited_env
 from tfrun.shorten import shorten
+
+from ...home import inherited_env
 
 COMMAND_TIMEOUT_S = 15.0
 CHECK_TIMEOUT_S = 10.0  # `tfrun doctor`'s own questions (sinfo, sacct): a person waits for the answer

@@ -39,20 +39,22 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from tfrun.constants import DEFAULT_GRACE_S
 from tfrun.protocol.fields import JobState
-from tfrun.runner.executors.executor import Capabilities, Change, Ended, Requeued, Started
-from tfrun.runner.executors.slurm import arrays, states
-from tfrun.runner.executors.slurm.batch import SCRIPT, batch_script, launch_record, sbatch_args
-from tfrun.runner.executors.slurm.checks import slurm_checks
-from tfrun.runner.executors.slurm.commands import AccountedJob, QueuedJob, Slurm, SlurmError
-from tfrun.runner.executors.slurm.record import Records, SlurmRecord
-from tfrun.runner.executors.slurm.settings import SlurmSettings
-from tfrun.runner.executors.slurm.watcher import Watcher, in_thread
-from tfrun.runner.records.job import JobRow
-from tfrun.runner.shim import jobdir
+
+from ...records.job import JobRow
+from ...shim import jobdir
+from ..executor import Capabilities, Change, Ended, Requeued, Started
+from . import arrays, states
+from .batch import SCRIPT, batch_script, launch_record, sbatch_args
+from .checks import slurm_checks
+from .commands import AccountedJob, QueuedJob, Slurm, SlurmError
+from .record import Records, SlurmRecord
+from .settings import SlurmSettings
+from .watcher import Watcher, in_thread
 
 if TYPE_CHECKING:
     from tfrun.protocol.admin import Check
-    from tfrun.runner.shim.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
+
+    from ...shim.jobdir import CancelRequest, ExitRecord, LaunchRecord, ShimRecord
 
 log = logging.getLogger("tfrund")
 
@@ -74,8 +76,9 @@ class SlurmExecutor:
         log_settle_s=LOG_SETTLE_S,
     )
 
-    def __init__(self, settings: Callable[[], SlurmSettings], slurm: Optional[Slurm] = None) -> None:
+    def __init__(self, settings: Callable[[], SlurmSettings], shim_path: Path, slurm: Optional[Slurm] = None) -> None:
         self.settings = settings  # the config's as it is now: a reload applies to jobs launched after it
+        self.shim_path = shim_path  # the shim's own import path, named by every batch script
         self.slurm = slurm or Slurm()
         self.watcher = Watcher(self.slurm)  # squeue and sacct, in a thread of their own
         self._missing_since: dict[int, float] = {}
@@ -91,7 +94,7 @@ class SlurmExecutor:
             return
         launch = launch_record(row, env, grace)
         jobdir.write_json(job_dir / jobdir.LAUNCH, launch)
-        (job_dir / SCRIPT).write_text(batch_script(job_dir))
+        (job_dir / SCRIPT).write_text(batch_script(job_dir, self.shim_path))
         await self._submit(row, grace)
 
     async def _submit(self, row: JobRow, grace: float) -> None:
@@ -138,7 +141,7 @@ class SlurmExecutor:
         launch: Optional[LaunchRecord] = jobdir.read_launch(job_dir / jobdir.LAUNCH)
         grace = launch.get("grace", DEFAULT_GRACE_S) if launch else DEFAULT_GRACE_S
         if not (job_dir / SCRIPT).exists():
-            (job_dir / SCRIPT).write_text(batch_script(job_dir))
+            (job_dir / SCRIPT).write_text(batch_script(job_dir, self.shim_path))
         log.info("job %d: submitting it (accepted before the last daemon stopped)", row.id)
         await self._submit(row, float(grace))
         return True

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Optional
 from tfrun.constants import EXIT_LOST
 from tfrun.numerals import is_digits
 from tfrun.protocol.fields import Cause, JobState
-from tfrun.runner.executors.executor import Ended
-from tfrun.runner.records.oom import SLURM_OUT_OF_MEMORY as OUT_OF_MEMORY
+
+from ...records.oom import SLURM_OUT_OF_MEMORY as OUT_OF_MEMORY
+from ..executor import Ended
 
 if TYPE_CHECKING:
-    from tfrun.runner.shim.jobdir import ExitRecord
+    from ...shim.jobdir import ExitRecord
 
 PENDING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"})

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from tfrun.runner.executors.slurm.commands import AccountedJob, QueuedJob, Slurm, SlurmError
+from .commands import AccountedJob, QueuedJob, Slurm, SlurmError
 
 log = logging.getLogger("tfrund")
 
