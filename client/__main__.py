@@ -1,5 +1,5 @@
 """`python -m tfrun.client` is `tfrun`."""
 
-from .cli import main
+from .cli.main import main
 
 main()

@@ -1,4 +1,4 @@
-"""The Python API (`tfrun.Client`, client/api.py) used for real: submit, wait, logs, metrics, cancel, locally
+"""The Python API (`tfrun.Client`, client/library/api.py) used for real: submit, wait, logs, metrics, cancel, locally
 and over SSH, and its errors, typed and worded as the CLI words them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from harness import Tfrun, gated_job, local_and_ssh, write_script
 
 import tfrun
-from tfrun.client.api import AsyncClient, NoSuchJob
+from tfrun.client.library.api import AsyncClient, NoSuchJob
 from tfrun.protocol.admin import Shutdown
 from tfrun.protocol.channel import RemoteError
 from tfrun.protocol.watching import Top

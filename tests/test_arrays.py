@@ -87,7 +87,7 @@ def test_bad_arrays_are_refused_in_one_line(tf: Tfrun, project: Path, options: l
 
 def test_the_daemon_checks_an_array_itself(tf: Tfrun, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Python API sends what it is given: the daemon refuses a bad array, making no job, and runs a good one."""
-    from tfrun.client.api import Client, JobOptions
+    from tfrun.client.library.api import Client, JobOptions
 
     write_script(project, "show.py", SHOW)
     for name, value in tf.env.items():

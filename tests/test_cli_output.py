@@ -240,7 +240,7 @@ def test_ps_json_reads_an_ended_jobs_kept_text_and_any_write_to_the_job_drops_it
 
 def test_a_daemon_that_sends_every_job_is_cut_by_the_client() -> None:
     """A tfrund older than `ListJobs.last` ignores it: the client keeps the newest and counts the others."""
-    from tfrun.client.joblist import newest
+    from tfrun.client.views.joblist import newest
 
     jobs = [Job(i, "succeeded", "a.py", [], [], "/w", "/j", "/l", "/c", 1.0) for i in range(1, 6)]
     assert newest(JobList(jobs), 2) == (jobs[3:], 3)
@@ -251,8 +251,9 @@ def test_a_daemon_that_sends_every_job_is_cut_by_the_client() -> None:
 def test_ps_json_writes_the_daemons_text_as_it_comes_or_an_older_daemons_records(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tfrun.client import cli, render
-    from tfrun.client.verbs.jobs import _print_records
+    from tfrun.client.cli import main as cli
+    from tfrun.client.cli.verbs.jobs import _print_records
+    from tfrun.client.views import render
 
     jobs = [Job(i, "succeeded", "a.py", [], [], "/w", "/j", "/l", "/c", 1.0) for i in range(1, 4)]
     parts = [JobList(more=True, data=b"[\n  {"), JobList(data=b"}\n]")]
@@ -265,7 +266,7 @@ def test_ps_json_writes_the_daemons_text_as_it_comes_or_an_older_daemons_records
 
 
 def test_a_short_option_means_one_thing_in_every_verb() -> None:
-    from tfrun.client.cli import main
+    from tfrun.client.cli.main import main
 
     same = {"--tail": "--last"}  # logs -n N: the last N lines, as alerts -n and metrics -n: the last N
     meanings: dict[str, set[str]] = {}

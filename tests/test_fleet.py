@@ -1,4 +1,4 @@
-"""Many boxes as one (client/fleet.py): three boxes, each a real sshd with a daemon of its own (its TFRUN_HOME,
+"""Many boxes as one (client/pools/members.py): three boxes, each a real sshd with a daemon of its own (its TFRUN_HOME,
 one fake GPU: TFRUN_GPUS=0), all three in one client config and pool `gpu` (tests/harness/fleetbox.py). Placement, the
 merged `ps`, job addresses (HOST:ID) and what a dead box costs, through the real commands.
 

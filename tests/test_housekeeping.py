@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from harness import TFRUN, Mailbox, Tfrun, gated_job, local_and_ssh, wait_for, write_script
 
-from tfrun.client.diskspace import should_ask
+from tfrun.client.cli.diskspace import should_ask
 from tfrun.paths import Layout
 from tfrun.protocol.channel import Channel
 from tfrun.protocol.jobs import JobReply

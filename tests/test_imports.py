@@ -46,7 +46,7 @@ def test_local_verbs_never_import_ssh_or_the_daemon(tf: Tfrun, project: Path, ar
     tf.ok("wait", job)
     full = [*argv, job] if argv in (["status"], ["logs"], ["metrics"]) else argv
     found = imported(tf, *full)
-    assert "tfrun.client.cli" in found  # the run was read: the CLI itself is listed
+    assert "tfrun.client.cli.main" in found  # the run was read: the CLI itself is listed
     assert not found & NEVER_LOCAL, sorted(found & NEVER_LOCAL)
 
 
@@ -55,43 +55,43 @@ def test_help_draws_no_table(tf: Tfrun) -> None:
     assert "rich" not in imported(tf, "--help")
 
 
-# What `tfrun --help` never loads: the verbs are listed from client/verbs/'s VERBS, so neither the protocol, nor
+# What `tfrun --help` never loads: the verbs are listed from client/cli/verbs/'s VERBS, so neither the protocol, nor
 # the event loop, nor rich, nor any verb's module is imported to print it.
-NEVER_IN_HELP = {"asyncio", "tfrun.protocol", "rich", "tfrun.client.api", "tfrun.client.connection"}
+NEVER_IN_HELP = {"asyncio", "tfrun.protocol", "rich", "tfrun.client.library.api", "tfrun.client.link.connection"}
 
 
 def test_help_imports_no_verb(tf: Tfrun) -> None:
     found = imported(tf, "--help")
-    assert "tfrun.client.cli" in found
+    assert "tfrun.client.cli.main" in found
     assert not found & NEVER_IN_HELP, sorted(found & NEVER_IN_HELP)
-    assert not {name for name in found if name.startswith("tfrun.client.verbs.")}
+    assert not {name for name in found if name.startswith("tfrun.client.cli.verbs.")}
 
 
-# What the views of `ps` and `status` never load: they write through client/styled.py, and rich's console (a
+# What the views of `ps` and `status` never load: they write through client/views/styled.py, and rich's console (a
 # quarter of their start) is left to `tfrun top`. rich.cells, which measures wide characters, is allowed.
 RICH_CONSOLE = {"rich.console", "rich.text", "rich.live", "rich.table", "rich.markup"}
 
 
 @pytest.mark.parametrize("argv", [["ps"], ["ps", "-a"], ["ps", "-a", "--json"], ["status"]])
 def test_a_local_request_to_a_running_daemon_needs_no_event_loop(tf: Tfrun, project: Path, argv: list[str]) -> None:
-    """ps and status ask a daemon that is up over a plain socket (client/syncchannel.py): no asyncio, no API;
+    """ps and status ask a daemon that is up over a plain socket (client/link/syncchannel.py): no asyncio, no API;
     and they draw their table or their lines without rich's console."""
     write_script(project, "job.py", "print('done')\n")
     job = str(tf.submit(str(project / "job.py")))
     tf.ok("wait", job)
     found = imported(tf, *argv, *([job] if argv == ["status"] else []), whole=True)
-    assert "tfrun.client.syncchannel" in found
-    assert not found & {"asyncio", "tfrun.client.api", "tfrun.client.follow"}, sorted(found)
+    assert "tfrun.client.link.syncchannel" in found
+    assert not found & {"asyncio", "tfrun.client.library.api", "tfrun.client.link.follow"}, sorted(found)
     assert not found & RICH_CONSOLE, sorted(found & RICH_CONSOLE)
     if argv in (["ps", "-a"], ["status"]):  # a row was drawn: through the light writer
-        assert "tfrun.client.styled" in found
+        assert "tfrun.client.views.styled" in found
 
 
 def test_a_small_submit_to_a_running_daemon_needs_no_event_loop(tf: Tfrun, project: Path) -> None:
-    """A submit whose upload is small files goes over the plain socket (client/submission.py's send_here), so
+    """A submit whose upload is small files goes over the plain socket (client/library/submission.py's send_here), so
     the job starts sooner (issue 28: Slurm submit until running); a bigger one, sent in chunks while their
     acknowledgements come back, takes the API's way. Both jobs run on exactly what was sent."""
-    from tfrun.client.transfer import PLAIN_UPLOAD_BYTES
+    from tfrun.client.files.transfer import PLAIN_UPLOAD_BYTES
 
     write_script(
         project, "job.py", "import hashlib; print(hashlib.sha256(open('data.bin', 'rb').read()).hexdigest())\n"
@@ -102,7 +102,7 @@ def test_a_small_submit_to_a_running_daemon_needs_no_event_loop(tf: Tfrun, proje
         (project / "data.bin").write_bytes(content)
         found = imported(tf, "submit", str(project / "job.py"))
         assert ("asyncio" in found) is event_loop, size
-        assert ("tfrun.client.api" in found) is event_loop, size
+        assert ("tfrun.client.library.api" in found) is event_loop, size
         job = str(max(row["id"] for row in tf.jobs()))
         tf.ok("wait", job)  # succeeded
         assert tf.ok("logs", job).strip() == hashlib.sha256(content).hexdigest()
@@ -113,8 +113,8 @@ def test_the_verb_table_says_what_each_verb_says() -> None:
     verb's own help would be cut: the table and the verbs' docstrings never drift apart."""
     import click
 
-    from tfrun.client.cli import main
-    from tfrun.client.verbs import VERBS
+    from tfrun.client.cli.main import main
+    from tfrun.client.cli.verbs import VERBS
 
     assert sorted(main.commands) == sorted(VERBS)
     for name, (_, _, summary) in VERBS.items():

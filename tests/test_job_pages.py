@@ -16,9 +16,9 @@ import pytest
 from harness import Tfrun, wait_for, write_script
 from harness.history import copy_ended_jobs
 
-from tfrun.client.asyncclient import AsyncClient
 from tfrun.client.calls import jobs as job_calls
-from tfrun.client.connection import Target
+from tfrun.client.library.asyncclient import AsyncClient
+from tfrun.client.link.connection import Target
 from tfrun.protocol.jobs import Job, JobList
 
 pytestmark = [pytest.mark.slow]

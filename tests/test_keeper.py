@@ -1,4 +1,4 @@
-"""The connection keeper over many boxes (client/keeper.py): three real sshd boxes on 127.0.0.1, each with a daemon
+"""The connection keeper over many boxes (client/link/keeper.py): three real sshd boxes on 127.0.0.1, each with a daemon
 of its own, in one client config. A cold `ps --host all` starts ONE keeper process holding a connection to each
 box; later verbs ride those connections; a box whose connection drops is reconnected alone; a box that never
 answers is given up within the fleet timeout without costing the others their keeper."""

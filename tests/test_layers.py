@@ -7,6 +7,7 @@ import ast
 import re
 import sys
 
+import pytest
 from harness.codebase import cycles, imports, tfrun_modules
 from harness.paths import REPO
 
@@ -26,69 +27,87 @@ def test_no_verb_imports_another_verb() -> None:
     """A verb is a thin command over the client's library: what two verbs share (a pool's view, a followed log,
     a page opened in the browser) is a module of client/, not a verb another verb reaches into."""
     modules = tfrun_modules()
-    verbs = {name for name in modules if name.startswith("tfrun.client.verbs.")}
+    verbs = {name for name in modules if name.startswith("tfrun.client.cli.verbs.")}
     crossing = {verb: sorted(imports(modules[verb], modules) & (verbs - {verb})) for verb in verbs}
     assert {verb: found for verb, found in crossing.items() if found} == {}
 
 
-# runner/ from the ground up: each floor imports only the floors below it (and itself, within one part).
-RUNNER_FLOORS = (
-    ("faults.py", "home.py"),
-    ("shim/",),
-    ("logs/",),
-    ("records/",),
-    ("metrics/",),
-    ("gpus/",),
-    ("alerts/",),
-    ("workdir/",),
-    ("executors/",),
-    ("services/",),
-    ("queue/",),
-    ("doctor.py",),
-    ("config/",),
-    ("limits.py", "housekeeping.py"),
-    ("handlers/",),
-    ("daemon.py",),
-    ("cli.py",),
-    ("__main__.py",),
-)
+# Each side from the ground up: a floor imports only the floors below it (and itself, within one part).
+FLOORS = {
+    "runner": (
+        ("faults.py", "home.py"),
+        ("shim/",),
+        ("logs/",),
+        ("records/",),
+        ("metrics/",),
+        ("gpus/",),
+        ("alerts/",),
+        ("workdir/",),
+        ("executors/",),
+        ("services/",),
+        ("queue/",),
+        ("doctor.py",),
+        ("config/",),
+        ("limits.py", "housekeeping.py"),
+        ("handlers/",),
+        ("daemon.py",),
+        ("cli.py",),
+        ("__main__.py",),
+    ),
+    "client": (
+        ("errors.py",),
+        ("config/",),
+        ("calls/",),
+        ("link/",),
+        ("views/",),
+        ("files/",),
+        ("library/",),
+        ("pools/",),
+        ("install/",),
+        ("ui/",),
+        ("cli/",),
+        ("__main__.py",),
+    ),
+}
 
 
-def _runner_part(module: str) -> str:
-    """The part of runner/ a module of it is in: its folder (`shim/`) or its own file (`daemon.py`)."""
-    path = tfrun_modules()[module].relative_to(REPO / "runner")
+def _part(side: str, module: str) -> str:
+    """The part of runner/ or client/ a module of it is in: its folder (`shim/`) or its own file (`daemon.py`)."""
+    path = tfrun_modules()[module].relative_to(REPO / side)
     return f"{path.parts[0]}/" if len(path.parts) > 1 else path.name
 
 
-def test_the_daemon_stands_in_floors_each_importing_only_those_below() -> None:
-    """A newcomer reads runner/ from the ground up, and a change to a part reaches only the floors above it:
-    no import runs back up (a TYPE_CHECKING one neither: a type is a dependency). Where a lower part needs
-    something of a higher one, it says what in its own terms (a Protocol: alerts' AlertConfig, queue's
+@pytest.mark.parametrize("side", sorted(FLOORS))
+def test_each_side_stands_in_floors_each_importing_only_those_below(side: str) -> None:
+    """A newcomer reads runner/ and client/ from the ground up, and a change to a part reaches only the floors
+    above it: no import runs back up (a TYPE_CHECKING one neither: a type is a dependency). Where a lower part
+    needs something of a higher one, it says what in its own terms (a Protocol: alerts' AlertConfig, queue's
     QueueConfig, logs' LoggedJob), and the higher part hands it down."""
-    floor = {part: number for number, parts in enumerate(RUNNER_FLOORS) for part in parts}
-    found = sorted(f"{p.name}/" if p.is_dir() else p.name for p in (REPO / "runner").iterdir()
+    floor = {part: number for number, parts in enumerate(FLOORS[side]) for part in parts}
+    found = sorted(f"{p.name}/" if p.is_dir() else p.name for p in (REPO / side).iterdir()
                    if (p / "__init__.py").exists() or (p.suffix == ".py" and p.name != "__init__.py"))  # fmt: skip
-    assert found == sorted(floor), "every part of runner/ is on one floor of RUNNER_FLOORS"
+    assert found == sorted(floor), f"every part of {side}/ is on one floor of FLOORS"
     modules = tfrun_modules()
     upward = []
     for name, path in modules.items():
-        if not name.startswith("tfrun.runner."):
+        if not name.startswith(f"tfrun.{side}."):
             continue
-        part = _runner_part(name)
+        part = _part(side, name)
         for imported in imports(path, modules):
-            if imported.startswith("tfrun.runner.") and imported != "tfrun.runner":
-                other = _runner_part(imported)
+            if imported.startswith(f"tfrun.{side}."):
+                other = _part(side, imported)
                 if other != part and floor[other] >= floor[part]:
                     upward.append(f"{path.relative_to(REPO)} imports {imported} ({other} is not below {part})")
     assert upward == []
 
 
-def test_the_daemon_s_docstring_lists_its_floors_in_this_order() -> None:
-    """runner/__init__.py is where a newcomer starts: its numbered list is RUNNER_FLOORS, floor by floor."""
-    doc = ast.get_docstring(ast.parse((REPO / "runner" / "__init__.py").read_text())) or ""
+@pytest.mark.parametrize("side", sorted(FLOORS))
+def test_each_side_s_docstring_lists_its_floors_in_this_order(side: str) -> None:
+    """runner/__init__.py and client/__init__.py are where a newcomer starts: each numbered list is FLOORS'."""
+    doc = ast.get_docstring(ast.parse((REPO / side / "__init__.py").read_text())) or ""
     listed = [tuple(re.findall(r"[\w.]+/|[\w.]+\.py", line.split(": ")[0]))
               for line in doc.splitlines() if re.match(r"\d+\. ", line)]  # fmt: skip
-    assert listed == list(RUNNER_FLOORS)
+    assert listed == list(FLOORS[side])
 
 
 def test_the_shim_stands_on_the_standard_library_alone() -> None:

@@ -156,7 +156,7 @@ def test_the_users_ssh_config_sets_the_connect_deadline(tf: Tfrun, sshd: Sshd, r
 
 
 def _link_options(home: Path, config: Optional[str]) -> dict[str, object]:
-    """What client/ssh.py sets for a connection to 127.0.0.1, with `config` as ~/.ssh/config."""
+    """What client/link/ssh.py sets for a connection to 127.0.0.1, with `config` as ~/.ssh/config."""
     (home / ".ssh").mkdir(parents=True, exist_ok=True)
     if config is not None:
         (home / ".ssh" / "config").write_text(config)

@@ -19,7 +19,7 @@ import pytest
 from harness import TFRUN, Tfrun, local_and_ssh, wait_for, write_script
 from harness.paths import DATA
 
-from tfrun.client.timespec import Since, parse_since
+from tfrun.client.cli.timespec import Since, parse_since
 from tfrun.duration import parse_duration
 from tfrun.runner.logs.lines import MAX_LINE_BYTES, plain
 from tfrun.runner.shim import logindex
@@ -117,7 +117,7 @@ KERAS3_LOSS_LINES = [
 # Follows job argv[1] with --tail 2 at the protocol's level; prints each frame's type and data, as JSON lines.
 _FRAMES = """
 import asyncio, json, sys
-from tfrun.client.asyncclient import AsyncClient
+from tfrun.client.library.asyncclient import AsyncClient
 from tfrun.protocol.logs import LogEnd, ReadLog
 
 async def main():

@@ -73,7 +73,7 @@ def test_every_kind_of_message_round_trips(msg: object) -> None:
 def test_a_record_as_text_is_what_ps_json_prints_for_it() -> None:
     """The daemon sends a long listing as text (`ListJobs.text`): each record must read exactly as the client's
     own JSON of it, for every kind of value a field holds."""
-    from tfrun.client import render
+    from tfrun.client.views import render
 
     odd = Job(
         id=12, state="failed", script='we"ird\\.py', args=["--x=\n\t", "\udcfe", "ünï", "{[,]}"], command=[],

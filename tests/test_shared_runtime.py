@@ -27,7 +27,7 @@ import pytest
 from harness import TFRUN, TFRUND, Sshd, Tfrun, keeper_socket, keepers_of, otheruser, remote_client, wait_for
 from harness.otheruser import OtherUser, other_user
 
-from tfrun.client.syncchannel import SyncChannel
+from tfrun.client.link.syncchannel import SyncChannel
 from tfrun.constants import SAFE_PATH
 from tfrun.private import NotPrivate
 from tfrun.protocol.channel import Channel, client_hello
@@ -128,7 +128,7 @@ def keepers_of_user(user: OtherUser) -> list[int]:
     for entry in os.listdir("/proc"):
         with contextlib.suppress(OSError):
             mine = entry.isdigit() and os.stat(f"/proc/{entry}").st_uid == user.uid
-            if mine and b"tfrun.client.keeper" in Path(f"/proc/{entry}/cmdline").read_bytes():
+            if mine and b"tfrun.client.link.keeper" in Path(f"/proc/{entry}/cmdline").read_bytes():
                 found.append(int(entry))
     return found
 
@@ -269,7 +269,7 @@ def test_the_keeper_command_line_names_no_secret_and_no_socket(alice: OtherUser,
     assert tfrun_as(alice, "ps", "--host", "box").returncode == 0
     [keeper] = keepers_of_user(alice)
     cmdline = Path(f"/proc/{keeper}/cmdline").read_bytes()
-    assert cmdline.split(b"\0")[1:] == [*(flag.encode() for flag in SAFE_PATH), b"-m", b"tfrun.client.keeper", b""]
+    assert cmdline.split(b"\0")[1:] == [*(flag.encode() for flag in SAFE_PATH), b"-m", b"tfrun.client.link.keeper", b""]
     assert secret.encode() not in cmdline and str(keeper_socket(keeper)).encode() not in cmdline
 
 

@@ -337,7 +337,7 @@ def test_a_submit_whose_daemon_dies_before_answering_runs_once_and_prints_its_id
 ) -> None:
     """The client sends the same submit (its submission id) to the next daemon, which answers with the job the
     first one made, or, where that one died before building it, makes it in its place. The first try goes over
-    the plain socket (the daemon is up), the next through the API (client/submission.py's send_here)."""
+    the plain socket (the daemon is up), the next through the API (client/library/submission.py's send_here)."""
     runs = tmp_path / "runs"
     write_script(project, "once.py", f"open({str(runs)!r}, 'a').write('ran\\n')\n")
     subprocess.run([*TFRUND, "start"], env={**tf.env, "TFRUN_TEST_CRASH_AT": crash}, check=True, timeout=60)

@@ -80,7 +80,7 @@ def test_a_state_narrows_the_list_on_the_box_and_older_goes_on_below(shown: Show
 # Asks the daemon of TFRUN_HOME for the losses of the jobs named on its command line, prints the reply as JSON.
 _ASK_LOSSES = """
 import asyncio, json, sys
-from tfrun.client.asyncclient import AsyncClient
+from tfrun.client.library.asyncclient import AsyncClient
 from tfrun.client.calls import watching
 reply = asyncio.run(AsyncClient().call(watching.losses(sys.argv[1:], 30)))
 print(json.dumps([reply.losses, reply.reading]))

@@ -303,8 +303,8 @@ def test_a_file_that_changes_while_it_is_sent_is_named_in_one_line(tf: Tfrun, pr
     """A file written to between the snapshot and its upload (a log in the work dir) is named, with what to
     do, instead of the daemon's refusal of bytes that do not match their digest; nothing is submitted."""
     from tfrun.client.errors import TfrunError
-    from tfrun.client.snapshot import scan
-    from tfrun.client.transfer import upload
+    from tfrun.client.files.snapshot import scan
+    from tfrun.client.files.transfer import upload
 
     tf.daemon("start")
     (project / "grow.log").write_bytes(b"x" * size)

@@ -12,11 +12,11 @@ __version__ = "0.1.0"
 
 TYPE_CHECKING = False  # typing's, without importing typing: type checkers take the block below as run
 if TYPE_CHECKING:  # the API's names as types (`def f(c: tfrun.Client)`), which __getattr__ alone cannot give
-    from tfrun.client.api import Client, JobHandle
-    from tfrun.client.asyncclient import AsyncClient, NoSuchJob
     from tfrun.client.calls import Call
     from tfrun.client.errors import TfrunError
-    from tfrun.client.follow import LogQuery
+    from tfrun.client.library.api import Client, JobHandle
+    from tfrun.client.library.asyncclient import AsyncClient, NoSuchJob
+    from tfrun.client.link.follow import LogQuery
     from tfrun.protocol.channel import RemoteError
     from tfrun.protocol.submit import JobOptions
     from tfrun.protocol.wire import ProtocolError
@@ -24,16 +24,16 @@ if TYPE_CHECKING:  # the API's names as types (`def f(c: tfrun.Client)`), which 
     __all__ = ["AsyncClient", "Call", "Client", "JobHandle", "JobOptions", "LogQuery", "NoSuchJob"]
     __all__ += ["ProtocolError", "RemoteError", "TfrunError"]
 
-# The Python API (client/api.py, its async core in client/asyncclient.py), imported on first use only: a
+# The Python API (client/library/api.py, its async core in client/library/asyncclient.py), imported on first use only: a
 # training process imports this package too.
 _API = {
-    "Client": "tfrun.client.api",
-    "AsyncClient": "tfrun.client.asyncclient",
-    "JobHandle": "tfrun.client.api",
-    "NoSuchJob": "tfrun.client.asyncclient",
+    "Client": "tfrun.client.library.api",
+    "AsyncClient": "tfrun.client.library.asyncclient",
+    "JobHandle": "tfrun.client.library.api",
+    "NoSuchJob": "tfrun.client.library.asyncclient",
     "JobOptions": "tfrun.protocol.submit",
     "Call": "tfrun.client.calls",
-    "LogQuery": "tfrun.client.follow",
+    "LogQuery": "tfrun.client.link.follow",
     "TfrunError": "tfrun.client.errors",
     "RemoteError": "tfrun.protocol.channel",
     "ProtocolError": "tfrun.protocol.wire",

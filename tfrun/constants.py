@@ -37,7 +37,7 @@ MONITOR_INTERVAL_S = 0.2
 FOLLOW_POLL_S = 0.1  # a follower looks anyway after this long without a file event
 
 # The daemon's config file in its home (tfrun/paths.py), and a setting's source when that file set it (`tfrun
-# config` shows it; runner/config/settings.py, client/daemonconfig.py).
+# config` shows it; runner/config/settings.py, client/cli/daemonconfig.py).
 CONFIG_FILE = "config.toml"
 
 # Limits on what a request may carry. Lists are bounded by the header size too: a work dir of about
@@ -73,7 +73,7 @@ SSH_ALIVE_INTERVAL_S = 5.0
 SSH_ALIVE_COUNT_MAX = 2
 SSH_CONNECT_TIMEOUT_S = 15.0
 # The known_hosts files OpenSSH reads when ~/.ssh/config names none (UserKnownHostsFile, GlobalKnownHostsFile):
-# every one vouches for a box's key (client/knownhosts.py) and decides whom a kept connection may serve.
+# every one vouches for a box's key (client/link/knownhosts.py) and decides whom a kept connection may serve.
 SSH_USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 SSH_GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 PROOF_TIMEOUT_S = 15.0  # how long a daemon at a remembered socket path has to answer the hello with its proof

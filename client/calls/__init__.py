@@ -6,7 +6,7 @@ on demand) and the CLI's `cli.call` (a daemon up on this machine already, over a
 which keeps a verb's start short). With each request built here once, neither way builds one, and no verb does
 (tests/test_codebase.py holds the verbs to it). A module here imports its own protocol module only, so a verb
 pays for the messages it sends. Conversations of several steps (an upload, a follow, a pull, `wait`'s chain
-of restarts) are not calls: they live with the code that holds them (client/transfer.py, client/follow.py).
+of restarts) are not calls: they live with the code that holds them (client/files/transfer.py, client/link/follow.py).
 """
 
 from __future__ import annotations

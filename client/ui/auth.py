@@ -3,7 +3,7 @@
 127.0.0.1 keeps the network out, not the other users of the machine (a shared laptop, a login node), nor a
 web page in the user's own browser that sends requests to 127.0.0.1 or rebinds a name of its own to it. So:
 
-- a connection is admitted only if the kernel says its peer is this user's (client/loopback.py, as `tfrun
+- a connection is admitted only if the kernel says its peer is this user's (client/link/loopback.py, as `tfrun
   forward` admits them), else closed before a byte is read;
 - every request needs the run's secret: given once in the URL `tfrun ui` prints (`/?key=SECRET`), it is
   exchanged for an HttpOnly, SameSite=Strict cookie and the browser sent on to the URL without it (out of the
@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from .. import loopback
+from ..link import loopback
 
 KEY_PARAM = "key"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

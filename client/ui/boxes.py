@@ -17,11 +17,11 @@ from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.jobs import Job
 from tfrun.protocol.wire import ProtocolError
 
-from .. import config
-from ..asyncclient import AsyncClient
-from ..config import Host
-from ..connection import Target
+from ..config import settings as config
+from ..config.settings import Host
 from ..errors import TfrunError
+from ..library.asyncclient import AsyncClient
+from ..link.connection import Target
 
 T = TypeVar("T")
 

@@ -8,10 +8,10 @@ from typing import Any
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.watching import Alert, Delivery
 
-from .. import reports
 from ..calls import files as file_calls
 from ..calls import watching as watch_calls
-from ..render import size, when
+from ..views import reports
+from ..views.render import size, when
 from .boxes import Box
 
 JOB_ALERTS = 100  # a job's alerts its page shows

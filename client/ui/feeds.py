@@ -24,11 +24,11 @@ from tfrun.protocol.fields import JobState
 from tfrun.protocol.jobs import Job
 from tfrun.protocol.watching import MetricSample, MetricsReply
 
-from ..asyncclient import AsyncClient
 from ..calls import jobs as job_calls
 from ..calls import watching as watch_calls
 from ..errors import TfrunError
-from ..follow import LogCursor, LogQuery
+from ..library.asyncclient import AsyncClient
+from ..link.follow import LogCursor, LogQuery
 from . import boxes, extras, jobpages
 from .boxes import Box, Unreachable
 from .jobpages import JobsView

@@ -26,7 +26,7 @@ from tfrun.protocol.channel import RemoteError
 
 from ..calls import jobs as job_calls
 from ..calls import watching as watch_calls
-from ..follow import LogQuery
+from ..link.follow import LogQuery
 from . import compare, feeds, jobpages, watch
 from .auth import Guard
 from .boxes import Box, Unreachable

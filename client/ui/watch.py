@@ -15,8 +15,8 @@ from typing import Any, Optional
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.watching import Gpu
 
-from .. import reports
 from ..calls import watching as watch_calls
+from ..views import reports
 from . import extras
 from .boxes import Box, Unreachable
 from .feeds import Feed

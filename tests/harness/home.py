@@ -105,7 +105,7 @@ def keepers_of(tf: Tfrun) -> list[int]:
     found = []
     for pid in processes_of(tf.home):
         try:
-            if b"tfrun.client.keeper" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"tfrun.client.link.keeper" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(pid)
         except OSError:
             continue

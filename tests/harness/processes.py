@@ -49,7 +49,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
 
 def keeper_socket(pid: int) -> Path:
     """The protocol socket the keeper `pid` listens on, found as `ss` finds it (its command line names none:
-    client/keeper.py reads its parameters on stdin); the forward socket beside it is this with `.fwd`."""
+    client/link/keeper.py reads its parameters on stdin); the forward socket beside it is this with `.fwd`."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         with contextlib.suppress(OSError):

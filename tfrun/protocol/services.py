@@ -3,7 +3,7 @@
 A service is a job (`Job.service` names its kind), so it has what a job has: a shim that outlives the daemon,
 a log, GPUs of its own, alerts, reconciliation after a restart. `StartService` makes one (or finds the same
 one running) and is answered once the service listens on its port of the box's loopback; the client then
-forwards a local port to it (client/forward.py). It is stopped as a job is cancelled. `CheckService` asks, before
+forwards a local port to it (client/link/forward.py). It is stopped as a job is cancelled. `CheckService` asks, before
 each connection a forward tunnels to it, whether it still serves its port.
 """
 
@@ -50,7 +50,7 @@ class StartService(Request[ServiceReply]):
 class CheckService(Request[ServiceReply]):
     """Whether service `job` still serves: answered with it while it runs and its own processes listen on its
     port; refused (INVALID_INPUT, saying why) once it ended, or while nothing or another user's process listens
-    there. A forward to a service asks before each connection (client/forward.py): after the service ends,
+    there. A forward to a service asks before each connection (client/link/forward.py): after the service ends,
     anyone may bind its port, and a browser's requests (a Jupyter token with them) must not reach them."""
 
     job: JobRef

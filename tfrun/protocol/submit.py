@@ -71,7 +71,7 @@ class PutBlobs(Request[Ok]):
 @dataclass
 class JobOptions:
     """What a submit asks of its job, besides the script and its files: one dataclass for `tfrun submit`'s
-    options (client/verbs/submit.py), the API's `submit` (`tfrun.JobOptions`) and the request, whose fields
+    options (client/cli/verbs/submit.py), the API's `submit` (`tfrun.JobOptions`) and the request, whose fields
     these are (`Submit`). Each field's bounds are checked where a request is read, as every request's are."""
 
     name: Optional[Text] = None

@@ -186,7 +186,7 @@ async def read_message(reader: Reader) -> Optional[Message]:
 async def read_header(reader: Reader) -> Optional[bytes]:
     """The next frame's header line, not yet decoded, or None when the peer closed cleanly between frames.
     Apart from `read_message` so that the daemon may decode a big header off its event loop."""
-    import asyncio  # here, not above: a client that asks over a plain socket (client/syncchannel.py) never loads it
+    import asyncio  # here, not above: a client asking over a plain socket (client/link/syncchannel.py) never loads it
 
     try:
         line: bytes = await reader.readuntil(b"\n")
