@@ -5,7 +5,7 @@ An event file is a sequence of TFRecords (length, masked CRC-32C of the length, 
 data), each holding one `tensorflow.Event` protocol buffer: the first says the file's version, each later
 one a step's scalars (`Summary.Value.simple_value`, which TensorBoard reads as its scalars plugin's data).
 Those three messages take a few fields each; they are encoded here by hand rather than with the
-`tensorboard` package's writer, because the daemon runs in a venv of its own on the box (client/boxinstall.py)
+`tensorboard` package's writer, because the daemon runs in a venv of its own on the box (client/install/onbox.py)
 where neither TensorFlow nor TensorBoard nor protobuf is installed, and importing TensorBoard would cost the
 daemon numpy and protobuf for about eighty lines. tests/test_eventfile.py reads what this writes with
 TensorBoard's own reader.

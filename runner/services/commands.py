@@ -1,7 +1,7 @@
 """What a service runs (issue 20): TensorBoard over jobs' TensorBoard folders, Jupyter in a folder of the box.
 
 Both run with the job interpreter (the one that has TensorFlow; the daemon's own venv has neither), listen on
-127.0.0.1 only (the client reaches them through SSH, client/forward.py), on a port the daemon picks free.
+127.0.0.1 only (the client reaches them through SSH, client/link/forward.py), on a port the daemon picks free.
 Jupyter's token is fresh for each service and passed in its environment (JUPYTER_TOKEN, which notebook 6 and
 jupyter_server 2 both read), never on its command line, where any user of the box could read it in `ps`.
 """
