@@ -293,14 +293,15 @@ def test_each_constant_name_is_defined_in_one_module() -> None:
     assert twice == {}
 
 
-def test_no_module_is_over_400_lines() -> None:
-    """A module a newcomer reads whole: past 400 lines it holds more than one thing, and is split where they
-    part. The tests and benches too (what several share is in tests/harness/); the published training scripts of
-    tests/data are kept as their authors wrote them."""
+def test_no_module_is_over_600_lines() -> None:
+    """A module holds one job, as long as that job needs: a class is not split across files to meet a count (the
+    store was Store(AlertRows) at 400; it is one class again). Past 600 lines a module holds more than one thing,
+    and is split where they part. The tests and benches too (what several share is in tests/harness/); the
+    published training scripts of tests/data are kept as their authors wrote them."""
     tests = [path for folder in ("tests", "bench") for path in (REPO / folder).rglob("*.py")]
     long = []
     for path in sorted([*tfrun_modules().values(), *(path for path in tests if DATA not in path.parents)]):
         lines = len(path.read_text().splitlines())
-        if lines > 400:
+        if lines > 600:
             long.append(f"{path.relative_to(REPO)}: {lines}")
     assert long == []

@@ -25,8 +25,7 @@ from typing import Any, Optional
 from tfrun.protocol.watching import Delivery
 from tfrun.shorten import shorten
 
-from ..records.alertrows import EXPIRED, PENDING, SENT, NewAlert
-from ..records.store import Store
+from ..records.store import EXPIRED, PENDING, SENT, NewAlert, Store
 from . import alerttext
 
 log = logging.getLogger("tfrund")
