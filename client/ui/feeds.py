@@ -277,7 +277,7 @@ class Feeds:
         return self.get(key, lambda: LogFeed(box, job, query))
 
     def get(self, key: tuple[Any, ...], make: Any) -> Feed:
-        """The feed of `key`, made by `make` if there is none: the pages' own too (client/ui/watch.py's)."""
+        """The feed of `key`, made by `make` if there is none: the pages' own too (client/ui/boxfeeds.py's)."""
         self._forget_idle()
         feed = self.feeds.get(key)
         if feed is None:

@@ -27,7 +27,7 @@ from tfrun.protocol.channel import RemoteError
 from ..calls import jobs as job_calls
 from ..calls import watching as watch_calls
 from ..link.follow import LogQuery
-from . import compare, feeds, jobpages, watch
+from . import boxfeeds, compare, feeds, jobpages
 from .auth import Guard
 from .boxes import Box, Unreachable
 from .feeds import Feed, Feeds
@@ -107,10 +107,11 @@ class Ui:
         return await _sse(request, compare.merged(feeds, after))
 
     async def alerts(self, request: web.Request) -> web.StreamResponse:
-        return await _stream(request, self.feeds.get(("alerts",), lambda: watch.AlertsFeed(list(self.boxes.values()))))
+        feed = self.feeds.get(("alerts",), lambda: boxfeeds.AlertsFeed(list(self.boxes.values())))
+        return await _stream(request, feed)
 
     async def gpus(self, request: web.Request) -> web.StreamResponse:
-        return await _stream(request, self.feeds.get(("gpus",), lambda: watch.GpusFeed(list(self.boxes.values()))))
+        return await _stream(request, self.feeds.get(("gpus",), lambda: boxfeeds.GpusFeed(list(self.boxes.values()))))
 
     async def array(self, request: web.Request) -> web.Response:
         """The ids of the jobs of an array (the id of its first task), for the Compare page's one click."""
