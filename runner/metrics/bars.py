@@ -9,7 +9,7 @@ from typing import Optional
 
 from tfrun.numerals import is_digits
 
-from .state import Keras, Reader, Sample, held_sample
+from .state import Keras, Reading, Sample, held_sample
 from .text import END, NUM, PRINT_PAIR, json_float, metric_name, parse_float
 
 KERAS_HEADER = re.compile(r"\s*Epoch (\d+)/\d+\s*")
@@ -40,27 +40,30 @@ _LIGHTNING_PAIR = re.compile(rf"([A-Za-z_][\w./]*)=({NUM}){END}")
 MAX_BARS = 16  # tqdm bars of different totals whose counts are remembered (runner/metrics/state.py bar_counts)
 
 
-class ProgressBars(Reader):
-    """The reader's part that reads progress bars."""
+class ProgressBars:
+    """The reader's part that reads progress bars, on the reading it shares with the other (state.py)."""
 
-    def _keras_epoch(self, epoch: int) -> None:
+    def __init__(self, reading: Reading) -> None:
+        self.reading = reading
+
+    def keras_epoch(self, epoch: int) -> None:
         """`Epoch k/N`: its batches go on from the last epoch's, also where k goes back (fit called again, as
         a tutorial's next training loop does: the log starts over, the steps do not)."""
-        keras = self.keras
-        self.keras = Keras(epoch=epoch, open=True, base=keras.base + (keras.size or keras.batch), signed=keras.signed)
-        self.why = "Keras: an epoch begins"
+        keras = self.reading.keras
+        self.reading.keras = Keras(
+            epoch=epoch, open=True, base=keras.base + (keras.size or keras.batch), signed=keras.signed
+        )
+        self.reading.why = "Keras: an epoch begins"
         if keras.epoch is not None and epoch <= keras.epoch:
-            self.why = (
+            self.reading.why = (
                 f"Keras: epoch {epoch} after epoch {keras.epoch}, the log starts over (fit again): its steps go on"
-                f" from step {self.keras.base}"
+                f" from step {self.reading.keras.base}"
             )
 
-    def _keras_bar(
-        self, batch: int, size: Optional[int], printed: dict[str, float], line_end: bool
-    ) -> Optional[Sample]:
-        keras = self.keras
+    def keras_bar(self, batch: int, size: Optional[int], printed: dict[str, float], line_end: bool) -> Optional[Sample]:
+        keras = self.reading.keras
         if not keras.open or batch < keras.batch or (size and keras.size and size != keras.size):
-            self.why = "Keras: a bar outside an epoch of fit (evaluate or predict): not training"
+            self.reading.why = "Keras: a bar outside an epoch of fit (evaluate or predict): not training"
             return None
         keras.size = size or keras.size
         values = {}
@@ -72,7 +75,7 @@ class ProgressBars(Reader):
             elif batch > keras.batch:
                 mean = _interval_mean(keras.batch, keras.means[name], batch, value)
                 values[name] = mean if name in keras.signed else max(mean, 0.0)
-        self.why = f"Keras fit: batch {batch} of epoch {keras.epoch}; " + (
+        self.reading.why = f"Keras fit: batch {batch} of epoch {keras.epoch}; " + (
             f"mean of batches {keras.batch + 1}-{batch}, worked back from two running means"
             if keras.means
             else "the running mean since the epoch began"
@@ -83,7 +86,7 @@ class ProgressBars(Reader):
             keras.open = False
         return Sample(keras.base + batch, values, keras.epoch, "keras", batch) if values else None
 
-    def _bar(self, bar: re.Match[str], line_end: bool) -> list[Sample]:
+    def tqdm_bar(self, bar: re.Match[str], line_end: bool) -> list[Sample]:
         """The samples of the steps this redraw of a tqdm bar closes: one per step, its last redraw (see
         bar_held). Its step is the bar's count, made global over the bars of earlier epochs: a bar whose desc
         names another epoch, or whose count goes back, is a new epoch's."""
@@ -97,12 +100,12 @@ class ProgressBars(Reader):
         for qualifier, name, value in PRINT_PAIR.findall(desc.rstrip().rstrip(":")):
             values.setdefault(metric_name(qualifier.lower(), name.lower(), ""), parse_float(value))
         if not values:  # an evaluation's bar, or one that shows no metric: its count is not training's
-            self.why = "a progress bar with no metric in it"
+            self.reading.why = "a progress bar with no metric in it"
             return []
         if n == 0:
-            self.why = "a bar before its first step: its metrics are the last epoch's"
+            self.reading.why = "a bar before its first step: its metrics are the last epoch's"
             return []
-        counters = self.counters
+        counters = self.reading.counters
         new = epoch != counters.bar_epoch if epoch is not None else n < counters.bar_batch
         again = epoch is not None and counters.bar_epoch is not None and epoch < counters.bar_epoch
         if counters.bar_batch and new:
@@ -119,7 +122,7 @@ class ProgressBars(Reader):
         if lightning and epoch and counters.bar_size:
             step = max(step, epoch * counters.bar_size)
         step += n
-        self.why = (
+        self.reading.why = (
             f"{'Lightning' if lightning else 'tqdm'} bar: step {step}, its count {n}"
             + (f" after {step - n} of earlier epochs" if step != n else "")
             + (f"; epoch {epoch} after a later one: the log starts over, its steps go on" if again else "")
@@ -142,23 +145,23 @@ class ProgressBars(Reader):
         """The held redraw as its step's sample, once: none if that step was taken already. A bar's line may end
         (another bar opens under it) and the bar be drawn again at the same step: Lightning's, after each
         validation, with the val_loss added; a second sample of one step would count its loss twice."""
-        held, self.counters.bar_held = self.counters.bar_held, None
-        if held is None or held["step"] == self.counters.bar_taken:
+        held, self.reading.counters.bar_held = self.reading.counters.bar_held, None
+        if held is None or held["step"] == self.reading.counters.bar_taken:
             return []
-        self.counters.bar_taken = held["step"]
+        self.reading.counters.bar_taken = held["step"]
         return [held_sample(held)]
 
-    def _rich(self, bar: re.Match[str]) -> list[Sample]:
+    def rich_bar(self, bar: re.Match[str]) -> list[Sample]:
         """A redraw of a rich bar: the step it shows is held, and its metrics gathered (see rich_held)."""
         desc, n, total = bar.group("desc").strip(), int(bar.group("n")), bar.group("total")
         found = _DESC_EPOCH.search(desc)
         epoch = int(found.group(1)) if found else None
-        count = self._bar_count(n, total)
+        count = self.bar_count(n, total)
         lightning = epoch is not None and desc.startswith("Epoch") and is_digits(total)
         step = epoch * int(total) + n if lightning and epoch is not None else count
-        held = self.counters.rich_held
-        released = self._rich_release() if held is not None and (held["step"], held["desc"]) != (step, desc) else []
-        self.counters.rich_held = {
+        held = self.reading.counters.rich_held
+        released = self.rich_release() if held is not None and (held["step"], held["desc"]) != (step, desc) else []
+        self.reading.counters.rich_held = {
             "step": step,
             "text": bar.group("rest").strip(),
             "epoch": epoch,
@@ -166,20 +169,22 @@ class ProgressBars(Reader):
             "source": "lightning" if lightning else "bar",
             "desc": desc,
         }
-        self.why = f"a rich bar: step {step}, its count {n}; its metrics follow it, the last redraw of a step is taken"
+        self.reading.why = (
+            f"a rich bar: step {step}, its count {n}; its metrics follow it, the last redraw of a step is taken"
+        )
         return released
 
-    def _rich_release(self) -> list[Sample]:
+    def rich_release(self) -> list[Sample]:
         """The held rich redraw as a sample; none for a bar at 0 (before its first step, its metrics are the last
         epoch's), with no metric, or at the step its bar was taken at already (a bar drawn again at the same step
         after a line not its own, as Lightning's after its validation bar: one sample a step)."""
-        held, self.counters.rich_held = self.counters.rich_held, None
+        held, self.reading.counters.rich_held = self.reading.counters.rich_held, None
         if held is None or not held["batch"]:
             return []
         values = {
             name: json_float(parse_float(v)) for name, v in _RICH_PAIR.findall(held.pop("text")) if name != "v_num"
         }
-        taken = self.counters.rich_taken
+        taken = self.reading.counters.rich_taken
         if not values or taken.get(held["desc"]) == held["step"]:
             return []
         taken.pop(held["desc"], None)
@@ -188,9 +193,9 @@ class ProgressBars(Reader):
             del taken[next(iter(taken))]
         return [held_sample({**held, "values": values})]
 
-    def _bar_count(self, n: int, total: Optional[str]) -> int:
+    def bar_count(self, n: int, total: Optional[str]) -> int:
         """A tqdm bar's count made global over epochs (see Counters.bar_counts)."""
-        counts = self.counters.bar_counts
+        counts = self.reading.counters.bar_counts
         base, last = counts.get(total or "?", (0, -1))
         if n < last:
             base += int(total) if total and is_digits(total) else last

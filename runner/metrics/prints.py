@@ -9,7 +9,7 @@ from typing import Optional
 from tfrun.losses import EVALUATION_PREFIXES
 from tfrun.numerals import is_digits
 
-from .state import MAX_COUNTER_DIGITS, Reader, Sample
+from .state import MAX_COUNTER_DIGITS, Reading, Sample
 from .text import (
     NUM,
     NUMBER,
@@ -43,10 +43,13 @@ _MM_ITER = re.compile(r"\bIter\(train\)\s*\[\s*(\d+)\s*/\s*\d+\s*\]")
 _ROUND = re.compile(r"\[(\d+)\]\t")
 
 
-class Prints(Reader):
-    """The reader's part that reads prints and tables."""
+class Prints:
+    """The reader's part that reads prints and tables, on the reading it shares with the other (state.py)."""
 
-    def _print(self, segment: str) -> Optional[Sample]:
+    def __init__(self, reading: Reading) -> None:
+        self.reading = reading
+
+    def print_line(self, segment: str) -> Optional[Sample]:
         if any(wrapper in segment for wrapper in WRAPPERS):  # a few byte searches, not a regex a line
             segment = WRAPPED.sub(r"\1", segment)
         pairs = [
@@ -57,7 +60,7 @@ class Prints(Reader):
         values: dict[str, float] = {}
         for qualifier, name, value in pairs:
             values.setdefault(metric_name(qualifier, name, kind), value)
-        counters = self.counters
+        counters = self.reading.counters
         step: Optional[int] = None
         printed: Optional[int] = None
         total: Optional[str] = None
@@ -70,14 +73,14 @@ class Prints(Reader):
             elif printed is None:
                 printed, total = int(counter.group(2)), counter.group(3)
         if not any("loss" in name for name in values):
-            self.why = "no name with `loss` and a number after it"
+            self.reading.why = "no name with `loss` and a number after it"
             if not values and _TABLE_HEADER.fullmatch(segment) and "loss" in segment.lower():
-                self.counters.table = segment.split()
-                self.why = "a table's header: the rows under it are its values"
+                self.reading.counters.table = segment.split()
+                self.reading.why = "a table's header: the rows under it are its values"
                 return None
             if epoch is not None and printed is None:  # `Start of epoch 3`: the epoch of the prints that follow
                 counters.header_epoch = epoch
-                self.why = f"epoch {epoch} begins: the epoch of the prints that follow"
+                self.reading.why = f"epoch {epoch} begins: the epoch of the prints that follow"
             return None
         mmengine = _mmengine_counter(segment) if printed is None and "(train)" in segment else None
         if mmengine is not None:
@@ -93,23 +96,25 @@ class Prints(Reader):
         if printed is not None:
             last_epoch = counters.print_epoch
             step = self._print_step(printed, total, epoch)
-            self.why = f"a print: step {step}, from its counter {printed}" + (
+            self.reading.why = f"a print: step {step}, from its counter {printed}" + (
                 f" after {step - printed} of earlier epochs" if step != printed else ""
             )
             if epoch is not None and last_epoch is not None and epoch < last_epoch:
-                self.why += f"; epoch {epoch} after epoch {last_epoch}: the log starts over, its steps go on"
+                self.reading.why += f"; epoch {epoch} after epoch {last_epoch}: the log starts over, its steps go on"
         if step is None and not counters.bar_quiet and (counters.bar_live or self._bar_open()):
             counters.waiting = {"values": {name: json_float(v) for name, v in values.items()}, "epoch": epoch}
-            self.why = "a print with no step, over a tqdm bar: its step is the count the bar is redrawn with next"
+            self.reading.why = (
+                "a print with no step, over a tqdm bar: its step is the count the bar is redrawn with next"
+            )
             return None
         if step is None:
             step = self._placed_step(values)
         counters.print_epoch = epoch if epoch is not None else counters.print_epoch
         return Sample(step, values, epoch, "print", printed)
 
-    def _table_row(self, segment: str) -> Optional[Sample]:
+    def table_row(self, segment: str) -> Optional[Sample]:
         """A row under a table's header, as a sample: its `epoch` column the epoch, its step counted."""
-        columns, cells = self.counters.table or [], segment.split()
+        columns, cells = self.reading.counters.table or [], segment.split()
         if len(cells) != len(columns) or not all(_TABLE_CELL.fullmatch(cell) for cell in cells):
             return None
         values: dict[str, float] = {}
@@ -119,13 +124,15 @@ class Prints(Reader):
                 epoch = int(cell)
             elif NUMBER.fullmatch(cell):
                 values[metric_name("", name.lower(), "")] = parse_float(cell)
-        self.counters.prints += 1
-        self.why = f"a row of the table {' '.join(columns)}: step {self.counters.prints}, its count of rows"
-        return Sample(self.counters.prints, values, epoch, "print") if values else None
+        self.reading.counters.prints += 1
+        self.reading.why = (
+            f"a row of the table {' '.join(columns)}: step {self.reading.counters.prints}, its count of rows"
+        )
+        return Sample(self.reading.counters.prints, values, epoch, "print") if values else None
 
     def _print_step(self, printed: int, total: Optional[str], epoch: Optional[int]) -> int:
         """A printed step made global: one that goes back (or repeats in a new epoch) restarted with an epoch."""
-        counters = self.counters
+        counters = self.reading.counters
         last = counters.print_last
         new_epoch = epoch is not None and epoch != counters.print_epoch
         if last is not None and (printed < last or (printed == last and new_epoch)):
@@ -139,38 +146,42 @@ class Prints(Reader):
         whatever gave steps before it says. Where nothing did, or where that step has this print's metric
         already (a loop that prints one line an epoch after a `Step: 1` line), training has gone on without
         saying where: the print is counted, on from that step."""
-        counters = self.counters
-        reached = self.reached()
+        counters = self.reading.counters
+        reached = self.reading.reached()
         if all(name.startswith(EVALUATION_PREFIXES) for name in values if "loss" in name):
-            self.why = f"an evaluation's print: placed at step {reached}, where training got to"
+            self.reading.why = f"an evaluation's print: placed at step {reached}, where training got to"
             return reached  # after the training it evaluates, not a training print of its own
         known = bool(counters.given) or reached > 0  # something before it gave a step
         given = counters.given if reached == counters.last_step else {}
         if known and not given.keys() & values.keys():
-            self.why = f"a print with no step: placed at step {reached}, where training got to"
+            self.reading.why = f"a print with no step: placed at step {reached}, where training got to"
             return reached
         counters.prints += 1
         if not known:
-            self.why = f"a print with no step, and none before it gave one: step {counters.prints}, its count of prints"
+            self.reading.why = (
+                f"a print with no step, and none before it gave one: step {counters.prints}, its count of prints"
+            )
             return counters.prints
         step = max(counters.prints, reached + 1)
-        self.why = f"a print with no step, its metrics at step {reached} already: step {step}, counted on"
+        self.reading.why = f"a print with no step, its metrics at step {reached} already: step {step}, counted on"
         return step
 
     def _bar_open(self) -> bool:
         """Whether a tqdm bar was left before its end (Trainer's, under an evaluation's bar that ended its
         line): it is drawn again, at the step reached, right after a print written over it."""
-        return any(last < int(total) for total, (_, last) in self.counters.bar_counts.items() if is_digits(total))
+        return any(
+            last < int(total) for total, (_, last) in self.reading.counters.bar_counts.items() if is_digits(total)
+        )
 
-    def _release(self, step: Optional[int]) -> list[Sample]:
+    def release(self, step: Optional[int]) -> list[Sample]:
         """The waiting print, if any, at `step` (the bar's count), or placed (_placed_step) when the bar was not
         redrawn; never behind the step training got to (a bar of another total, an evaluation's, counts its own)."""
-        waiting, self.counters.waiting = self.counters.waiting, None
+        waiting, self.reading.counters.waiting = self.reading.counters.waiting, None
         if waiting is None:
             return []
         values = {name: float(value) for name, value in waiting["values"].items()}
-        self.counters.bar_quiet = step is None
-        step = self._placed_step(values) if step is None else max(step, self.reached())
+        self.reading.counters.bar_quiet = step is None
+        step = self._placed_step(values) if step is None else max(step, self.reading.reached())
         return [Sample(step, values, waiting["epoch"], "print")]
 
 

@@ -22,7 +22,7 @@ from .bars import (
     ProgressBars,
 )
 from .prints import Prints
-from .state import Counters, Keras, PatternError, Sample, plausible
+from .state import Counters, Keras, PatternError, Reading, Sample, plausible
 from .text import NUMBER, json_float, parse_float
 
 MAX_SEGMENT = 1 << 16  # longer segments are not metrics: skipped, and never buffered whole
@@ -36,7 +36,7 @@ _NEWLINE = re.compile(b"\n")
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 
-class LogMetrics(ProgressBars, Prints):
+class LogMetrics:
     """Feed it the raw bytes of a job's output in order; it answers the metric samples in them."""
 
     def __init__(self, patterns: Sequence[str] = ()) -> None:
@@ -45,9 +45,15 @@ class LogMetrics(ProgressBars, Prints):
         self.patterns = [_compile(pattern) for pattern in patterns]
         self.pending = b""  # the segment cut by the end of the last chunk
         self.skipping = False  # inside a segment longer than MAX_SEGMENT, until its end
-        self.keras = Keras()
-        self.counters = Counters()
-        self.why = ""  # how the last segment looked at was read, in a few words: `tfrun metrics --explain`
+        self.reading = Reading()  # where reading stands, shared by its two parts
+        self.bars = ProgressBars(self.reading)  # Keras's, tqdm's and rich's bars
+        self.prints = Prints(self.reading)  # printed lines and tables
+
+    @property
+    def why(self) -> str:
+        """How the last segment looked at was read, in a few words: `tfrun metrics --explain`."""
+        why: str = self.reading.why
+        return why
 
     def feed(self, data: bytes) -> list[Sample]:
         """Samples found in this chunk (a partial segment at the end is kept for the next call)."""
@@ -65,8 +71,8 @@ class LogMetrics(ProgressBars, Prints):
 
     def _scan(self, block: bytes) -> list[Sample]:
         text = _ANSI.sub(b"", block) if b"\x1b" in block else block
-        self.why = "not looked at: no `loss` or `epoch` in it, and no --metric pattern matches"
-        table = self.counters.table is not None  # its rows hold no marker: every segment is looked at
+        self.reading.why = "not looked at: no `loss` or `epoch` in it, and no --metric pattern matches"
+        table = self.reading.counters.table is not None  # its rows hold no marker: every segment is looked at
         if not self.patterns and not table and not any(marker in text for marker in _MARKERS):
             return []
         flat = text.translate(_FLAT)  # every segment a line: one search per segment, ^ and $ at its ends
@@ -77,7 +83,7 @@ class LogMetrics(ProgressBars, Prints):
             end = segments[start]
             if end - start > MAX_SEGMENT:
                 continue
-            ended = table and self.counters.table is None and start not in matched
+            ended = table and self.reading.counters.table is None and start not in matched
             if ended and not any(marker in flat[start:end] for marker in _MARKERS):
                 continue  # the table ended in this block: the segments after it are looked at as in any other
             try:
@@ -86,14 +92,16 @@ class LogMetrics(ProgressBars, Prints):
                 found = iter([sample]) if sample is not None else self._parse(segment, text[end] == ord("\n"))
                 for sample in found:  # each kept before the segment is read on: a print may be placed at its step
                     if not plausible(sample.step, sample.epoch):
-                        self.why = f"step {sample.step} or epoch {sample.epoch} is no training's count: dropped"
+                        self.reading.why = f"step {sample.step} or epoch {sample.epoch} is no training's count: dropped"
                         continue
                     new = self._new_values(sample)
                     if new is not None:
                         samples.append(new)
             except (ValueError, OverflowError):  # a count of 4,300+ digits: no training printed that
-                self.why = "a number too long to be a metric or a count"
-            if not table and self.counters.table is not None:  # a table's header: its rows may follow in this block
+                self.reading.why = "a number too long to be a metric or a count"
+            if (
+                not table and self.reading.counters.table is not None
+            ):  # a table's header: its rows may follow in this block
                 return samples + self._scan(text[end + 1 :])
         return samples
 
@@ -101,7 +109,7 @@ class LogMetrics(ProgressBars, Prints):
         """The sample less the values its step has given already (a bar redrawn where it was after tqdm.write,
         a line printed again): one sample a step a metric, as a terminal shows one value; None if nothing is
         new. A value that differs from the one given is kept: the last the log shows."""
-        counters = self.counters
+        counters = self.reading.counters
         if sample.step != counters.last_step:  # a new step: every value is new
             counters.last_step = sample.step
             values = sample.values
@@ -110,7 +118,7 @@ class LogMetrics(ProgressBars, Prints):
         given = counters.given
         values = {name: value for name, value in sample.values.items() if not _same(given.get(name), value)}
         if not values:
-            self.why = f"step {sample.step} again, with the values it has given already: no new sample"
+            self.reading.why = f"step {sample.step} again, with the values it has given already: no new sample"
             return None
         if len(given) < MAX_GIVEN:
             given.update(values)
@@ -143,38 +151,38 @@ class LogMetrics(ProgressBars, Prints):
             elif NUMBER.fullmatch(text):
                 values[name] = parse_float(text)
         if not values:
-            self.why = "a --metric pattern matched, but none of its named groups holds a number"
+            self.reading.why = "a --metric pattern matched, but none of its named groups holds a number"
             return None
-        self.counters.patterns += 1
-        self.why = "a --metric pattern" + (
+        self.reading.counters.patterns += 1
+        self.reading.why = "a --metric pattern" + (
             " (its `step` group)" if "step" in counters else "; no `step` group: counted"
         )
-        return Sample(counters.get("step", self.counters.patterns), values, counters.get("epoch"), "pattern")
+        return Sample(counters.get("step", self.reading.counters.patterns), values, counters.get("epoch"), "pattern")
 
     def _parse(self, segment: str, line_end: bool) -> Iterator[Sample]:
         """The samples of one segment, in order; a generator, so that each is kept (_new_values) before the
         segment is read on: a print released by the next segment, or a rich bar taken when a line not its own
         comes, is the step a print in that segment may be placed at."""
-        if self.counters.table is not None:
-            row = self._table_row(segment)
+        if self.reading.counters.table is not None:
+            row = self.prints.table_row(segment)
             if row is not None:
                 yield row
                 return
             if line_end and segment.strip():
-                self.counters.table = None  # a line that is no row: the table is over
+                self.reading.counters.table = None  # a line that is no row: the table is over
         # Each bar's regex only where the characters it cannot match without are in the segment: a plain print
         # (most metric lines) skips all three, a third of its parse.
         rich = RICH.match(segment) if any(char in segment for char in RICH_CHARS) else None
         if rich:
-            yield from self._rich(rich)
+            yield from self.bars.rich_bar(rich)
             return
-        held = self.counters.rich_held
+        held = self.reading.counters.rich_held
         if held is not None and RICH_MORE.fullmatch(segment):
             if len(held["text"]) < MAX_RICH_TEXT:  # a bar's metrics: a few lines; more is no bar's, and kept no more
                 held["text"] += " " + segment.strip()
-            self.why = f"a metric of the rich bar above: step {held['step']}"
+            self.reading.why = f"a metric of the rich bar above: step {held['step']}"
             return
-        released = self._rich_release()
+        released = self.bars.rich_release()
         if released:
             yield from released
             yield from self._parse(segment, line_end)
@@ -182,7 +190,7 @@ class LogMetrics(ProgressBars, Prints):
         slash = "/" in segment  # in every Keras header and bar, and in a tqdm bar's rate
         header = KERAS_HEADER.fullmatch(segment) if slash else None
         if header:
-            self._keras_epoch(int(header.group(1)))
+            self.bars.keras_epoch(int(header.group(1)))
             return
         bar = KERAS_BAR.match(segment) if slash else None
         sample: Optional[Sample]
@@ -190,23 +198,23 @@ class LogMetrics(ProgressBars, Prints):
             pairs = {name: parse_float(value) for name, value in KERAS_PAIR.findall(segment, bar.end())}
             if pairs:
                 size = int(bar.group(2)) if is_digits(bar.group(2)) else None
-                sample = self._keras_bar(int(bar.group(1)), size, pairs, line_end)
+                sample = self.bars.keras_bar(int(bar.group(1)), size, pairs, line_end)
                 if sample is not None:
                     yield sample
                 return
         tqdm = TQDM.match(segment) if slash and "[" in segment else None
         if tqdm:
-            count = self._bar_count(int(tqdm.group("n")), tqdm.group("total"))
-            self.counters.bar_live, self.counters.bar_quiet = not line_end, False
-            released = self._release(count)
-            samples = self._bar(tqdm, line_end)
+            count = self.bars.bar_count(int(tqdm.group("n")), tqdm.group("total"))
+            self.reading.counters.bar_live, self.reading.counters.bar_quiet = not line_end, False
+            released = self.prints.release(count)
+            samples = self.bars.tqdm_bar(tqdm, line_end)
             if released:
-                self.why += f"; the print written over it (tqdm.write) is at step {released[0].step}, its count"
+                self.reading.why += f"; the print written over it (tqdm.write) is at step {released[0].step}, its count"
             # the steps this redraw closes come before the print written over it, at the count it shows
             yield from sorted([*released, *samples], key=lambda sample: sample.step) if released else samples
             return
-        yield from self._release(None)  # not the bar: the waiting print is placed as one with no bar
-        sample = self._print(segment)
+        yield from self.prints.release(None)  # not the bar: the waiting print is placed as one with no bar
+        sample = self.prints.print_line(segment)
         if sample is not None:
             yield sample
 
@@ -214,10 +222,10 @@ class LogMetrics(ProgressBars, Prints):
         """Where reading has got to, as JSON, so that a restarted daemon goes on where it stopped. Shallow
         copies, not dataclasses.asdict (which deep-copies each field: a tenth of the watch's cost a save),
         for the caller to serialise at once."""
-        keras = dict(vars(self.keras))
-        keras["means"] = {name: json_float(value) for name, value in self.keras.means.items()}
-        counters = dict(vars(self.counters))
-        counters["given"] = {name: json_float(value) for name, value in self.counters.given.items()}
+        keras = dict(vars(self.reading.keras))
+        keras["means"] = {name: json_float(value) for name, value in self.reading.keras.means.items()}
+        counters = dict(vars(self.reading.counters))
+        counters["given"] = {name: json_float(value) for name, value in self.reading.counters.given.items()}
         return {
             "pending": self.pending.decode("latin-1"),  # any bytes, one code point each
             "skipping": self.skipping,
@@ -232,10 +240,11 @@ class LogMetrics(ProgressBars, Prints):
         metrics.skipping = bool(state["skipping"])
         keras = dict(state["keras"])
         keras["means"] = {name: float(value) for name, value in keras["means"].items()}
-        metrics.keras = Keras(**keras)
+        metrics.reading.keras = Keras(**keras)
         known = {counter.name for counter in fields(Counters)}  # a state saved before a counter was added or dropped
-        metrics.counters = Counters(**{name: value for name, value in state["counters"].items() if name in known})
-        metrics.counters.given = {name: float(value) for name, value in metrics.counters.given.items()}
+        counters = Counters(**{name: value for name, value in state["counters"].items() if name in known})
+        counters.given = {name: float(value) for name, value in counters.given.items()}
+        metrics.reading.counters = counters
         return metrics
 
 

@@ -106,13 +106,14 @@ def held_sample(held: Mapping[str, Any]) -> Sample:
     return Sample(held["step"], values, held["epoch"], held["source"], held["batch"])
 
 
-class Reader:
-    """What the reader's parts (runner/metrics/bars.py, prints.py) share: its state and its account of the last
-    segment read (`tfrun metrics --explain`)."""
+class Reading:
+    """Where reading a job's output stands, shared by the reader's two parts (runner/metrics/bars.py, prints.py):
+    Keras's epoch and means, the counters, and its account of the last segment read (`tfrun metrics --explain`)."""
 
-    keras: Keras
-    counters: Counters
-    why: str
+    def __init__(self) -> None:
+        self.keras = Keras()
+        self.counters = Counters()
+        self.why = ""
 
     def reached(self) -> int:
         """The step training got to: the last sample's, or a bar's step held for its last redraw."""
