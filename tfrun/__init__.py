@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # the API's names as types (`def f(c: tfrun.Client)`), which 
     from tfrun.client.errors import TfrunError
     from tfrun.client.library.api import Client, JobHandle
     from tfrun.client.library.asyncclient import AsyncClient, NoSuchJob
-    from tfrun.client.link.follow import LogQuery
     from tfrun.protocol.channel import RemoteError
+    from tfrun.protocol.logs import LogQuery
     from tfrun.protocol.submit import JobOptions
     from tfrun.protocol.wire import ProtocolError
 
@@ -33,7 +33,7 @@ _API = {
     "NoSuchJob": "tfrun.client.library.asyncclient",
     "JobOptions": "tfrun.protocol.submit",
     "Call": "tfrun.client.calls",
-    "LogQuery": "tfrun.client.link.follow",
+    "LogQuery": "tfrun.protocol.logs",
     "TfrunError": "tfrun.client.errors",
     "RemoteError": "tfrun.protocol.channel",
     "ProtocolError": "tfrun.protocol.wire",

@@ -9,11 +9,11 @@ from typing import Optional
 
 import click
 
-from tfrun.protocol.logs import LogEnd
+from tfrun.protocol.logs import LogEnd, LogQuery
 from tfrun.protocol.wire import ProtocolError
 
 from ..library.api import AsyncClient
-from ..link.follow import LogCursor, LogQuery
+from ..link.follow import LogCursor
 from . import main as cli
 
 

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Callable, Optional, TypeVar, Union
 
 from tfrun.protocol.jobs import CancelResult, Job
+from tfrun.protocol.logs import LogQuery
 from tfrun.protocol.submit import JobOptions
 from tfrun.protocol.watching import Alert, Gpu, MetricSample
 from tfrun.protocol.wire import Message
 
 from ..calls import Call
 from ..link.connection import Target
-from ..link.follow import LogQuery
 from .asyncclient import AsyncClient, NoSuchJob, Ref
 from .submission import Submitted
 

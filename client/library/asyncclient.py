@@ -18,7 +18,7 @@ from tfrun.constants import EXIT_NO_SUCH_JOB, MAX_CANCEL_JOBS
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.jobs import CancelResult, Job
-from tfrun.protocol.logs import LogEnd
+from tfrun.protocol.logs import LogEnd, LogQuery
 from tfrun.protocol.submit import JobOptions
 from tfrun.protocol.watching import Alert, Gpu, MetricSample
 from tfrun.protocol.wire import Request
@@ -30,7 +30,7 @@ from ..calls import watching as watch_calls
 from ..config import settings as config
 from ..errors import TfrunError
 from ..link.connection import Target
-from ..link.follow import LogCursor, LogQuery, follow_log, read_log, resilient
+from ..link.follow import LogCursor, follow_log, read_log, resilient
 from . import submission
 from .submission import Submission, Submitted
 

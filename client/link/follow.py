@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass, field
+from dataclasses import fields
 from typing import Callable, Optional, TypeVar
 
 from tfrun.constants import EXIT_DAEMON, RECONNECT_PAUSE_S
 from tfrun.duration import format_duration
 from tfrun.protocol.channel import Channel
-from tfrun.protocol.logs import LogEnd, LogLines, ReadLog
+from tfrun.protocol.logs import LogEnd, LogLines, LogQuery, ReadLog
 from tfrun.protocol.wire import ConnectionClosed, ProtocolError
 
 from ..config import settings as config
@@ -36,40 +36,12 @@ NOTICE_AFTER_S = 5.0
 DISCONNECTS = (ConnectionError, ConnectionClosed)
 
 
-@dataclass
-class LogQuery:
-    """Which lines of a log to read; empty means every byte as written. The filters run on the box."""
-
-    patterns: list[str] = field(default_factory=list)  # extended regular expressions, ORed
-    invert: bool = False
-    ignore_case: bool = False
-    fixed: bool = False  # patterns are plain strings
-    tail: Optional[int] = None  # only the last N lines (that pass) of what is there now
-    after: int = 0  # lines of context after each match
-    before: int = 0
-    since_at: Optional[float] = None  # only lines complete at or after this time (seconds since the epoch)
-    since_ago: Optional[float] = None  # only lines complete in the last this many seconds (the box's clock)
-    timestamps: bool = False  # each line starts with the time it was complete, RFC 3339 in UTC
-    task: int = 0  # whose output, of a job on several Slurm nodes (submit --nodes): 0 is the job's log
-
-    def request(self, job: str, cursor: LogCursor, follow: bool) -> ReadLog:
-        """The `ReadLog` from the cursor: after a reconnect, every line from there (no tail, no since again)."""
-        return ReadLog(
-            job=job,
-            offset=cursor.offset,
-            follow=follow,
-            patterns=self.patterns,
-            invert=self.invert,
-            ignore_case=self.ignore_case,
-            fixed=self.fixed,
-            tail=None if cursor.started else self.tail,
-            after=self.after,
-            before=self.before,
-            since=None if cursor.started else self.since_at,
-            since_ago=None if cursor.started else self.since_ago,
-            timestamps=self.timestamps,
-            task=self.task,
-        )
+def read_request(job: str, cursor: LogCursor, follow: bool, query: LogQuery) -> ReadLog:
+    """The `ReadLog` from the cursor: after a reconnect, every line from there (no tail, no since again)."""
+    which = {f.name: getattr(query, f.name) for f in fields(LogQuery)}
+    if cursor.started:
+        which.update(tail=None, since=None, since_ago=None)
+    return ReadLog(job=job, offset=cursor.offset, follow=follow, **which)
 
 
 class LogCursor:
@@ -85,7 +57,7 @@ async def read_log(
     channel: Channel, job: str, cursor: LogCursor, follow: bool, query: LogQuery
 ) -> AsyncIterator[bytes]:
     """The log's bytes from the cursor, moving it along; the final `LogEnd` lands in `cursor.end`."""
-    request = query.request(job, cursor, follow)
+    request = read_request(job, cursor, follow, query)
     await channel.send(request)
     while True:
         msg = await channel.reply_to(request)

@@ -22,13 +22,14 @@ from typing import Any, Optional
 from tfrun.protocol.channel import Channel, RemoteError
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.jobs import Job
+from tfrun.protocol.logs import LogQuery
 from tfrun.protocol.watching import MetricSample, MetricsReply
 
 from ..calls import jobs as job_calls
 from ..calls import watching as watch_calls
 from ..errors import TfrunError
 from ..library.asyncclient import AsyncClient
-from ..link.follow import LogCursor, LogQuery
+from ..link.follow import LogCursor
 from . import boxes, extras, jobpages
 from .boxes import Box, Unreachable
 from .jobpages import JobsView

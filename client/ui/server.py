@@ -23,10 +23,10 @@ from aiohttp import web
 from tfrun.constants import MAX_CONTEXT, MAX_PATTERNS
 from tfrun.numerals import is_digits
 from tfrun.protocol.channel import RemoteError
+from tfrun.protocol.logs import LogQuery
 
 from ..calls import jobs as job_calls
 from ..calls import watching as watch_calls
-from ..link.follow import LogQuery
 from . import boxfeeds, compare, feeds, jobpages
 from .auth import Guard
 from .boxes import Box, Unreachable

@@ -9,9 +9,9 @@ from typing import Optional
 import click
 
 from tfrun.constants import EXIT_OK, MAX_CONTEXT, MAX_INT64, MAX_NODES, MAX_PATTERN_CHARS, MAX_PATTERNS
+from tfrun.protocol.logs import LogQuery
 
 from ...errors import TfrunError
-from ...link.follow import LogQuery
 from .. import hostoptions
 from .. import main as cli
 from ..logprint import follow_job, print_chunks
@@ -85,7 +85,7 @@ def logs(
         tail=None if tail is None else min(tail, MAX_INT64),  # beyond the wire's integers: all the same
         after=after if context is None else context,
         before=before if context is None else context,
-        since_at=since.at if since else None,
+        since=since.at if since else None,
         since_ago=since.ago if since else None,
         timestamps=timestamps,
         task=task,
