@@ -2,7 +2,7 @@
 what to do, after the check script of ../shared/seeds/004: the job interpreter and its TensorFlow (built
 with CUDA, the GPUs it sees, memory growth), the driver as nvidia-smi reports it, and the checkpoint root.
 
-TensorFlow is probed in the job interpreter (tfrun/jobs/probe.py), never in the daemon's, which may have
+TensorFlow is probed in the job interpreter (jobs/probe.py, `tfrun.jobs.probe`), never in the daemon's, which may have
 none. When the job interpreter cannot import it, the interpreters on the box that can are named, from a
 short search (`pythons_with_tensorflow`), with how to choose one. No GPU at all is a warning, not a failure:
 CPU boxes are allowed; a GPU that nvidia-smi sees and TensorFlow does not is a failure, since that job would

@@ -4,7 +4,7 @@ written (runner/alerts/alertmessage.py) to the outbox (runner/alerts/outbox.py),
 A job's *watch* (runner/alerts/jobwatch.py) is where the reading of its output stands.
 
 Per job, every WATCH_INTERVAL_S: the log's new bytes are searched for fatal OOM messages (runner/records/oom.py) and
-read for metrics (runner/metrics.py; kept in the job's logmetrics.jsonl, runner/metrics/jobmetrics.py); the job's own
+read for metrics (runner/metrics/; kept in the job's logmetrics.jsonl, runner/metrics/jobmetrics.py); the job's own
 metrics.jsonl, when tfrun.jobs writes one, is read too and is the exact source the spike rule prefers
 (runner/alerts/spikes.py); no growth of either for the stall time is a stall. When a job ends, the rest of its log
 is read first, then `failed`, `done`, `lost` fire, and `oom` where the job's cause is oom (decided once, by the

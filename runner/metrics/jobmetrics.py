@@ -1,7 +1,7 @@
 """A job's metrics: read as it runs from its log and from the metrics.jsonl tfrun.jobs writes, kept, and
 read back for `tfrun metrics` and `tfrun top`.
 
-A *sample* is one step's metrics (runner/metrics.py reads them from the log; a line of metrics.jsonl is one).
+A *sample* is one step's metrics (runner/metrics/ reads them from the log; a line of metrics.jsonl is one).
 The samples read from the log are appended to the job's logmetrics.jsonl, the view shown for a job that writes
 no metrics.jsonl of its own. A *loss point* is a sample's training loss at its step, which the alert rules
 follow (runner/alerts/watch.py). Both files are the job's: nothing read back from them is trusted.
