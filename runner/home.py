@@ -84,8 +84,9 @@ def tighten_home(layout: Layout) -> None:
 
 _TREE_DONE = ".private"  # in the home: its whole tree was made private once (see tighten_home)
 # Folders whose contents keep the user's modes on purpose: a job's snapshot (work/) and its spare (tree/), the
-# copy of tfrun.jobs (pythonpath/, made anew at each start), a checkpoint folder's files (the job's umask).
-_OWN_MODES = frozenset({"work", "tree", "pythonpath"})
+# copies of tfrun.jobs and of the shim (pythonpath/, shimpath/: public code, made anew at each start), a
+# checkpoint folder's files (the job's umask).
+_OWN_MODES = frozenset({"work", "tree", "pythonpath", "shimpath"})
 _SHOWN = 3  # examples named in the log
 
 

@@ -122,9 +122,24 @@ def test_the_shim_stands_on_the_standard_library_alone() -> None:
             if isinstance(node, ast.ImportFrom):
                 names = [f"{'.' * node.level}{node.module or ''}"]
             for name in names:
-                if name.startswith(".") and not name.startswith(".."):
+                if (name.startswith(".") and not name.startswith("..")) or name.startswith("tfrun.runner.shim."):
                     continue  # a module of shim/ itself
                 if name in allowed or name.split(".")[0] in sys.stdlib_module_names:
                     continue
                 outside.append(f"{path.name}: {name}")
     assert outside == []
+
+
+# Files run by their path, not imported as modules of the package: a user's script (the examples), the doctor's
+# TensorFlow probe, a --tty job's wrapper, a Slurm task's launcher. A relative import has no package there.
+RUN_BY_PATH = ("jobs/examples/*.py", "jobs/probe.py", "runner/executors/ttyjob.py", "runner/shim/slurmtask.py")
+
+
+def test_a_file_run_by_its_path_imports_tfrun_by_name() -> None:
+    """Inside the mapped folders modules name their neighbours relatively; a file run by its path cannot (the
+    README's demo failed with "attempted relative import with no known parent package" when one did)."""
+    files = [path for pattern in RUN_BY_PATH for path in sorted(REPO.glob(pattern))]
+    trees = {path: ast.parse(path.read_text()) for path in files}
+    relative = [f"{path.relative_to(REPO)}:{node.lineno}" for path, tree in trees.items() for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.level]  # fmt: skip
+    assert relative == []

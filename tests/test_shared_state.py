@@ -67,11 +67,11 @@ def shared_root() -> Iterator[Path]:
 
 def daemon_made(home: Path) -> list[Path]:
     """Everything under `home` that tfrund made, not the snapshot of the user's work dir (`work/`, the
-    spares' `tree/`), whose modes come from the user's files, nor the jobs' copy of tfrun.jobs (`pythonpath/`:
-    public code, with its install's modes)."""
+    spares' `tree/`), whose modes come from the user's files, nor the copies of tfrun.jobs and of the shim
+    (`pythonpath/`, `shimpath/`: public code, with its install's modes)."""
     found = []
     for folder, dirs, files in os.walk(home):
-        dirs[:] = [name for name in dirs if name not in ("work", "tree", "pythonpath")]
+        dirs[:] = [name for name in dirs if name not in ("work", "tree", "pythonpath", "shimpath")]
         found += [Path(folder) / name for name in [*dirs, *files]]
     return found
 

@@ -15,7 +15,7 @@ import sys
 import tensorflow as tf
 from digits import load_digits
 
-from .. import Checkpoints, TfrunCallback, setup_gpus
+from tfrun.jobs import Checkpoints, TfrunCallback, setup_gpus
 
 
 def build(kind):

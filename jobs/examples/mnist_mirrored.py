@@ -16,7 +16,7 @@ import sys
 import tensorflow as tf
 from digits import load_digits
 
-from .. import Checkpoints, Progress, setup_gpus
+from tfrun.jobs import Checkpoints, Progress, setup_gpus
 
 
 def main(argv=None):

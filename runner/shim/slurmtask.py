@@ -38,7 +38,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from .jobdir import LaunchRecord
+    from tfrun.runner.shim.jobdir import LaunchRecord
 
 TASK_INDEX_ENV = "TFRUN_TASK_INDEX"
 NUM_TASKS_ENV = "TFRUN_NUM_TASKS"
