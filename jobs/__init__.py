@@ -4,7 +4,7 @@ Imported by the job's own interpreter (Python 3.8 with TF 2.9 in the container, 
 uses nothing but the standard library and TensorFlow, in Python 3.8 syntax. tfrund puts a folder holding
 only this package on every job's PYTHONPATH: nothing is installed into the job's interpreter.
 
-    from . import Checkpoints, TfrunCallback, Progress, setup_gpus, is_chief
+    from tfrun.jobs import Checkpoints, TfrunCallback, Progress, setup_gpus, is_chief
 
     metrics.py      MetricWriter: exact per-step metrics as JSON lines for the daemon
     checkpoints.py  Checkpoints: restore at start, save to TFRUN_CHECKPOINT_DIR, keep the last K

@@ -5,7 +5,7 @@ Under MultiWorkerMirroredStrategy every worker runs the same script and trains t
 outputs would be written N times: tfrun.jobs writes its metrics and checkpoints on the chief only (the task
 TF_CONFIG names "chief", else worker 0, as TensorFlow decides), and other code can ask the same:
 
-    from . import is_chief
+    from tfrun.jobs import is_chief
     if is_chief():
         model.save("final.keras")
 

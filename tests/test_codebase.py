@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
@@ -70,6 +71,51 @@ def test_every_path_the_code_and_the_docs_name_is_there() -> None:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             missing += [f"{name}:{number}: {found}" for found in named.findall(line) if not (REPO / found).exists()]
     assert missing == []
+
+
+def test_every_import_written_in_a_string_or_a_page_names_what_is_there() -> None:
+    """An import in a `python -c` string of a test, in a docstring or in a page: no tool rewrites those when a
+    module moves, and each fails only where it runs (test_link's named client/ssh.py's old place after issue 47)."""
+    written = re.compile(r"(?:from (tfrun(?:\.\w+)*) import ([\w, ]+)|import (tfrun(?:\.\w+)+))")
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    missing = []
+    for name in tracked.splitlines():
+        path = REPO / name
+        if name == "CHANGELOG.md" or DATA in path.parents or not name.endswith((".py", ".md")):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for module, names, plain in written.findall(line):
+                named = [n.split(" as ")[0].strip() for n in names.split(",")]
+                wanted = [plain] if plain else [f"{module}.{n}" for n in named if n]
+                missing += [f"{name}:{number}: {w}" for w in wanted if not _importable(w)]
+    assert missing == []
+
+
+def _importable(dotted: str) -> bool:
+    """Whether `dotted` is a module of tfrun, or a name a module of it defines (found without running it)."""
+    try:
+        if importlib.util.find_spec(dotted) is not None:
+            return True
+    except ModuleNotFoundError:
+        pass  # a name in a module, not a module of a package
+    module, _, attribute = dotted.rpartition(".")
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        return False
+    if spec is None or spec.origin is None:
+        return False
+    tree = ast.parse(Path(spec.origin).read_text())
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.ImportFrom):
+            defined |= {a.asname or a.name for a in node.names}
+    if "__getattr__" in defined:  # names handed out on first use (PEP 562): the ones its tables spell
+        defined |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return attribute in defined
 
 
 def test_the_shim_imports_nothing_heavy() -> None:

@@ -160,7 +160,7 @@ def _link_options(home: Path, config: Optional[str]) -> dict[str, object]:
     (home / ".ssh").mkdir(parents=True, exist_ok=True)
     if config is not None:
         (home / ".ssh" / "config").write_text(config)
-    code = "from tfrun.client import ssh; print(repr(ssh._link_options('127.0.0.1', {'port': 2222})))"
+    code = "from tfrun.client.link import ssh; print(repr(ssh._link_options('127.0.0.1', {'port': 2222})))"
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     return eval(out)  # type: ignore[no-any-return]
