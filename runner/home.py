@@ -236,6 +236,12 @@ def install_shim_pythonpath(layout: Layout) -> None:
     _install_pythonpath(layout.shim_pythonpath, fill)
 
 
+def in_shim_pythonpath(shim_path: Path, module_file: str) -> Path:
+    """Where the copy of one of runner/shim/'s files is in `shim_path` (install_shim_pythonpath): what a launch
+    record names for a file run by its path, so that a job waiting in Slurm's queue across an upgrade finds it."""
+    return shim_path / "tfrun" / "runner" / "shim" / Path(module_file).name
+
+
 def _install_pythonpath(folder: Path, fill: Callable[[Path], None]) -> None:
     """Fill a fresh copy of `folder` (its tfrun/ made by `fill`), then swap it in with two renames: a process
     that starts meanwhile finds the old copy or the new one whole."""

@@ -28,7 +28,7 @@ from harness.slurmconf import Unavailable
 from tfrun.constants import MAX_NODES
 from tfrun.jobs import cluster
 from tfrun.protocol.fields import JobState
-from tfrun.runner.executors.slurm.batch import sbatch_args
+from tfrun.runner.executors.slurm.batch import launch_record, sbatch_args
 from tfrun.runner.executors.slurm.settings import SettingsError, SlurmSettings, job_options
 from tfrun.runner.records.job import JobRow, JobSpec
 from tfrun.runner.shim import slurmtask as task
@@ -140,10 +140,12 @@ def test_sbatch_asks_for_one_task_a_node(tmp_path: Path) -> None:
     args = sbatch_args(row, SlurmSettings(), 10.0)
     assert args[6:9] == ["--gres=gpu:1", "--nodes=2", "--ntasks-per-node=1"]
     launch: LaunchRecord = {"command": ["python3", "t.py"], "cwd": "/w", "env": {}}
-    task.across_nodes(launch, "/py", 2)
+    task.across_nodes(launch, "/py", 2, "/home/shimpath/tfrun/runner/shim/slurmtask.py")
     command = launch["command"]
     assert command[:2] == ["/py", "-S"] and command[3:] == ["launch", "2", "--", "python3", "t.py"]
-    assert Path(command[2]).name == "slurmtask.py" and Path(command[2]).exists() and launch["term_leader_only"]
+    assert command[2] == "/home/shimpath/tfrun/runner/shim/slurmtask.py" and launch["term_leader_only"]
+    record = launch_record(row, {}, 10.0, tmp_path / "shimpath")  # the daemon's copy, whose path outlives upgrades
+    assert record["command"][2] == str(tmp_path / "shimpath" / "tfrun" / "runner" / "shim" / "slurmtask.py")
     assert job_options(None, None, 2) == (None, None)
     for bad in (0, MAX_NODES + 1):
         with pytest.raises(SettingsError, match="--nodes"):

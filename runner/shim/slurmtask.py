@@ -173,10 +173,11 @@ def task_env(env: dict[str, str]) -> dict[str, str]:
 # -- the two roles ---------------------------------------------------------------------------------------------
 
 
-def across_nodes(launch: LaunchRecord, python: str, tasks: int) -> None:
-    """Make a launch record's command run as `tasks` tasks, one a node: this file's launcher around it, run by
-    `python`, and a stop's SIGTERM for the launcher alone (`term_leader_only`: srun would SIGKILL the tasks)."""
-    launch["command"] = [python, "-S", os.path.abspath(__file__), "launch", str(tasks), "--", *launch["command"]]
+def across_nodes(launch: LaunchRecord, python: str, tasks: int, launcher: str) -> None:
+    """Make a launch record's command run as `tasks` tasks, one a node: this file's launcher around it (at
+    `launcher`: the daemon's copy of the shim, whose path outlives an upgrade), run by `python`, and a stop's
+    SIGTERM for the launcher alone (`term_leader_only`: srun would SIGKILL the tasks)."""
+    launch["command"] = [python, "-S", launcher, "launch", str(tasks), "--", *launch["command"]]
     launch["term_leader_only"] = True
 
 

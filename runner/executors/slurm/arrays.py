@@ -112,7 +112,7 @@ async def launch(executor: Submitter, rows: list[JobRow], envs: list[dict[str, s
     folder.mkdir(parents=True, exist_ok=True)
     for row, env in zip(rows, envs):
         job_dir = Path(row.job_dir)
-        launch = launch_record(row, env, grace)
+        launch = launch_record(row, env, grace, executor.shim_path)
         _write_json(job_dir / ARRAY_LINK, {"folder": str(folder)})  # first: a task with a launch record has it
         jobdir.write_json(job_dir / jobdir.LAUNCH, launch)
         output = folder / f"output-{row.array_index}"

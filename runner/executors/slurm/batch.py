@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from tfrun.constants import SAFE_PATH
 
+from ...home import in_shim_pythonpath
 from ...records.job import JobRow
 from ...shim import jobdir
 from ...shim import slurmtask as task
@@ -71,10 +72,10 @@ def launch_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith(_ALLOCATION_PREFIXES)}
 
 
-def launch_record(row: JobRow, env: dict[str, str], grace: float) -> LaunchRecord:
+def launch_record(row: JobRow, env: dict[str, str], grace: float, shim_path: Path) -> LaunchRecord:
     """What the shim in the batch script runs: the job's command in its work dir, with `env` less the
     allocation's variables; a job of several nodes runs one task a node, each with its TF_CONFIG
-    (runner/shim/slurmtask.py)."""
+    (runner/shim/slurmtask.py, run from the shim's copy at `shim_path`)."""
     job_dir = Path(row.job_dir)
     record: LaunchRecord = {
         "command": list(row.spec.command),
@@ -83,5 +84,6 @@ def launch_record(row: JobRow, env: dict[str, str], grace: float) -> LaunchRecor
         "grace": grace,
     }
     if row.spec.nodes and row.spec.nodes > 1:
-        task.across_nodes(record, sys.executable, row.spec.nodes)
+        launcher = in_shim_pythonpath(shim_path, task.__file__)
+        task.across_nodes(record, sys.executable, row.spec.nodes, str(launcher))
     return record

@@ -92,7 +92,7 @@ class SlurmExecutor:
         if row.spec.tty:
             self.records.write(job_dir, {"error": "--tty jobs do not run on Slurm (yet)"})
             return
-        launch = launch_record(row, env, grace)
+        launch = launch_record(row, env, grace, self.shim_path)
         jobdir.write_json(job_dir / jobdir.LAUNCH, launch)
         (job_dir / SCRIPT).write_text(batch_script(job_dir, self.shim_path))
         await self._submit(row, grace)
