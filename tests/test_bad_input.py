@@ -253,7 +253,11 @@ def test_submit_after_a_job_id_beyond_sqlites_integers_is_no_job(tf: Tfrun, proj
 
 @pytest.mark.parametrize(
     ("variable", "args"),
-    [("TFRUN_FLEET_TIMEOUT", ["ps", "--host", "all"]), ("TFRUN_RECONNECT_TIMEOUT", ["wait", "1"])],
+    [
+        ("TFRUN_POOL_TIMEOUT", ["ps", "--host", "all"]),
+        ("TFRUN_FLEET_TIMEOUT", ["ps", "--host", "all"]),  # its old name, still read
+        ("TFRUN_RECONNECT_TIMEOUT", ["wait", "1"]),
+    ],
 )
 def test_a_timeout_longer_than_a_year_is_refused_in_one_line(tf: Tfrun, variable: str, args: list[str]) -> None:
     """A timer of 10^23 days overflowed the OS's time_t deep in the keeper's start (a traceback, then a
@@ -265,3 +269,23 @@ def test_a_timeout_longer_than_a_year_is_refused_in_one_line(tf: Tfrun, variable
         del tf.env[variable]
     assert result.returncode == 2, result.stderr
     assert result.stderr == f"tfrun: error: {variable} must be at most 365d, not '100000000000000000000000d'\n"
+
+
+def test_a_pool_s_wait_is_read_under_its_old_names_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tfrun said "fleet" in two names before it said "pool" everywhere: `fleet_timeout` in the client's config
+    and TFRUN_FLEET_TIMEOUT are still read; the new names win where both are given."""
+    from tfrun.client.config import settings
+    from tfrun.client.pools.members import member_wait
+
+    config = tmp_path / "config.toml"
+    monkeypatch.setenv("TFRUN_CONFIG", str(config))
+    for name in ("TFRUN_POOL_TIMEOUT", "TFRUN_FLEET_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    config.write_text('fleet_timeout = "7s"\n')
+    assert member_wait(settings.load()) == 7.0
+    config.write_text('fleet_timeout = "7s"\npool_timeout = "3s"\n')
+    assert member_wait(settings.load()) == 3.0
+    monkeypatch.setenv("TFRUN_FLEET_TIMEOUT", "9s")
+    assert member_wait(settings.load()) == 9.0
+    monkeypatch.setenv("TFRUN_POOL_TIMEOUT", "2s")
+    assert member_wait(settings.load()) == 2.0

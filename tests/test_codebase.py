@@ -75,7 +75,7 @@ def test_every_path_the_code_and_the_docs_name_is_there() -> None:
 
 def test_every_import_written_in_a_string_or_a_page_names_what_is_there() -> None:
     """An import in a `python -c` string of a test, in a docstring or in a page: no tool rewrites those when a
-    module moves, and each fails only where it runs (test_link's named client/ssh.py's old place after issue 47)."""
+    module moves, and each fails only where it runs (test_link's named the ssh module's old place after issue 47)."""
     written = re.compile(r"(?:from (tfrun(?:\.\w+)*) import ([\w, ]+)|import (tfrun(?:\.\w+)+))")
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     missing = []

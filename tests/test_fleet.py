@@ -159,7 +159,7 @@ def test_job_addresses_need_no_host(fleet: Fleet, jobs_ended: None) -> None:
 @DIRECT
 def test_a_dead_box_is_skipped_within_the_timeout(fleet: Fleet, tmp_path: Path) -> None:
     """box4's sshd is stopped (a refused port); box5 takes the connection but never says a word (a box that
-    hangs): each costs at most TFRUN_FLEET_TIMEOUT and a line on stderr, and no keeper is left behind."""
+    hangs): each costs at most TFRUN_POOL_TIMEOUT and a line on stderr, and no keeper is left behind."""
     box4 = Sshd(tmp_path / "sshd-box4")
     box4.stop()
     silent = socket.socket()
@@ -171,7 +171,7 @@ def test_a_dead_box_is_skipped_within_the_timeout(fleet: Fleet, tmp_path: Path) 
     fleet.add("box1", f"{user}@127.0.0.1:{box1.port}", ["gpu", "wide"], fleet.homes["box1"], key)
     fleet.add("box4", f"{user}@127.0.0.1:{box4.port}", ["wide"], tmp_path / "home-box4", key)
     fleet.add("box5", f"{user}@127.0.0.1:{silent.getsockname()[1]}", ["wide"], tmp_path / "home-box5", key)
-    fleet.client.env["TFRUN_FLEET_TIMEOUT"] = "2s"
+    fleet.client.env["TFRUN_POOL_TIMEOUT"] = "2s"
     try:
         for argv in (["ps", "--host", "wide"], ["submit", "--host", "wide", "--dry-run", fleet.script, "x"]):
             started = time.monotonic()
@@ -188,7 +188,7 @@ def test_a_dead_box_is_skipped_within_the_timeout(fleet: Fleet, tmp_path: Path) 
         assert not [pid for pid in keepers_of(fleet.client) if str(silent.getsockname()[1]).encode() in
                     Path(f"/proc/{pid}/cmdline").read_bytes()]  # fmt: skip
     finally:
-        del fleet.client.env["TFRUN_FLEET_TIMEOUT"]
+        del fleet.client.env["TFRUN_POOL_TIMEOUT"]
         silent.close()
         for name in ("box4", "box5"):
             fleet.client.ok("hosts", "remove", name)
@@ -221,11 +221,11 @@ def test_the_box_behind_the_bastion_is_reached_only_through_it(fleet: Fleet) -> 
 @JUMP
 def test_a_stopped_bastion_costs_box3_one_note_within_the_timeout(fleet: Fleet, jobs_ended: None) -> None:
     """The bastion's sshd stopped, with the connections through it (as when the jump host goes down): a pool
-    verb lists box1's and box2's jobs and names box3 once, within TFRUN_FLEET_TIMEOUT; box3 is back with it."""
+    verb lists box1's and box2's jobs and names box3 once, within TFRUN_POOL_TIMEOUT; box3 is back with it."""
     assert fleet.bastion is not None and fleet.jumped is not None
     ids = {name: fleet.submit("--host", name, fleet.script, f"down-{name}").stdout.strip() for name in BOXES}
     fleet.bastion.stop(sessions=True)
-    fleet.client.env["TFRUN_FLEET_TIMEOUT"] = "2s"
+    fleet.client.env["TFRUN_POOL_TIMEOUT"] = "2s"
     try:
         for argv in (["ps", "--host", "gpu", "--json"], ["submit", "--host", "gpu", "--dry-run", fleet.script, "x"]):
             started = time.monotonic()
@@ -241,7 +241,7 @@ def test_a_stopped_bastion_costs_box3_one_note_within_the_timeout(fleet: Fleet, 
                 assert sorted(listed) == [f"{name}:{ids[name]}" for name in ("box1", "box2")]
         assert fleet.client.ok("status", f"box1:{ids['box1']}").splitlines()[0].split() == ["id", f"box1:{ids['box1']}"]
     finally:
-        del fleet.client.env["TFRUN_FLEET_TIMEOUT"]
+        del fleet.client.env["TFRUN_POOL_TIMEOUT"]
         fleet.bastion.start()  # same port, keys and authorized key: the fleet as it was for the next test
     listed = json.loads(fleet.client.ok("ps", "--host", "all", "--json"))
     assert f"{fleet.jumped}:{ids[fleet.jumped]}" in [job["address"] for job in listed]

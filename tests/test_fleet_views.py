@@ -30,9 +30,9 @@ def dead_member(fleet: Fleet, tmp_path: Path) -> Iterator[None]:
     box4.stop()
     fleet.add("box4", f"{getpass.getuser()}@127.0.0.1:{box4.port}", ["gpu"], tmp_path / "home-box4",
               fleet.sshd["box1"].user_key)  # fmt: skip
-    fleet.client.env["TFRUN_FLEET_TIMEOUT"] = "2s"
+    fleet.client.env["TFRUN_POOL_TIMEOUT"] = "2s"
     yield
-    del fleet.client.env["TFRUN_FLEET_TIMEOUT"]
+    del fleet.client.env["TFRUN_POOL_TIMEOUT"]
     fleet.client.ok("hosts", "remove", "box4")
 
 
@@ -81,11 +81,11 @@ def test_live_top_over_a_pool_keeps_a_silent_members_last_view_marked_stale(
     job = fleet.submit("--host", "box3", fleet.script, "live").stdout.strip()
     fleet.running(f"box3:{job}")
     exit_file = tmp_path / "exit"
-    fleet.client.env["TFRUN_FLEET_TIMEOUT"] = "1s"
+    fleet.client.env["TFRUN_POOL_TIMEOUT"] = "1s"
     try:
         _in_tmux(fleet.client, tmux, "top --host gpu --interval 0.3", exit_file, width=160)
     finally:
-        del fleet.client.env["TFRUN_FLEET_TIMEOUT"]
+        del fleet.client.env["TFRUN_POOL_TIMEOUT"]
 
     def shown(*parts: str) -> Any:
         """The first frame of top's that shows every one of `parts`."""
@@ -149,7 +149,7 @@ def test_notify_test_over_a_pool_says_each_member_and_fails_for_a_dead_one(fleet
         box4.stop()
         fleet.add("box4", f"{getpass.getuser()}@127.0.0.1:{box4.port}", ["gpu"], tmp_path / "home-box4",
                   fleet.sshd["box1"].user_key)  # fmt: skip
-        fleet.client.env["TFRUN_FLEET_TIMEOUT"] = "2s"
+        fleet.client.env["TFRUN_POOL_TIMEOUT"] = "2s"
         try:
             down = timed(fleet, "notify-test", "--host", "gpu")
             assert down.returncode == 1
@@ -159,7 +159,7 @@ def test_notify_test_over_a_pool_says_each_member_and_fails_for_a_dead_one(fleet
             assert [(r["host"], r["reachable"], r["ok"]) for r in records] == [
                 ("box1", True, True), ("box2", True, True), ("box3", True, True), ("box4", False, False)]  # fmt: skip
         finally:
-            del fleet.client.env["TFRUN_FLEET_TIMEOUT"]
+            del fleet.client.env["TFRUN_POOL_TIMEOUT"]
             fleet.client.ok("hosts", "remove", "box4")
     finally:
         for name in BOXES:

@@ -135,7 +135,7 @@ def test_a_box_that_never_answers_is_given_up_in_time_and_the_others_kept(boxes:
     key = boxes.sshd["box1"].user_key
     boxes.client.ok("hosts", "add", "silent", f"{getpass.getuser()}@127.0.0.1:{silent.getsockname()[1]}",
                     "--identity-file", str(key))  # fmt: skip
-    boxes.client.env["TFRUN_FLEET_TIMEOUT"] = "3s"
+    boxes.client.env["TFRUN_POOL_TIMEOUT"] = "3s"
     try:
         boxes.kill_keepers()
         result = boxes.client.run("ps", "--host", "all", timeout=60)
@@ -151,7 +151,7 @@ def test_a_box_that_never_answers_is_given_up_in_time_and_the_others_kept(boxes:
         assert {name: boxes.held(name) for name in BOXES} == held
         assert keeper in keepers_of(boxes.client)
     finally:
-        del boxes.client.env["TFRUN_FLEET_TIMEOUT"]
+        del boxes.client.env["TFRUN_POOL_TIMEOUT"]
         silent.close()
         boxes.client.ok("hosts", "remove", "silent")
 

@@ -14,7 +14,7 @@ accept_new_host_key = false            # like StrictHostKeyChecking=accept-new
 env = { TFRUN_HOME = "/data/tfrun" }   # for the daemon: several can share a box
 pools = ["gpu"]                        # `--host gpu` means every host of pool gpu (client/pools/members.py)
 
-fleet_timeout = "5s"                   # (top level) how long a pool verb waits for each box (default 5s)
+pool_timeout = "5s"                    # (top level) how long a pool verb waits for each box (default 5s)
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class ClientConfig:
     hosts: dict[str, Host] = field(default_factory=dict)
     reconnect_timeout: Optional[float] = None  # seconds; None: TFRUN_RECONNECT_TIMEOUT or the default
     confirm_upload_bytes: Optional[int] = None  # None: DEFAULT_CONFIRM_UPLOAD_BYTES
-    fleet_timeout: Optional[float] = None  # seconds; None: TFRUN_FLEET_TIMEOUT or the default (client/pools/members.py)
+    pool_timeout: Optional[float] = None  # seconds; None: TFRUN_POOL_TIMEOUT or the default (client/pools/members.py)
 
     def save(self) -> None:
         data: dict[str, Any] = {}
@@ -138,8 +138,8 @@ class ClientConfig:
             data["reconnect_timeout"] = format_duration(self.reconnect_timeout)
         if self.confirm_upload_bytes is not None:
             data["confirm_upload_bytes"] = self.confirm_upload_bytes
-        if self.fleet_timeout is not None:
-            data["fleet_timeout"] = format_duration(self.fleet_timeout)
+        if self.pool_timeout is not None:
+            data["pool_timeout"] = format_duration(self.pool_timeout)
         data["hosts"] = {name: host.as_toml() for name, host in sorted(self.hosts.items())}
         import tomli_w  # here, not above: every verb reads this file, few write it
 
@@ -190,8 +190,9 @@ def load() -> ClientConfig:
     config = ClientConfig(path, default_host=_string(raw, "default_host", path))
     if "reconnect_timeout" in raw:
         config.reconnect_timeout = duration(raw["reconnect_timeout"], f"{path}: reconnect_timeout")
-    if "fleet_timeout" in raw:
-        config.fleet_timeout = duration(raw["fleet_timeout"], f"{path}: fleet_timeout")
+    for key in (OLD_POOL_TIMEOUT_KEY, "pool_timeout"):  # the old name, then the one that wins
+        if key in raw:
+            config.pool_timeout = duration(raw[key], f"{path}: {key}")
     if "confirm_upload_bytes" in raw:
         config.confirm_upload_bytes = parse_size(raw["confirm_upload_bytes"])
         if config.confirm_upload_bytes is None:
@@ -232,6 +233,7 @@ def _schema() -> tomltext.Schema:
     host: tomltext.Schema = {f.name: None for f in fields(Host) if f.name != "name"}
     host["env"] = tomltext.ANY  # the daemon's environment: any names
     top: tomltext.Schema = {f.name: None for f in fields(ClientConfig) if f.name not in ("path", "hosts")}
+    top[OLD_POOL_TIMEOUT_KEY] = None
     top["hosts"] = {tomltext.ANY: host}
     return top
 
@@ -244,6 +246,7 @@ def _string(table: dict[str, Any], key: str, path: Path) -> Optional[str]:
 
 
 MAX_CLIENT_DURATION_S = 365 * 86400
+OLD_POOL_TIMEOUT_KEY = "fleet_timeout"  # pool_timeout's name before tfrun said "pool" everywhere: still read
 
 
 def duration(value: Any, where: str) -> float:

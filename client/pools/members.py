@@ -2,7 +2,7 @@
 
 A pool is a name that hosts carry (`tfrun hosts add NAME DEST --pool gpu`; `all` is every host). A verb that
 takes a pool (`ps`, `submit`, `pools`) asks every member concurrently through the same `AsyncClient` and
-keepers as a single-host verb, but waits at most `member_wait()` seconds for each (TFRUN_FLEET_TIMEOUT, else the
+keepers as a single-host verb, but waits at most `member_wait()` seconds for each (TFRUN_POOL_TIMEOUT, else the
 client config's fleet_timeout, else 5 s): one dead box (a stopped sshd, a refused port, no route) must cost a
 few seconds and one line on stderr, never the whole verb. A job on one box of many is named by its address,
 `HOST:ID` (or `HOST:NAME`), which `split_address` reads.
@@ -30,7 +30,8 @@ from ..link.connection import Target
 M = TypeVar("M", bound=Message)
 T = TypeVar("T")
 
-TIMEOUT_ENV = "TFRUN_FLEET_TIMEOUT"
+TIMEOUT_ENV = "TFRUN_POOL_TIMEOUT"
+OLD_TIMEOUT_ENV = "TFRUN_FLEET_TIMEOUT"  # its name before tfrun said "pool" everywhere: still read
 DEFAULT_TIMEOUT_S = 5.0
 
 
@@ -45,11 +46,13 @@ class Answer(Generic[T]):
 
 
 def member_wait(cfg: ClientConfig) -> float:
-    """How long a pool verb waits for each box: TFRUN_FLEET_TIMEOUT, else fleet_timeout, else 5 s."""
-    text = os.environ.get(TIMEOUT_ENV)
-    if text:
-        return config.duration(text, TIMEOUT_ENV)
-    return DEFAULT_TIMEOUT_S if cfg.fleet_timeout is None else cfg.fleet_timeout
+    """How long a pool verb waits for each box: TFRUN_POOL_TIMEOUT (or its old name), else the config's
+    pool_timeout, else 5 s."""
+    for name in (TIMEOUT_ENV, OLD_TIMEOUT_ENV):
+        text = os.environ.get(name)
+        if text:
+            return config.duration(text, name)
+    return DEFAULT_TIMEOUT_S if cfg.pool_timeout is None else cfg.pool_timeout
 
 
 def distinct(hosts: Sequence[Host]) -> list[Host]:

@@ -55,7 +55,7 @@ def ps(show_all: bool, last: Optional[int], quiet: bool, as_json: bool, with_ser
 
     With --host POOL (or `all`: every configured host), every member is asked at once and each job is listed
     once, with its host and its address (HOST:ID), which every verb taking a JOB accepts without --host. A
-    member that does not answer within TFRUN_FLEET_TIMEOUT (default 5s) is skipped with a line on stderr; -n
+    member that does not answer within TFRUN_POOL_TIMEOUT (default 5s) is skipped with a line on stderr; -n
     counts the newest of each member.
 
     \b

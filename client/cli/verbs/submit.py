@@ -174,7 +174,7 @@ def submit(
     job goes to the one that can start it soonest: one with --gpus N free now (without --gpus, N is what
     that box gives: its default_gpus) and nothing queued (the most free first), else the shortest queue;
     ties go to fewer running jobs, then the name. The choice is said on stderr, and the job's address
-    (HOST:ID) printed; a member that does not answer within TFRUN_FLEET_TIMEOUT (default 5s) is skipped with
+    (HOST:ID) printed; a member that does not answer within TFRUN_POOL_TIMEOUT (default 5s) is skipped with
     a line on stderr. --dry-run shows the figures only.
 
     With --array KEY=V1,V2,... the submit makes one job per value, the tasks of one array (the first task's

@@ -44,7 +44,7 @@ def top(interval: float, once: bool) -> None:
     `q` or Ctrl-C quits. Works the same over SSH.
 
     With --host POOL (or all): every member's jobs and GPUs in one view, each job as HOST:ID. Each member
-    is asked on its own, for at most TFRUN_FLEET_TIMEOUT (default 5s): one that does not answer is marked
+    is asked on its own, for at most TFRUN_POOL_TIMEOUT (default 5s): one that does not answer is marked
     unreachable, one that stops answering keeps its last view, marked stale, and neither holds up the rest.
 
     \b
@@ -87,7 +87,7 @@ def alerts(job: Optional[str], last: int, verbose: bool, as_json: bool) -> None:
 
     With --host POOL (or all): every member's alerts merged by time, the newest N of them, each job named
     by its address (HOST:ID); --json gives each alert its `host` (and `address`). A member that does not
-    answer within TFRUN_FLEET_TIMEOUT is named on stderr and left out. An alert names its box by the
+    answer within TFRUN_POOL_TIMEOUT is named on stderr and left out. An alert names its box by the
     daemon's `name` setting (tfrun config --host box2 set name box2), else by its hostname.
 
     \b
@@ -126,7 +126,7 @@ def notify_test(url: Optional[str], as_json: bool) -> None:
 
     With --host POOL (or all): every member sends at once, and says in one line how it went (`box1: sent
     to json://...`; failures on stderr, `tfrun: box3: unreachable (...)`); --json gives one record per
-    member. Exits 1 if any member failed, refused or did not answer within TFRUN_FLEET_TIMEOUT.
+    member. Exits 1 if any member failed, refused or did not answer within TFRUN_POOL_TIMEOUT.
 
     \b
     Examples:
