@@ -245,8 +245,8 @@ def in_shim_pythonpath(shim_path: Path, module_file: str) -> Path:
 def _install_pythonpath(folder: Path, fill: Callable[[Path], None]) -> None:
     """Fill a fresh copy of `folder` (its tfrun/ made by `fill`) beside it, then swap it in with two renames, so
     that the copy a process finds is whole: the old or the new. Between the two renames (microseconds, at a
-    daemon's start, before it starts any shim) there is none; a Slurm batch script that starts just then fails
-    to import its shim and the job ends failed, which `--max-restarts` covers."""
+    daemon's start, before it starts any shim) there is none: only a Slurm batch script that starts in just that
+    moment misses it."""
     fresh = folder.with_name(folder.name + ".new")
     shutil.rmtree(fresh, ignore_errors=True)
     (fresh / "tfrun").mkdir(parents=True)
