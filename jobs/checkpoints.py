@@ -9,6 +9,10 @@ through tf.train.CheckpointManager, which writes a new checkpoint beside the old
     checkpoints = Checkpoints(model=model, optimizer=optimizer)     # restores, if there is anything
     model.fit(data, epochs=10, initial_epoch=checkpoints.epoch, callbacks=[TfrunCallback(checkpoints)])
 
+With object storage (submit --checkpoints-to), the daemon copies each checkpoint there once it is complete,
+and `keep` deletes an old checkpoint only once the daemon has stored it (it names those in the file that
+TFRUN_CHECKPOINTS_STORED gives): a storage outage makes the folder grow, never lose a checkpoint.
+
 In a job of several workers (MultiWorkerMirroredStrategy) every worker must call `save`, since saving takes
 part in the strategy's collective ops, but only the chief's checkpoint is kept: the others save into a
 temporary folder of their own, removed when the process exits (TensorFlow's documented pattern). Every
@@ -19,6 +23,7 @@ Python 3.8, standard library and TensorFlow only.
 """
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
@@ -28,6 +33,7 @@ import tensorflow as tf
 from .cluster import is_chief, task_index
 
 CHECKPOINT_DIR_ENV = "TFRUN_CHECKPOINT_DIR"
+STORED_ENV = "TFRUN_CHECKPOINTS_STORED"  # set by tfrund for a job with object storage: the file naming what is stored
 _COUNTERS = ("step", "epoch", "epoch_step")  # steps trained, epochs finished, the step the epoch began at
 
 
@@ -55,7 +61,11 @@ class Checkpoints:
             saved_in = tempfile.mkdtemp(prefix=f"tfrun-worker{task_index()}-")
             atexit.register(shutil.rmtree, saved_in, True)
             keep = 1
-        self.manager = tf.train.CheckpointManager(self.checkpoint, saved_in, max_to_keep=keep)
+        self.keep = keep
+        self._stored_list = os.environ.get(STORED_ENV) if saved_in == self.directory else None
+        # With storage, the manager keeps everything and `save` deletes only what the daemon stored.
+        managed = None if self._stored_list else keep
+        self.manager = tf.train.CheckpointManager(self.checkpoint, saved_in, max_to_keep=managed)
         self.step, self.epoch, self.epoch_step = 0, 0, 0
         self.restored_from = None
         if restore:
@@ -79,7 +89,29 @@ class Checkpoints:
         self.epoch_step = self.step if epoch_step is None else int(epoch_step)
         for name in _COUNTERS:
             self._counters[name].assign(getattr(self, name))
-        return self.manager.save(checkpoint_number=self.step)
+        path = self.manager.save(checkpoint_number=self.step)
+        if self._stored_list:
+            self._delete_stored_beyond_keep()
+        return path
+
+    def _delete_stored_beyond_keep(self):
+        """Delete the checkpoints older than the newest `keep` that the daemon has stored; the others wait."""
+        try:
+            with open(self._stored_list) as f:
+                stored = set(json.load(f))
+        except (OSError, ValueError):
+            return
+        kept = getattr(self.manager, "_maybe_delete", None)
+        record = getattr(self.manager, "_record_state", None)
+        if kept is None or record is None:  # a TensorFlow without them: keep everything rather than guess
+            return
+        for prefix in list(self.manager.checkpoints)[: -self.keep or None]:
+            if os.path.basename(prefix) not in stored:
+                continue
+            for path in tf.io.gfile.glob(prefix + ".*"):
+                tf.io.gfile.remove(path)
+            kept.pop(prefix, None)
+        record()
 
 
 def _build_optimizer(optimizer, model):

@@ -11,16 +11,17 @@ read them from the ground up, each package's docstring first:
 6. gpus/: the box's GPUs through NVML, each job's GPU use over its life, the leases a pass claims
 7. alerts/: rules, loss spikes, the watch over each job, messages, the outbox
 8. workdir/: the content store a job's snapshot is built from, its checkpoint folder
-9. executors/: where jobs run (a shim each here, or Slurm) and Runs, which starts them
-10. services/: what TensorBoard and Jupyter run
-11. queue/: which queued job starts when
-12. doctor.py: is this box ready to train
-13. config/: the daemon's configuration, read and while it runs
-14. limits.py, housekeeping.py: the box's limits at start; removing ended jobs, collecting unused contents
-15. handlers/: one module per slice of the protocol
-16. daemon.py: the main loop
-17. cli.py: `tfrund`
-18. __main__.py: `python -m tfrun.runner`
+9. storage/: checkpoints copied to object storage once complete, and restored on another box
+10. executors/: where jobs run (a shim each here, or Slurm) and Runs, which starts them
+11. services/: what TensorBoard and Jupyter run
+12. queue/: which queued job starts when
+13. doctor.py: is this box ready to train
+14. config/: the daemon's configuration, read and while it runs
+15. limits.py, housekeeping.py: the box's limits at start; removing ended jobs, collecting unused contents
+16. handlers/: one module per slice of the protocol
+17. daemon.py: the main loop
+18. cli.py: `tfrund`
+19. __main__.py: `python -m tfrun.runner`
 
 Kept free of code on purpose: the shim (`python -m tfrun.runner.shim`) is started once per job and must stay
 cheap, and importing it imports this package first.

@@ -75,6 +75,7 @@ from .queue.scheduler import Scheduler
 from .records.job import JobRow
 from .records.lifecycle import Lifecycle
 from .records.store import Store
+from .storage.uploader import Uploader
 from .workdir.blobs import BlobStore, Spares
 
 log = logging.getLogger("tfrund")
@@ -110,7 +111,8 @@ class Daemon:
         self.alerts = Alerts(config, store, self.outbox)
         self.alerts.poll_logs = not self.executor.capabilities.files_here
         self.disk = DiskWatch(layout.home, store, self.outbox, lambda: self.config)
-        self.scheduler = Scheduler(store, self.runs, self.spares, layout, lambda: self.config)
+        self.uploader = Uploader(store, self.blobs, self.outbox, self.alerts, lambda: self.config)
+        self.scheduler = Scheduler(store, self.runs, self.spares, layout, lambda: self.config, self.uploader)
         self.runs.after_final = self._after_end
         self._connections = 0
         self.submissions: dict[str, asyncio.Future[list[JobRow]]] = {}  # submits being made (a job, an array's tasks)
@@ -204,6 +206,7 @@ class Daemon:
         watch = asyncio.create_task(self.alerts.run(self.log_growth))
         outbox = asyncio.create_task(self.outbox.run())
         home = asyncio.create_task(self._watch_home())
+        uploads = asyncio.create_task(self.uploader.run())
         # each job's GPUs over its life; none sampled where Slurm places jobs (this NVML does not see theirs)
         held = lambda: {} if self.runs.executor.places_jobs() else self.scheduler.held()  # noqa: E731
         gpu_use = asyncio.create_task(GpuHistory(held, self.store).run())
@@ -212,7 +215,7 @@ class Daemon:
             await self._stopping.wait()
         finally:
             server.close()
-            for task in (monitor, watch, outbox, home, gpu_use):
+            for task in (monitor, watch, outbox, home, gpu_use, uploads):
                 task.cancel()
             self.log_growth.stop()
             self.heavy.shutdown(wait=False)

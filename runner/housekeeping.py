@@ -15,7 +15,9 @@ What stays:
   jobs it runs `--after` (the scheduler fails a job whose dependency is gone);
 - checkpoint folders, unless asked (`--checkpoints`; empty ones go anyway), and even then one that a kept
   job shares (a restart chain shares its first job's folder) or one this daemon did not make (another home's
-  or another user's on a shared root, a link, one named by an older tfrun: `checkpoints.made_here`);
+  or another user's on a shared root, a link, one named by an older tfrun: `checkpoints.made_here`), or one
+  that holds a checkpoint not yet in object storage (runner/storage/: it goes once they are stored);
+- a job's folder in object storage, unless asked (`rm --storage`), and even then one a kept job stores to;
 - contents a kept job's manifest names (what `tfrun restart` builds from), that a spare names (a re-submit
   from that folder would otherwise send them again), that a connection holds (a submit between `HaveBlobs`
   and `Submit`), or that arrived less than `blob_grace` ago (runner/workdir/blobs.py).
@@ -43,10 +45,12 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
 from tfrun.constants import END_ALERTS_WAIT_S
 from tfrun.paths import Layout
 from tfrun.protocol.housekeeping import DiskReport, FolderUsage, Prune, Removal, RemoveReply
+from tfrun.storage.remote import Remote, StorageError
 
 from .executors.slurm import arrays as slurm_arrays
 from .records.job import JobRow
 from .shim import jobdir
+from .storage.uploader import Uploader
 from .workdir.blobs import BlobStore, Collected, manifest_digests
 from .workdir.checkpoints import made_here
 
@@ -68,6 +72,7 @@ class Context(Protocol):
     layout: Layout
     config: Config
     blobs: BlobStore
+    uploader: Uploader
 
     def in_background(self, work: Union[Callable[[], object], Coroutine[Any, Any, None]]) -> None: ...
 
@@ -111,7 +116,9 @@ def for_prune(
 # -- removing ------------------------------------------------------------------------------------------------
 
 
-async def remove(daemon: Context, refs: list[str], checkpoints: bool, dry_run: bool) -> RemoveReply:
+async def remove(
+    daemon: Context, refs: list[str], checkpoints: bool, dry_run: bool, storage: bool = False
+) -> RemoveReply:
     """`tfrun rm`: the jobs named, each refused with its reason where it must stay."""
     needs = needed_by(daemon.store.list(include_final=True))
     outcomes: list[tuple[str, Union[Removal, int]]] = []  # per reference: why it stays, or the job's id
@@ -127,7 +134,7 @@ async def remove(daemon: Context, refs: list[str], checkpoints: bool, dry_run: b
         else:
             doomed[row.id] = row
             outcomes.append((ref, row.id))
-    removed, collected = await _remove_jobs(daemon, list(doomed.values()), checkpoints, dry_run)
+    removed, collected = await _remove_jobs(daemon, list(doomed.values()), checkpoints, dry_run, storage)
     by_id = {removal.id: removal for removal in removed}
     results = [
         outcome if isinstance(outcome, Removal) else dataclasses.replace(by_id[outcome], job=ref)
@@ -151,15 +158,20 @@ async def prune(daemon: Context, req: Prune) -> RemoveReply:
 
 
 async def _remove_jobs(
-    daemon: Context, rows: list[JobRow], checkpoints: bool, dry_run: bool
+    daemon: Context, rows: list[JobRow], checkpoints: bool, dry_run: bool, storage: bool = False
 ) -> tuple[list[Removal], Collected]:
-    """Remove `rows` (ended, needed by none), then collect the contents no kept job needs."""
+    """Remove `rows` (ended, needed by none), then collect the contents no kept job needs. A checkpoint folder
+    that holds checkpoints not yet in object storage stays whatever was asked; a stored folder goes only with
+    `storage`."""
     if rows and not dry_run:
         await _end_alerts_stored(daemon, [row.id for row in rows])
     ids = {row.id for row in rows}
-    shared = {row.checkpoint_dir for row in daemon.store.list(include_final=True) if row.id not in ids}
+    kept = [row for row in daemon.store.list(include_final=True) if row.id not in ids]
+    shared = {row.checkpoint_dir for row in kept}
+    waiting = {row.checkpoint_dir for row in rows if daemon.uploader.waiting_in(row.checkpoint_dir)}
     loop = asyncio.get_running_loop()
-    removals = await loop.run_in_executor(None, _measure, rows, checkpoints, shared, daemon.store.daemon_id)
+    measure = functools.partial(_measure, rows, checkpoints, shared, daemon.store.daemon_id, waiting)
+    removals = await loop.run_in_executor(None, measure)
     if not dry_run:
         needs = needed_by(daemon.store.list(include_final=True))  # again: a restart may have begun meanwhile
         for removal in removals:
@@ -169,8 +181,10 @@ async def _remove_jobs(
         _forget(daemon, present)
         work = functools.partial(_delete, daemon.layout, present, removals)
         await loop.run_in_executor(None, work)
+        daemon.uploader.rows.forget([r.checkpoint_dir or "" for r in removals if r.checkpoints == "removed"])
         for row in present:
             log.info("job %d removed", row.id)
+    await stored_folders(daemon, rows, removals, {row.spec.checkpoints_to for row in kept}, storage, dry_run)
     collected = await collect_blobs(daemon, excluding=ids, dry_run=dry_run)
     return removals, collected
 
@@ -182,9 +196,12 @@ async def _end_alerts_stored(daemon: Context, ids: list[int]) -> None:
         await asyncio.sleep(0.1)
 
 
-def _measure(rows: list[JobRow], checkpoints: bool, shared: set[str], daemon_id: str) -> list[Removal]:
+def _measure(
+    rows: list[JobRow], checkpoints: bool, shared: set[str], daemon_id: str, waiting: set[str]
+) -> list[Removal]:
     """What removing each of `rows` frees, and what becomes of its checkpoint folder: only one this daemon
-    made may go (runner/workdir/checkpoints.py), never another home's or another user's on a shared root."""
+    made may go (runner/workdir/checkpoints.py), never another home's or another user's on a shared root, nor
+    one whose checkpoints are not all in object storage yet (`waiting`)."""
     seen: set[tuple[int, int]] = set()
     counted: set[str] = set()  # checkpoint folders measured already: a restart chain removed whole shares one
     removals = []
@@ -197,6 +214,8 @@ def _measure(rows: list[JobRow], checkpoints: bool, shared: set[str], daemon_id:
                 fate = "shared"
             elif not made_here(folder, daemon_id):
                 fate = "foreign"
+            elif row.checkpoint_dir in waiting:
+                fate = "waiting"
             elif checkpoints or _empty(folder):
                 fate = "removed"
                 size += 0 if row.checkpoint_dir in counted else tree_usage(folder, seen)[0]
@@ -205,6 +224,42 @@ def _measure(rows: list[JobRow], checkpoints: bool, shared: set[str], daemon_id:
                 fate = "kept"
         removals.append(Removal(str(row.id), True, "", row.id, size, row.checkpoint_dir, fate))
     return removals
+
+
+async def stored_folders(
+    daemon: Context, rows: list[JobRow], removals: list[Removal], kept: set[Optional[str]], storage: bool,
+    dry_run: bool,
+) -> None:  # fmt: skip
+    """What becomes of each removed job's folder in object storage: deleted with `storage` where no kept job
+    stores there too (a restart on this box shares it), else left, and said so on its result."""
+    by_id = {removal.id: removal for removal in removals}
+    loop = asyncio.get_running_loop()
+    done: dict[str, str] = {}
+    for row in rows:
+        removal, place = by_id.get(row.id), row.spec.checkpoints_to
+        if removal is None or not removal.ok or place is None:
+            continue
+        removal.stored_at = place
+        if place in kept:
+            removal.storage = "shared"
+        elif not storage:
+            removal.storage = "kept"
+        elif dry_run:
+            removal.storage = "removed"
+        else:
+            if place not in done:
+                try:
+                    await loop.run_in_executor(None, _delete_stored, daemon.uploader.remote(place))
+                    done[place] = "removed"
+                except StorageError as exc:
+                    done[place] = exc.message
+            removal.storage = "removed" if done[place] == "removed" else "kept"
+            if done[place] != "removed":
+                removal.message = f"its stored folder stays: {done[place]}"
+
+
+def _delete_stored(remote: Remote) -> None:
+    remote.delete(sorted(remote.listing()))
 
 
 def _empty(folder: Path) -> bool:

@@ -250,6 +250,7 @@ NEEDS_BY_IMPORT = {
     "harness.netns": "root",
     "harness.fleetbox": "ssh",
     "harness.podman": "podman",
+    "harness.s3server": "s3",
 }
 NEEDS_BY_NAME = {"sshd": "ssh", "Sshd": "ssh", "box_sshd": "ssh", "remote_client": "ssh"}
 

@@ -43,6 +43,7 @@ FLOORS = {
         ("gpus/",),
         ("alerts/",),
         ("workdir/",),
+        ("storage/",),
         ("executors/",),
         ("services/",),
         ("queue/",),

@@ -46,6 +46,7 @@ MAX_LIST_ITEMS = 1 << 20
 MAX_ENV = 1024
 MAX_STRING = 64 << 10
 MAX_NAME = 128
+MAX_STORAGE_URL = 512  # characters of an object storage URL (submit --checkpoints-to): tfrun/storage/place.py
 MAX_CONTEXT = 10_000  # lines of `logs -A/-B` context a request may ask for
 MAX_INT64 = (1 << 63) - 1  # the largest integer SQLite stores and C's off_t holds: the default bound of an int field
 # `logs -e`: each pattern is compiled, and every filtered line matched against all of them together, so their
@@ -120,9 +121,10 @@ PYTHON_SEARCH_TIMEOUT_S = 10.0
 PYTHON_SEARCH_WORKERS = 8
 PYTHONS_NAMED = 4
 
-# tfrund's own secrets in its environment (the alert URLs of TFRUN_NOTIFY): the daemon reads them at start,
-# and neither a job nor a shim inherits them; a job that needs alerts asks the daemon (`--notify`).
-DAEMON_ONLY_ENV = ("TFRUN_NOTIFY",)
+# tfrund's own secrets in its environment (the alert URLs of TFRUN_NOTIFY, the keys it stores checkpoints with):
+# the daemon reads them, and neither a job nor a shim inherits them; a job that needs alerts asks the daemon
+# (`--notify`), one that needs the keys is given them by its submit (`--env AWS_ACCESS_KEY_ID=...`).
+DAEMON_ONLY_ENV = ("TFRUN_NOTIFY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 # A box is shared (issue 27): tfrund and its shims create everything private (umask 077: folders 0700, files
 # 0600), and a job starts with the umask its user's daemon was started with, passed on in this variable, so

@@ -9,9 +9,12 @@ from tfrun.protocol.housekeeping import DiskReport, DiskUsage, Prune, Remove, Re
 from . import Call, whole
 
 
-def remove(jobs: list[str], checkpoints: bool = False, dry_run: bool = False) -> Call[RemoveReply, RemoveReply]:
-    """Ended jobs removed (their checkpoint folders too, with `checkpoints`); with `dry_run`, only said."""
-    return Call(Remove(jobs=jobs, checkpoints=checkpoints, dry_run=dry_run), whole)
+def remove(
+    jobs: list[str], checkpoints: bool = False, dry_run: bool = False, storage: bool = False
+) -> Call[RemoveReply, RemoveReply]:
+    """Ended jobs removed (their checkpoint folders too, with `checkpoints`; their stored folders in object
+    storage, with `storage`); with `dry_run`, only said."""
+    return Call(Remove(jobs=jobs, checkpoints=checkpoints, dry_run=dry_run, storage=storage), whole)
 
 
 def prune(

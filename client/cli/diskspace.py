@@ -92,6 +92,14 @@ def _removal_line(removal: Removal, dry_run: bool) -> str:
         text += f"; its checkpoints stay in {removal.checkpoint_dir}, which a kept job shares"
     elif removal.checkpoints == "foreign":
         text += f"; {removal.checkpoint_dir} stays: tfrun did not make it for this job (an older tfrun's, or not yours)"
+    elif removal.checkpoints == "waiting":
+        text += f"; its checkpoints stay in {removal.checkpoint_dir} until all are in object storage"
+    if removal.storage == "kept":
+        text += f"; its stored copies stay in {removal.stored_at} (--storage removes them)"
+    elif removal.storage == "shared":
+        text += f"; its stored copies stay in {removal.stored_at}, where a kept job stores too"
+    elif removal.storage == "removed":
+        text += f"; {'would remove' if dry_run else 'removed'} its stored copies in {removal.stored_at}"
     if removal.message:
         text += f"; {removal.message}"
     return text

@@ -20,6 +20,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 _POOL = "tfrun.pool"  # where --host leaves a pool: (its name, its members)
 _ADDRESSED = "tfrun.addressed"  # the host a job address named
 _HOST_OPTION = "tfrun.host_option"  # --host as typed on the command line (TFRUN_HOST yields to an address)
+_MOVES = "tfrun.moves"  # the verb runs a job elsewhere (`restart box1:3 --host box2`): an address is its source
+_SOURCE = "tfrun.source"  # where the job such a verb moves ran: the host its address named
 
 
 def host_options(command: F) -> F:
@@ -33,15 +35,29 @@ def pool_options(command: F) -> F:
     return _host_options(command, pools=True)
 
 
+def moving_options(command: F) -> F:
+    """`pool_options` for `restart`, which may run a job again on another box: given an address (`box1:3`) and
+    a --host (a host or a pool) that differ, the address names where the job ran (`source`) and --host where it
+    runs again; alone, either means what it means for every verb."""
+    return _host_options(command, pools=True, moves=True)
+
+
+def source() -> Optional[str]:
+    """For a moving verb, the host the job's address named when --host named another (or a pool); else None."""
+    found: Optional[str] = click.get_current_context().meta.get(_SOURCE)
+    return found
+
+
 def every_box_options(command: F) -> F:
     """`pool_options` for a verb that shows every box unless --host names some (`ui`): its help says so."""
     return _host_options(command, pools=True, default="this machine's daemon and every configured host")
 
 
-def _host_options(command: F, pools: bool, default: str = "") -> F:
+def _host_options(command: F, pools: bool, default: str = "", moves: bool = False) -> F:
     @functools.wraps(command)
     def verb(*args: Any, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
+        ctx.meta[_MOVES] = moves
         for key in ("job", "jobs"):
             if kwargs.get(key):
                 kwargs[key] = job_refs(_addressed(ctx, kwargs[key]))
@@ -96,8 +112,8 @@ def _addressed(ctx: click.Context, refs: Any) -> Any:
     to that host. An address names a configured host or `local`; anything else is a job name as it stands.
     The jobs of one verb live on one box, and an explicit --host must be the address's own."""
     many = isinstance(refs, tuple)
-    if not any(":" in ref for ref in (refs if many else (refs,))):
-        return refs
+    if not any(":" in ref and "://" not in ref for ref in (refs if many else (refs,))):
+        return refs  # no address (a job's stored folder, s3://..., is none)
     from ..config import settings as config
     from ..link.connection import Target
     from ..pools.members import split_address
@@ -114,6 +130,10 @@ def _addressed(ctx: click.Context, refs: Any) -> Any:
         fail("these jobs are on different hosts: name the jobs of one host at a time", EXIT_USAGE)
     (name,) = named
     given = ctx.meta.get(_HOST_OPTION)
+    if given is not None and given != name and ctx.meta.get(_MOVES):
+        ctx.meta[_SOURCE] = name  # the target stays --host's
+        jobs = tuple(job for _, job in split)
+        return jobs if many else jobs[0]
     if given is not None and given != name:
         fail(f"--host {given} but job {refs[0] if many else refs} is on {name}: give one or the other", EXIT_USAGE)
     ctx.obj = Target(config.resolve(name, cfg), bool(ctx.meta.get("accept_new")))

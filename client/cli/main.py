@@ -108,6 +108,28 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return guarded(lambda: asyncio.run(coro))
 
 
+def reached(conversation: Callable[[], Coroutine[Any, Any, T]]) -> tuple[Optional[T], str]:
+    """`run` for a verb that has somewhere else to look (a job's stored folder) when the box cannot be reached:
+    the result, or None and why the box did not answer; any other failure ends the verb as `run`'s does."""
+    import asyncio
+
+    def attempt() -> tuple[Optional[T], str]:
+        try:
+            return asyncio.run(conversation()), ""
+        except TfrunError as exc:
+            if exc.exit_code != EXIT_DAEMON:
+                raise
+            return None, exc.message
+
+    return guarded(attempt)
+
+
+def box_name() -> str:
+    """The verb's box as a job address names it: a configured host's name, or "local"."""
+    where = target()
+    return where.host.label if where.host else "local"
+
+
 def target() -> Target:
     """Where this verb's requests go, as its --host options said (see `host_options`)."""
     from ..link.connection import Target
@@ -191,8 +213,9 @@ def job_refs(refs: R) -> R:
     """JOB (a str) or JOB... (a tuple) as given, once each can name a job; else a usage error in the words
     typed. A job's name is UTF-8 text of at most MAX_NAME characters and an id is digits, so a reference of
     other bytes (`status $'job\\xff'`) or longer names none: said here, as the daemon's refusal would name
-    its request's field (`get.job: not UTF-8 text`), which the user never typed."""
-    from tfrun.constants import MAX_NAME
+    its request's field (`get.job: not UTF-8 text`), which the user never typed. A storage URL passes, for the
+    verbs that read one (checkpoints, pull, restart); the others send it as a name, which finds no job."""
+    from tfrun.constants import MAX_NAME, MAX_STORAGE_URL
     from tfrun.shorten import shorten
 
     for ref in (refs,) if isinstance(refs, str) else refs:
@@ -200,6 +223,8 @@ def job_refs(refs: R) -> R:
             ref.encode("utf-8")
         except UnicodeEncodeError:
             fail(f"not a job id or name: {typed(ref)} (not UTF-8 text)", EXIT_USAGE)
+        if "://" in ref and len(ref) <= MAX_STORAGE_URL:
+            continue  # a job's stored folder (s3://...), which the verbs that take one read as such
         if len(ref) > MAX_NAME:
             fail(f"not a job id or name: {typed(shorten(ref, 40))} (longer than {MAX_NAME} characters)", EXIT_USAGE)
     return refs

@@ -15,6 +15,9 @@ env = { TFRUN_HOME = "/data/tfrun" }   # for the daemon: several can share a box
 pools = ["gpu"]                        # `--host gpu` means every host of pool gpu (client/pools/members.py)
 
 pool_timeout = "5s"                    # (top level) how long a pool verb waits for each box (default 5s)
+
+[pools.gpu]
+checkpoints_to = "s3://bucket/ckpt"    # a submit to pool gpu copies checkpoints there (unless --checkpoints-to)
 """
 
 from __future__ import annotations
@@ -122,6 +125,16 @@ class Host:
 
 
 @dataclass
+class PoolSettings:
+    """A pool's defaults for the verbs sent to it (`[pools.NAME]`)."""
+
+    checkpoints_to: Optional[str] = None  # submit --checkpoints-to for a submit to the pool that gives none
+
+    def as_toml(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass
 class ClientConfig:
     path: Path
     default_host: Optional[str] = None
@@ -129,6 +142,7 @@ class ClientConfig:
     reconnect_timeout: Optional[float] = None  # seconds; None: TFRUN_RECONNECT_TIMEOUT or the default
     confirm_upload_bytes: Optional[int] = None  # None: DEFAULT_CONFIRM_UPLOAD_BYTES
     pool_timeout: Optional[float] = None  # seconds; None: TFRUN_POOL_TIMEOUT or the default (client/pools/members.py)
+    pools: dict[str, PoolSettings] = field(default_factory=dict)  # [pools.NAME]: a pool's defaults
 
     def save(self) -> None:
         data: dict[str, Any] = {}
@@ -141,6 +155,8 @@ class ClientConfig:
         if self.pool_timeout is not None:
             data["pool_timeout"] = format_duration(self.pool_timeout)
         data["hosts"] = {name: host.as_toml() for name, host in sorted(self.hosts.items())}
+        if self.pools:
+            data["pools"] = {name: pool.as_toml() for name, pool in sorted(self.pools.items())}
         import tomli_w  # here, not above: every verb reads this file, few write it
 
         privatefiles.write(self.path, tomli_w.dumps(data).encode(), own_folder=_in_own_folder())
@@ -222,7 +238,27 @@ def load() -> ClientConfig:
             jump=_string(table, "jump", path),
             pools=list(pools),
         )
+    config.pools = _pools(raw, path)
     return config
+
+
+def _pools(raw: dict[str, Any], path: Path) -> dict[str, PoolSettings]:
+    """The [pools.NAME] tables, each destination checked as submit --checkpoints-to checks it."""
+    from tfrun.storage import place
+
+    tables = raw.get("pools", {})
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise TfrunError(f"{path}: [pools] must hold a table a pool, e.g. [pools.gpu]", EXIT_USAGE)
+    found = {}
+    for name, table in tables.items():
+        destination = _string(table, "checkpoints_to", path)
+        if destination:
+            try:
+                destination = place.parse(destination).url
+            except place.PlaceError as exc:
+                raise TfrunError(f"{path}: pools.{name}.checkpoints_to: {exc}", EXIT_USAGE) from None
+        found[name] = PoolSettings(checkpoints_to=destination or None)
+    return found
 
 
 def _schema() -> tomltext.Schema:
@@ -232,9 +268,10 @@ def _schema() -> tomltext.Schema:
 
     host: tomltext.Schema = {f.name: None for f in fields(Host) if f.name != "name"}
     host["env"] = tomltext.ANY  # the daemon's environment: any names
-    top: tomltext.Schema = {f.name: None for f in fields(ClientConfig) if f.name not in ("path", "hosts")}
+    top: tomltext.Schema = {f.name: None for f in fields(ClientConfig) if f.name not in ("path", "hosts", "pools")}
     top[OLD_POOL_TIMEOUT_KEY] = None
     top["hosts"] = {tomltext.ANY: host}
+    top["pools"] = {tomltext.ANY: {f.name: None for f in fields(PoolSettings)}}
     return top
 
 

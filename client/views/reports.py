@@ -61,14 +61,6 @@ def checkpoints(entries: list[FileEntry]) -> list[Checkpoint]:
     return sorted(found.values(), key=lambda c: (c.saved or 0.0, c.step or 0, c.name))
 
 
-def checkpoint_table(points: list[Checkpoint], out: Output) -> None:
-    if not points:
-        out.write("no checkpoints", style="dim")
-        return
-    body = [[p.name, "-" if p.step is None else str(p.step), when(p.saved), size(p.size)] for p in points]
-    print_table(out, ("CHECKPOINT", "STEP", "SAVED", "SIZE"), body, right=("STEP", "SIZE"))
-
-
 def check_lines(checks: list[Check], out: Output) -> None:
     """`tfrun doctor`'s report: one line per check, in the colour of its outcome, what to do after it when
     there is something. Not cut on a narrow terminal: the advice is the point."""

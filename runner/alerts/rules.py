@@ -90,6 +90,7 @@ RULES: dict[str, Rule] = {
         Rule("lost", None),
         Rule("gpu-memory", 90.0, _percent, lambda value: f"{value:g}%", "a percentage such as 90%"),
         Rule("disk-full", None),
+        Rule("storage", None),
     )
 }
 BOX_RULES = ("gpu-memory", "disk-full")  # the box's own: set in the daemon's config, never by a job

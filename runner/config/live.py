@@ -21,6 +21,7 @@ from tfrun.duration import format_duration
 from tfrun.numerals import is_digits
 from tfrun.protocol.admin import Setting
 from tfrun.shorten import shorten
+from tfrun.sizes import shown as shown_size
 
 from ..alerts import rules
 from ..alerts.outbox import diagnose, shown_url, usable
@@ -70,6 +71,9 @@ def effective(daemon: Context, secrets: bool = False) -> list[Setting]:
         "slurm.account": config.slurm.account,
         "slurm.time": config.slurm.time,
         "slurm.sbatch_options": list(config.slurm.sbatch_options),
+        "storage.checkpoints_to": config.checkpoints_to,
+        "storage.max_bandwidth": shown_size(config.storage_bandwidth) + "/s" if config.storage_bandwidth else None,
+        "storage.alert_after": format_duration(config.storage_alert_after),
     }
     default = {"gpus": "default: those NVML sees"} if config.gpus is None else {}
     if config.name is None:

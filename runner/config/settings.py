@@ -23,6 +23,11 @@ partition = "gpu"       # sbatch --partition (default: the cluster's default)
 account = "ml"          # sbatch --account
 time = "4:00:00"        # the default time limit (Slurm's form, or 2h); never unlimited
 sbatch_options = ["--qos=normal"]   # added to every sbatch; tfrun's own options are refused
+
+[storage]               # checkpoints copied to object storage (runner/storage/, docs/storage.md)
+checkpoints_to = "s3://bucket/prefix"  # TFRUN_CHECKPOINTS_TO; every job's, unless submit --checkpoints-to says
+max_bandwidth = "100MB"                # bytes a second for all uploads together (default: no bound)
+alert_after = "10m"                    # the storage alert once uploads have failed this long
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from tfrun.duration import parse_duration
 from tfrun.paths import Layout
 from tfrun.shorten import shorten
 from tfrun.sizes import parse_size
+from tfrun.storage import place
 
 from ..alerts import rules
 from ..executors.slurm import settings as slurm_settings
@@ -52,6 +58,7 @@ else:  # pragma: no cover - exercised on the 3.9 and 3.10 the daemon supports
 DEFAULT_COOLDOWN_S = 15 * 60.0
 DEFAULT_EXPIRE_S = 24 * 3600.0
 DEFAULT_GPU_MEMORY_FOR_S = 60.0
+DEFAULT_STORAGE_ALERT_AFTER_S = 10 * 60.0
 MAX_BOX_NAME = 64
 
 
@@ -94,6 +101,9 @@ KEYS: dict[str, Key] = {
     "slurm.account": Key(STRING, "to jobs started from now on"),
     "slurm.time": Key(STRING, "to jobs started from now on"),
     "slurm.sbatch_options": Key(STRINGS, "to jobs started from now on"),
+    "storage.checkpoints_to": Key(STRING, "to jobs submitted from now on", "TFRUN_CHECKPOINTS_TO"),
+    "storage.max_bandwidth": Key(STRING, "now"),  # a size a second: "100MB"
+    "storage.alert_after": Key(DURATION, "now"),
 }
 EXECUTORS = ("local", "slurm")
 
@@ -130,6 +140,9 @@ class Config:
     name: Optional[str] = None  # the box's name in alerts; None: the machine's hostname
     executor: str = "local"  # where jobs run: "local" (a shim each, here) or "slurm" (sbatch)
     slurm: slurm_settings.SlurmSettings = field(default_factory=slurm_settings.SlurmSettings)
+    checkpoints_to: Optional[str] = None  # [storage]: where every job's checkpoints are copied; None: nowhere
+    storage_bandwidth: int = 0  # bytes a second for all uploads; 0: no bound
+    storage_alert_after: float = DEFAULT_STORAGE_ALERT_AFTER_S
     sources: dict[str, str] = field(default_factory=dict)  # key -> "config.toml", or the variable that set it
 
     @classmethod
@@ -154,9 +167,11 @@ class Config:
         unknown = tomltext.unknown_key(where, text, raw, schema()) or tomltext.nul_byte(where, text, raw)
         if unknown:
             raise ConfigError(unknown)
-        alerts = raw.get("alerts", {})
+        alerts, storage = raw.get("alerts", {}), raw.get("storage", {})
         if not isinstance(alerts, dict):
             raise ConfigError(f"{where}: [alerts] must be a table")
+        if not isinstance(storage, dict):
+            raise ConfigError(f"{where}: [storage] must be a table")
         root = os.environ.get("TFRUN_CHECKPOINT_ROOT") or _string(raw, "checkpoint_root", where)
         python = os.environ.get("TFRUN_JOB_PYTHON") or _string(raw, "job_python", where)
         notify = (
@@ -188,6 +203,9 @@ class Config:
             name=_box_name(raw, where),
             executor=_executor(raw, text, where),
             slurm=_slurm(raw, text, where),
+            checkpoints_to=_destination(storage, where),
+            storage_bandwidth=_size(storage, "max_bandwidth", f"{where}: [storage]"),
+            storage_alert_after=_seconds(storage, "alert_after", DEFAULT_STORAGE_ALERT_AFTER_S, f"{where}: [storage]"),
             sources=_sources(raw),
         )
 
@@ -210,6 +228,17 @@ def _executor(raw: dict[str, Any], text: str, where: str) -> str:
         line = tomltext.line_of(text, ("executor",))
         raise ConfigError(f"{where}{f' line {line}' if line else ''}: executor must be one of {', '.join(EXECUTORS)}")
     return value
+
+
+def _destination(storage: dict[str, Any], where: str) -> Optional[str]:
+    """[storage] checkpoints_to (TFRUN_CHECKPOINTS_TO first), checked as submit --checkpoints-to is."""
+    value = os.environ.get("TFRUN_CHECKPOINTS_TO") or _string(storage, "checkpoints_to", f"{where}: [storage]")
+    if not value:
+        return None
+    try:
+        return place.parse(value).url
+    except place.PlaceError as exc:
+        raise ConfigError(f"{where}: [storage] checkpoints_to: {exc}") from None
 
 
 def _slurm(raw: dict[str, Any], text: str, where: str) -> slurm_settings.SlurmSettings:

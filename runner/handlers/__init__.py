@@ -5,9 +5,10 @@ module: a job's states in runner/records/lifecycle.py, streaming a log in runner
 in runner/records/jobfiles.py, its metrics in runner/metrics/jobmetrics.py. The handlers are grouped by what they
 serve, one module for each of tfrun/protocol/'s: `submit.py` (submit, uploads; the request made a spec in
 `jobspec.py`), `jobs.py` (ps, status, wait, cancel, restart), `logs.py` (logs, attach), `files.py` (checkpoints,
-pulls), `watching.py` (alerts, metrics, GPUs, top), `services.py` (TensorBoard, Jupyter), `housekeeping.py` (rm,
-prune, df) and `admin.py` (the daemon, its config, doctor); each is registered for its request type in
-`base.HANDLERS` by `@handles`, and takes its module's `Context`: what it needs of the daemon.
+pulls), `storage.py` (checkpoints in object storage, a job resumed from them), `watching.py` (alerts, metrics,
+GPUs, top), `services.py` (TensorBoard, Jupyter), `housekeeping.py` (rm, prune, df) and `admin.py` (the daemon,
+its config, doctor); each is registered for its request type in `base.HANDLERS` by `@handles`, and takes its
+module's `Context`: what it needs of the daemon.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tfrun.protocol.jobs import Wait
 from tfrun.protocol.logs import ReadLog
 from tfrun.protocol.wire import Message
 
-from . import admin, files, housekeeping, jobs, logs, services, submit, watching
+from . import admin, files, housekeeping, jobs, logs, services, storage, submit, watching
 from .base import HANDLERS, Connection, RequestError
 
 # Requests that only watch a job: the daemon drops one the moment its client hangs up, rather than when the
@@ -34,6 +35,7 @@ __all__ = [
     "jobs",
     "logs",
     "services",
+    "storage",
     "submit",
     "watching",
 ]

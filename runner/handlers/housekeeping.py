@@ -11,7 +11,7 @@ from .base import Connection, handles
 
 @handles(Remove)
 async def remove(daemon: housekeeping.Context, req: Remove, conn: Connection) -> None:
-    await conn.send(await housekeeping.remove(daemon, req.jobs, req.checkpoints, req.dry_run))
+    await conn.send(await housekeeping.remove(daemon, req.jobs, req.checkpoints, req.dry_run, req.storage))
 
 
 @handles(Prune)

@@ -6,6 +6,8 @@ values. Each failure is a one-line refusal (RequestError) in the user's words.""
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import shutil
 from dataclasses import replace
 from pathlib import PurePosixPath
@@ -15,6 +17,7 @@ from tfrun import arrays, restarts
 from tfrun.content import ManifestError, check_manifest
 from tfrun.protocol.fields import Cause, ErrorCode, is_job_id, validate_name
 from tfrun.protocol.submit import Submit
+from tfrun.storage import place
 
 from ..alerts import rules
 from ..alerts.outbox import diagnose, usable
@@ -67,7 +70,24 @@ def job_spec(daemon: Context, req: Submit) -> JobSpec:
         partition=partition,
         time_limit=time_limit,
         nodes=req.nodes,
+        checkpoints_to=_stored_folder(daemon, req, script),
     )
+
+
+def _stored_folder(daemon: Context, req: Submit, script: PurePosixPath) -> Optional[str]:
+    """The job's own folder in object storage: under the submit's destination (--checkpoints-to), else the
+    daemon's ([storage] checkpoints_to), a folder named by the job's name (else its script's) and a random
+    token, so that no two jobs of any box share one; None where neither names a destination (or the submit
+    asks for none, with "")."""
+    destination = daemon.config.checkpoints_to if req.checkpoints_to is None else req.checkpoints_to
+    if not destination:
+        return None
+    try:
+        where = place.parse(destination)
+    except place.PlaceError as exc:
+        raise invalid(f"--checkpoints-to: {exc}") from None
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", req.name or script.stem).strip("-.") or "job"
+    return where.child(f"{stem[:60]}-{secrets.token_hex(4)}").url
 
 
 def _restart_on(req: Submit) -> tuple[Cause, ...]:
@@ -87,9 +107,11 @@ def task_spec(req: Submit, spec: JobSpec, index: int, values: dict[str, str]) ->
     if name is not None and validate_name(name):
         raise invalid(f"--name {req.name!r} with the task index: {validate_name(name)}")
     extra = arrays.task_args(values)
+    stored = f"{spec.checkpoints_to}-{index}" if spec.checkpoints_to else None  # each task its own stored folder
     return name, replace(
-        spec, args=(*spec.args, *extra), command=(*spec.command, *extra), env={**spec.env, **arrays.task_env(values)}
-    )
+        spec, args=(*spec.args, *extra), command=(*spec.command, *extra), env={**spec.env, **arrays.task_env(values)},
+        checkpoints_to=stored,
+    )  # fmt: skip
 
 
 def _resources(daemon: Context, req: Submit) -> tuple[int, tuple[int, ...]]:

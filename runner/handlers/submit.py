@@ -9,6 +9,7 @@ import errno
 import functools
 import os
 import shutil
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Optional, Protocol, TypeVar
 
 from tfrun import arrays
@@ -69,7 +70,7 @@ async def submit_array(daemon: Context, req: SubmitArray, conn: Connection) -> N
 async def _once(daemon: Context, req: Submit, sid: Optional[str], tasks: list[dict[str, str]]) -> list[JobRow]:
     """The job (or the array's tasks) of a submit, made once per submission id."""
     if sid is None:
-        return await _new_jobs(daemon, req, tasks)
+        return await new_jobs(daemon, req, tasks)
     pending = daemon.submissions.get(sid)
     if pending is None:  # else the first is still being made here: its answer is this one's too
         pending = daemon.submissions[sid] = asyncio.ensure_future(_submitted_once(daemon, req, sid, tasks))
@@ -88,16 +89,20 @@ async def _submitted_once(daemon: Context, req: Submit, sid: str, tasks: list[di
         # never ran and its client never learnt its id, so it makes way for the job it was meant to be.
         daemon.store.delete(row.id)
         shutil.rmtree(daemon.layout.jobs_dir / str(row.id), ignore_errors=True)
-    return await _new_jobs(daemon, req, tasks, sid)
+    return await new_jobs(daemon, req, tasks, sid)
 
 
-async def _new_jobs(
-    daemon: Context, req: Submit, tasks: list[dict[str, str]], sid: Optional[str] = None
-) -> list[JobRow]:
+async def new_jobs(
+    daemon: Context, req: Submit, tasks: list[dict[str, str]], sid: Optional[str] = None,
+    resume_from: Optional[str] = None,
+) -> list[JobRow]:  # fmt: skip
     """One job, or the tasks of an array (one per item of `tasks`, their values by key): made in one
-    transaction, their work dirs built, then scheduled."""
+    transaction, their work dirs built, then scheduled. With `resume_from` (a stored folder), the job stores
+    there and starts from its newest checkpoint (runner/handlers/storage.py)."""
     _refuse_on_a_full_disk(daemon)
     spec = jobspec.job_spec(daemon, req)
+    if resume_from is not None:
+        spec = replace(spec, checkpoints_to=resume_from, restore=True)
     alert_rules = jobspec.alert_rules(daemon, req)
     task_specs = [jobspec.task_spec(req, spec, index, values) for index, values in enumerate(tasks)]
     with daemon.store.transaction():

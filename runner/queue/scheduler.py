@@ -41,12 +41,15 @@ from tfrun.constants import DEFAULT_GRACE_S, GPU_HELD_OUTSIDE, GPU_RECHECK_S
 from tfrun.content import ManifestError
 from tfrun.protocol.fields import JobState
 from tfrun.protocol.submit import FileEntry
+from tfrun.storage.remote import StorageError
 
 from ..faults import crash_point
 from ..gpus.claims import Claims
 from ..home import inherited_env
 from ..records.job import JobRow, JobSpec, from_json
 from ..shim import jobdir
+from ..storage import restore
+from ..storage.uploader import STORED_LIST, Uploader
 from ..workdir import checkpoints
 from ..workdir.blobs import read_manifest, write_manifest
 from . import queries
@@ -82,9 +85,11 @@ class Scheduler:
     records what becomes of it. It writes only scheduling fields itself (`prepared`, `gpus`, `waiting`)."""
 
     def __init__(
-        self, store: Store, runs: Runs, spares: Spares, layout: Layout, config: Callable[[], QueueConfig]
-    ) -> None:
+        self, store: Store, runs: Runs, spares: Spares, layout: Layout, config: Callable[[], QueueConfig],
+        uploader: Optional[Uploader] = None,
+    ) -> None:  # fmt: skip
         self.store = store
+        self.uploader = uploader  # object storage: a resumed job's checkpoint is restored before it starts
         self.runs = runs
         self.spares = spares
         self.layout = layout
@@ -115,6 +120,8 @@ class Scheduler:
                 build = functools.partial(self.spares.build, files, job_dir / jobdir.WORK, row.spec.source)
                 await asyncio.get_running_loop().run_in_executor(None, build)
             checkpoints.claim(row, self.store.daemon_id)  # the job's alone: never one another made first
+            if row.spec.restore:
+                await self._restore(row)
         except (ManifestError, OSError) as exc:
             if row.spec.restart_of is not None:
                 self.runs.mark_failed(row, f"could not build its work dir: {exc}")
@@ -128,6 +135,23 @@ class Scheduler:
         crash_point("prepare-built")
         await self.run_pass()
         return self.store.get(row.id) or row
+
+    async def _restore(self, row: JobRow) -> None:
+        """Fetch the newest checkpoint of a resumed job's stored folder into its checkpoint folder, unless the
+        folder has checkpoints already (a restart of it here); ManifestError in one line if it cannot."""
+        place = row.spec.checkpoints_to
+        if self.uploader is None or place is None:
+            return
+        remote = self.uploader.remote(place)
+        work = functools.partial(restore.restore_newest, remote, Path(row.checkpoint_dir))
+        try:
+            found = await asyncio.get_running_loop().run_in_executor(None, work)
+        except (StorageError, ValueError) as exc:
+            raise ManifestError(f"could not restore its checkpoint from {place}: {exc}") from None
+        if found is not None:
+            manifest, restored = found
+            self.uploader.restored(row, restored)
+            log.info("job %d: restored checkpoint %s (%d bytes) from %s", row.id, manifest.name, manifest.size, place)
 
     async def build_restart(self, row: JobRow) -> None:
         """Build and schedule a job made by `Lifecycle.rerun` from the snapshot of the job it runs again (for
@@ -352,6 +376,9 @@ def job_env(layout: Layout, row: JobRow, devices: list[str], box_devices: list[s
     env["TFRUN_JOB_ID"] = str(row.id)
     env["TFRUN_JOB_DIR"] = row.job_dir
     env["TFRUN_CHECKPOINT_DIR"] = row.checkpoint_dir
+    if row.spec.checkpoints_to:  # tfrun.jobs.Checkpoints keeps what is not stored yet (runner/storage/uploader.py)
+        env["TFRUN_CHECKPOINTS_TO"] = row.spec.checkpoints_to
+        env["TFRUN_CHECKPOINTS_STORED"] = str(Path(row.checkpoint_dir) / STORED_LIST)
     env["TFRUN_METRICS_FILE"] = str(Path(row.job_dir) / jobdir.METRICS)
     # TensorBoard runs of the job's own (a Keras TensorBoard callback's log_dir); `tfrun tensorboard` shows them
     # beside the `printed` run the daemon writes from the job's output (runner/metrics/eventfile.py).

@@ -50,6 +50,10 @@ class JobSpec:
     port: Optional[int] = None  # the box port a service listens on (127.0.0.1)
     restart_on: tuple[Cause, ...] = restarts.DEFAULT  # the failures `max_restarts` restarts (--restart-on)
     restarts: int = 0  # automatic restarts before this job in its chain (0: a submit's): "restart 2 of 3"
+    # the job's stored folder in object storage (s3://bucket/prefix/NAME-TOKEN), shared by its restarts on any
+    # box; None: its checkpoints stay on the box (runner/storage/)
+    checkpoints_to: Optional[str] = None
+    restore: bool = False  # a resume on another box: its newest stored checkpoint is fetched before it starts
 
     def to_json(self) -> str:
         """The spec as stored: the keys in the order tfrund always wrote them, `restart_of` and the Slurm
@@ -73,13 +77,15 @@ class JobSpec:
         }
         if self.restart_of is not None:
             data["restart_of"] = self.restart_of
-        for key in ("partition", "time_limit", "nodes", "service", "port"):  # only where set (older tfrunds)
+        for key in ("partition", "time_limit", "nodes", "service", "port", "checkpoints_to"):  # only where set
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         if self.restart_on != CAUSES:
             data["restart_on"] = list(self.restart_on)
         if self.restarts:
             data["restarts"] = self.restarts
+        if self.restore:
+            data["restore"] = True
         return json.dumps(data)
 
     def rerun(self, of: int, max_restarts: Optional[int] = None) -> JobSpec:
@@ -185,4 +191,5 @@ class JobRow:
             array_index=self.array_index,
             service=self.spec.service,
             port=self.spec.port,
+            checkpoints_to=self.spec.checkpoints_to,
         )

@@ -130,4 +130,29 @@ MIGRATIONS: dict[int, str] = {
     CREATE TRIGGER job_texts_alerts_deleted AFTER DELETE ON job_alerts
         BEGIN DELETE FROM job_texts WHERE job_id = OLD.job_id; END;
     """,
+    10: """
+    -- The uploads of checkpoints to object storage (runner/storage/): one row a checkpoint found complete in a
+    -- job's checkpoint folder, kept until it is stored (or gone from the box first), so that a daemon killed
+    -- mid-upload, or a storage outage of any length, loses none. A checkpoint saved again under its name (a
+    -- Keras file rewritten every epoch) is a new row: `saved_at` tells them apart.
+    CREATE TABLE uploads (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id INTEGER NOT NULL,       -- the job that was running when it was found (any of a restart chain)
+        folder TEXT NOT NULL,          -- the checkpoint folder it is in
+        place TEXT NOT NULL,           -- the job's stored folder (s3://bucket/prefix/NAME-TOKEN)
+        name TEXT NOT NULL,            -- the checkpoint: a TF prefix, or a file's path in the folder
+        kind TEXT NOT NULL,            -- tensorflow, file, or job (the job's record and snapshot)
+        files TEXT NOT NULL,           -- JSON [[path, size, mtime_ns, inode]] as found complete
+        saved_at REAL NOT NULL,
+        state TEXT NOT NULL,           -- waiting, stored, gone (deleted on the box before it was stored)
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_at REAL NOT NULL,         -- when it is tried (again)
+        failing_since REAL,            -- the first failure of the current run of them: an outage's start
+        stored_at REAL,
+        done TEXT NOT NULL DEFAULT '[]',  -- JSON [[path, size, sha256]]: its files already uploaded and verified
+        error TEXT                     -- the last failure, in one line
+    );
+    CREATE UNIQUE INDEX uploads_checkpoint ON uploads(folder, name, saved_at);
+    CREATE INDEX uploads_due ON uploads(state, next_at);
+    """,
 }

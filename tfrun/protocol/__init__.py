@@ -36,7 +36,8 @@ classes, not 66):
   remembered socket path proves it is the user's own (the SSH fast path);
 - the messages, by conversation, each module with its handlers in runner/handlers/ of the same name: `jobs`
   (the `Job` record; list, get, wait, cancel, restart), `submit` (the snapshot's manifest, its blobs,
-  `Submit`), `logs` (`ReadLog` and its stream, `Attach`), `files` (`ListFiles`, `ReadFile`), `watching`
+  `Submit`), `logs` (`ReadLog` and its stream, `Attach`), `files` (`ListFiles`, `ReadFile`), `storage`
+  (`ListStored`, `Resume`: checkpoints in object storage), `watching`
   (alerts, metrics, GPUs, top), `services` (TensorBoard, Jupyter), `housekeeping` (remove, prune, disk),
   `admin` (daemon status, config, doctor).
 

@@ -26,8 +26,13 @@ class Removal:
     bytes: int = 0  # freed on disk: its folder, and its checkpoint folder where that goes too
     checkpoint_dir: Optional[str] = None
     # its checkpoint folder: "removed", "kept" (not asked to), "shared" (a kept job's too), "foreign" (not one
-    # this daemon made: never deleted, runner/workdir/checkpoints.py), "" (none there)
+    # this daemon made: never deleted, runner/workdir/checkpoints.py), "waiting" (it holds checkpoints not yet
+    # in object storage: kept until they are), "" (none there)
     checkpoints: str = ""
+    # its stored folder in object storage: "removed" (with `storage`), "kept" (not asked to), "shared" (a kept
+    # job's too), "" (none); `stored_at` names it
+    storage: str = ""
+    stored_at: Optional[str] = None
 
 
 @tagged("remove_reply")
@@ -49,6 +54,7 @@ class Remove(Request[RemoveReply]):
     jobs: Annotated[list[JobRef], Limit(items=MAX_REMOVE_JOBS)]
     checkpoints: bool = False
     dry_run: bool = False
+    storage: bool = False  # remove their stored folders in object storage too (rm --storage)
 
 
 @tagged("prune")

@@ -69,6 +69,7 @@ class Job:
     array_index: Optional[int] = None  # its index in the array, 0 to N-1
     service: Optional[str] = None  # a service's kind (tensorboard, jupyter: tfrun/protocol/services.py), else None
     port: Optional[int] = None  # the box port a service listens on (its 127.0.0.1)
+    checkpoints_to: Optional[str] = None  # its stored folder in object storage (submit --checkpoints-to), else None
 
 
 @dataclass

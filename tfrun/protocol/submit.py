@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, Optional
 
 from tfrun.arrays import MAX_ARRAY_AXES, MAX_ARRAY_TASKS, MAX_KEY, MAX_VALUE
-from tfrun.constants import MAX_NAME, MAX_PAYLOAD_BYTES, MAX_PRIORITY, MAX_RESTARTS
+from tfrun.constants import MAX_NAME, MAX_PAYLOAD_BYTES, MAX_PRIORITY, MAX_RESTARTS, MAX_STORAGE_URL
 from tfrun.protocol.fields import CAUSES, UTF8, Cause, JobRef, Limit, Mode, Offset, OsText, Patterns, Range, Text
 from tfrun.protocol.jobs import JobList, JobReply
 from tfrun.protocol.wire import Message, Ok, Request, tagged
@@ -94,6 +94,9 @@ class JobOptions:
     partition: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None
     time: Optional[Annotated[str, UTF8, Limit(chars=MAX_NAME)]] = None
     nodes: Optional[Offset] = None
+    # object storage its checkpoints are copied to (s3://bucket/prefix; submit --checkpoints-to); None: the
+    # daemon's default ([storage] checkpoints_to), else none; "" asks for none whatever the default
+    checkpoints_to: Optional[Annotated[str, UTF8, Limit(chars=MAX_STORAGE_URL)]] = None
 
     def options(self) -> dict[str, Any]:
         """These options by name, to build a `Submit` from (`Submit(files=..., **options.options())`); of a

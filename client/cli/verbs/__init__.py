@@ -47,9 +47,11 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "doctor": ("admin", "doctor", "Check the box for training, as its daemon sees it: the job interpreter and its "
                "TensorFlow (built with CUDA, GPUs seen, memory growth), the NVIDIA driver and CUDA version from "
                "nvidia-smi, and the checkpoint root (writable, free space)."),
-    "checkpoints": ("files", "checkpoints", "List what is in JOB's checkpoint folder on the box: each checkpoint's "
-                    "step, when it was saved, and its size."),
-    "pull": ("files", "pull", "Copy a job's checkpoints or files back to this machine."),
+    "checkpoints": ("files", "checkpoints", "List JOB's checkpoints: each one's step, when it was saved, its size, "
+                    "and whether it is in its folder on the box."),
+    "pull": ("files", "pull", "Copy a job's checkpoints or files back to this machine (from object storage when the "
+             "box cannot be reached and the job stored its checkpoints there: JOB may also be the stored folder's "
+             "URL)."),
     "config": ("admin", "config_verb", "The box's daemon config (config.toml in tfrund's TFRUN_HOME): show it, "
                "change it, reload it."),
     "hosts": ("hosts", "hosts", "The boxes tfrun knows (kept in ~/.config/tfrun/config.toml, or TFRUN_CONFIG)."),

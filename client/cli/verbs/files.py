@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 import click
 
-from ...calls import files as file_calls
-from ...views import render, reports
+from tfrun.constants import EXIT_DAEMON, EXIT_FAILURE
+from tfrun.protocol.fields import is_job_id
+
+from ...calls import storage as storage_calls
+from ...views import render
 from .. import hostoptions
 from .. import main as cli
+
+if TYPE_CHECKING:
+    from tfrun.protocol.storage import StoredReply
 
 
 @click.command()
@@ -17,15 +24,68 @@ from .. import main as cli
 @click.argument("job", shell_complete=cli.complete_jobs)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 def checkpoints(job: str, as_json: bool) -> None:
-    """List what is in JOB's checkpoint folder on the box: each checkpoint's step, when it was saved, and
-    its size. A restarted job shares its checkpoint folder with the job it runs again.
-    `tfrun pull JOB` copies the folder here."""
+    """List JOB's checkpoints: each one's step, when it was saved, its size, and whether it is in its folder
+    on the box. A restarted job shares its checkpoint folder with the job it runs again.
 
-    points = reports.checkpoints(cli.call(file_calls.files(job)))
-    if as_json:
-        click.echo(render.to_json(points))
+    For a job with object storage (submit --checkpoints-to), STORAGE says what became of each: stored (copied
+    and verified), waiting (not complete yet, or its upload failed and is retried: why), or gone (deleted on the
+    box before it was stored); and a last line says what keeps the uploads back (an unreachable server, refused
+    credentials, a missing bucket). When the box cannot be reached, the stored folder is read from here, with
+    this machine's credentials. JOB may also be the stored folder's URL.
+
+    `tfrun pull JOB` copies the checkpoints here."""
+    from ...files import storedjobs
+    from ...views.stored import stored_table
+
+    if job.startswith(STORAGE_SCHEMES):
+        reply, box_known = _from_storage(job), False
     else:
-        reports.checkpoint_table(points, cli.output())
+        asked, why = _ask_box(job)
+        box_known = asked is not None
+        reply = asked if asked is not None else _from_storage(_known_place(job, why))
+        if asked is not None and asked.place:
+            storedjobs.remember(
+                cli.box_name(), int(job) if is_job_id(job) else -1, None if is_job_id(job) else job, reply.place
+            )
+    if as_json:
+        click.echo(render.to_json(reply))
+    else:
+        stored_table(reply, cli.output(), box_known)
+
+
+STORAGE_SCHEMES = ("s3://", "gs://", "az://")
+
+
+def _ask_box(job: str) -> tuple[Optional[StoredReply], str]:
+    """The box's answer, or None and why when it cannot be reached (a local daemon is started: always there)."""
+    asked = storage_calls.stored(job)
+    if cli.target().local:
+        return cli.call(asked), ""
+    return cli.reached(lambda: cli.client().call(asked))
+
+
+def _known_place(job: str, why: str) -> str:
+    """The stored folder this machine remembers for `job` of the unreachable box; else the verb fails, saying
+    why the box did not answer."""
+    from ...files import storedjobs
+
+    where = storedjobs.recall(cli.box_name(), job)
+    if where is None:
+        cli.fail(f"{why} (and this machine knows of no stored folder of job {job}: give its URL instead)", EXIT_DAEMON)
+    click.echo(f"tfrun: {cli.box_name()} cannot be reached; reading {where}", err=True)
+    return where
+
+
+def _from_storage(where: str) -> StoredReply:
+    from tfrun.storage.place import PlaceError
+    from tfrun.storage.remote import StorageError
+
+    from ...files import fromstorage
+
+    try:
+        return fromstorage.listing(where)
+    except (PlaceError, StorageError) as exc:
+        cli.fail(str(exc), EXIT_FAILURE)
 
 
 @click.command()
@@ -41,7 +101,8 @@ def checkpoints(job: str, as_json: bool) -> None:
     help="Folder to copy into (created if needed).",
 )
 def pull(job: str, paths: tuple[str, ...], dest: Path) -> None:
-    """Copy a job's checkpoints or files back to this machine.
+    """Copy a job's checkpoints or files back to this machine (from object storage when the box cannot be
+    reached and the job stored its checkpoints there: JOB may also be the stored folder's URL).
 
     PATH is "checkpoints[/...]" (the job's checkpoint folder, the default), "work/..." (its work dir
     snapshot, with whatever the job wrote there), "output.log", or "task-I.log" (the output of task I > 0 of
@@ -53,6 +114,32 @@ def pull(job: str, paths: tuple[str, ...], dest: Path) -> None:
     from ...files.transfer import landed
 
     asked = list(paths) or ["checkpoints"]
+    if job.startswith(STORAGE_SCHEMES):
+        _pull_stored(job, asked, dest)
+        return
     dest.mkdir(parents=True, exist_ok=True)
-    files, total = cli.run(cli.client().pull(job, asked, dest))
+    pulled, why = cli.reached(lambda: cli.client().pull(job, asked, dest))
+    if pulled is None:
+        _pull_stored(_known_place(job, why), asked, dest)
+        return
+    files, total = pulled
     click.echo(f"pulled {files} file(s), {render.size(total)}, into {landed(dest, asked)}", err=True)
+
+
+def _pull_stored(where: str, asked: list[str], dest: Path) -> None:
+    """Every stored checkpoint of the stored folder `where` into DEST/checkpoints/, each file verified."""
+    from tfrun.storage.place import PlaceError
+    from tfrun.storage.remote import StorageError
+
+    from ...files import fromstorage
+
+    if asked != ["checkpoints"]:
+        cli.fail(f"only checkpoints are kept in {where}: pull {' '.join(asked)} from the box", EXIT_FAILURE)
+    into = dest / "checkpoints"
+    try:
+        files, total = fromstorage.pull(where, into)
+    except (PlaceError, StorageError, ValueError) as exc:
+        cli.fail(str(exc), EXIT_FAILURE)
+    except OSError as exc:
+        cli.fail(f"cannot write under {into}: {exc.strerror or exc}", EXIT_FAILURE)
+    click.echo(f"pulled {files} file(s), {render.size(total)}, from {where} into {into}", err=True)

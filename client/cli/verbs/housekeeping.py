@@ -18,21 +18,26 @@ from .. import main as cli
 @hostoptions.host_options
 @click.argument("jobs", nargs=-1, required=True, metavar="JOB...", shell_complete=cli.complete_jobs)
 @click.option("--checkpoints", is_flag=True, help="Remove their checkpoint folders too (never one a kept job shares).")
+@click.option("--storage", is_flag=True, help="Remove their stored copies in object storage too (submit "
+              "--checkpoints-to; never a folder a kept job stores to).")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed and what it would free.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def rm(jobs: tuple[str, ...], checkpoints: bool, dry_run: bool, as_json: bool) -> None:
+def rm(jobs: tuple[str, ...], checkpoints: bool, storage: bool, dry_run: bool, as_json: bool) -> None:
     """Remove ended jobs from the box: each one's folder (work dir snapshot, log, metrics) and its records
     (events, alerts). Then the uploaded contents that no kept job needs are collected.
 
     A job that has not ended is refused (cancel it first), and so is one an unfinished job needs: the
     job it runs again (a restart) or runs --after. Checkpoint folders stay unless --checkpoints, and
-    even then one that a kept job shares (a restart chain shares its first job's folder); empty ones go.
+    even then one that a kept job shares (a restart chain shares its first job's folder) or one holding a
+    checkpoint not yet copied to object storage; empty ones go. A job's stored copies in object storage
+    (submit --checkpoints-to) stay unless --storage, which the box deletes with its credentials.
     JOB is an id or a name (the newest job of that name). Exit 1 if a job stays, 3 if one does not exist.
 
     \b
     Examples:
       tfrun rm 3 4                 remove jobs 3 and 4; their checkpoints stay
       tfrun rm --checkpoints bert  the newest job named bert, with its checkpoints
+      tfrun rm --checkpoints --storage 3   job 3, its checkpoints on the box and in object storage
     """
     from tfrun.constants import MAX_REMOVE_JOBS
 
@@ -41,7 +46,7 @@ def rm(jobs: tuple[str, ...], checkpoints: bool, dry_run: bool, as_json: bool) -
 
     if len(jobs) > MAX_REMOVE_JOBS:
         raise click.UsageError(f"at most {MAX_REMOVE_JOBS} jobs at once (tfrun prune removes many)")
-    reply = cli.call(housekeeping.remove(list(jobs), checkpoints, dry_run))
+    reply = cli.call(housekeeping.remove(list(jobs), checkpoints, dry_run, storage))
     sys.exit(show_removals(reply, as_json, cli.place()))
 
 

@@ -9,14 +9,16 @@ import click
 
 from tfrun.constants import (
     DEFAULT_GRACE_S,
+    EXIT_DAEMON,
     EXIT_FAILURE,
     EXIT_NO_SUCH_JOB,
     EXIT_OK,
+    EXIT_USAGE,
     MAX_CANCEL_JOBS,
     PS_ALL_LAST,
 )
 from tfrun.protocol.fields import JobState
-from tfrun.protocol.jobs import JobList
+from tfrun.protocol.jobs import Job, JobList
 
 from ...calls import jobs as job_calls
 from ...errors import error_line
@@ -191,21 +193,102 @@ def cancel(jobs: tuple[str, ...], every: bool, grace: float, as_json: bool) -> N
 
 
 @click.command()
-@hostoptions.host_options
+@hostoptions.moving_options
 @click.argument("job", shell_complete=cli.complete_jobs)
+@click.option(
+    "--env",
+    "env_pairs",
+    multiple=True,
+    metavar="NAME[=VALUE]",
+    help="On another box: set a variable "
+    "for the job (its --env values are never stored; those of a box that answers are carried over).",
+)
+@click.option("--gpus", type=click.IntRange(min=0), metavar="N", help="On another box: GPUs of its own (default: "
+              "what it had).")  # fmt: skip
 @click.option("-f", "--follow", is_flag=True, help="Follow the new job's output and exit with its exit code.")
 @click.option("--json", "as_json", is_flag=True, help="Print the new job's record as JSON instead of its id.")
-def restart(job: str, follow: bool, as_json: bool) -> None:
+def restart(job: str, env_pairs: tuple[str, ...], gpus: Optional[int], follow: bool, as_json: bool) -> None:
     """Run an ended JOB again, as a new job: the same snapshot (not your files as they are now), command,
-    environment, and the same checkpoint folder, so a job using tfrun.jobs resumes where it stopped."""
+    environment, and the same checkpoint folder, so a job using tfrun.jobs resumes where it stopped.
+
+    On another box: give the job's address and that box (`tfrun restart box1:3 --host box2`), or a pool
+    (`--host gpu`: the member that starts it soonest, never box1), or the job's stored folder
+    (`tfrun restart s3://bucket/ckpt/train-1a2b3c4d --host box2`). That needs a job whose checkpoints went to
+    object storage (submit --checkpoints-to): the new box fetches its snapshot and its newest stored
+    checkpoint into the new job's checkpoint folder before the script starts, and it goes on storing to the
+    same folder. It works with box1 gone: the stored folder is what this machine remembers of the job.
+
+    \b
+    Examples:
+      tfrun restart 3                       job 3 again, on its own box
+      tfrun restart box1:3 --host box2      job 3 of box1, on box2, from its newest stored checkpoint
+      tfrun restart box1:3 --host gpu       on the member of pool gpu that starts it soonest
+    """
     from ..logprint import follow_job
 
     client = cli.client()
-    record = cli.run(client.restart(job))
+    if job.startswith(("s3://", "gs://", "az://")) or hostoptions.source() is not None:
+        record = _resume_elsewhere(job, cli.parse_env(env_pairs), gpus)
+    elif env_pairs or gpus is not None:
+        raise click.UsageError("--env and --gpus go with a restart on another box (JOB's address and --host)")
+    else:
+        pool = hostoptions.pool()
+        if pool is not None:
+            raise click.UsageError(
+                f"{pool[0]} is a pool: name where JOB ran with its address (HOST:ID --host {pool[0]})"
+            )
+        record = cli.run(client.restart(job))
     if as_json:
         click.echo(render.to_json(record))
     elif follow:
-        click.echo(f"job {record.id} runs job {record.restart_of} again", err=True)
+        click.echo(f"job {record.id} runs job {record.restart_of or job} again", err=True)
     else:
-        click.echo(hostoptions.address(record.id))
+        click.echo(hostoptions.address(record.id) if hostoptions.pool() is None else f"{cli.box_name()}:{record.id}")
     sys.exit(cli.run(follow_job(client, str(record.id))) if follow else EXIT_OK)
+
+
+def _resume_elsewhere(job: str, env: dict[str, str], gpus: Optional[int]) -> Job:
+    """The job made on --host (or the pool's member chosen) from JOB's stored folder: the folder asked of the
+    box JOB ran on, else the one this machine remembers; the env of a box that answers carried over."""
+    from ...calls import storage as storage_calls
+    from ...files import storedjobs
+
+    source, where = hostoptions.source(), job if "://" in job else None
+    if where is None and source is not None:
+        record = _source_record(source, job)
+        if record is not None:
+            where, env = record.checkpoints_to, {**record.env, **env}
+            if where is None:
+                cli.fail(f"job {job} of {source} stores no checkpoints in object storage (submit "
+                         "--checkpoints-to): it runs again only on its own box (tfrun restart {source}:{job})",
+                         EXIT_USAGE)  # fmt: skip
+        else:
+            where = storedjobs.recall(source, job)
+            if where is None:
+                cli.fail(f"{source} cannot be reached, and this machine knows of no stored folder of job {job}: "
+                         "give the folder's URL (tfrun checkpoints shows it)", EXIT_DAEMON)  # fmt: skip
+            click.echo(f"tfrun: {source} cannot be reached; resuming from {where} (--env values are never stored: "
+                       "give them again with --env)", err=True)  # fmt: skip
+    assert where is not None
+    pool = hostoptions.pool()
+    if pool is not None:
+        from ...link.connection import Target
+        from ..poolviews import place
+
+        members = [host for host in pool[1] if host.name != source]
+        chosen = place(pool[0], members, gpus, False)
+        click.get_current_context().obj = Target(chosen, cli.target().accept_new_host_key)
+    new = cli.call(storage_calls.resume(where, None, env, gpus))
+    storedjobs.remember(cli.box_name(), new.id, new.name, new.checkpoints_to)
+    click.echo(f"tfrun: job {new.id} on {cli.place()} resumes {where}", err=True)
+    return new
+
+
+def _source_record(source: str, job: str) -> Optional[Job]:
+    """JOB's record on the box it ran on, or None when that box cannot be reached."""
+    from ...config import settings as config
+    from ...library.asyncclient import AsyncClient
+    from ...link.connection import Target
+
+    target = Target(config.resolve(source, config.load()), cli.target().accept_new_host_key)
+    return cli.reached(lambda: AsyncClient(target).call(job_calls.job(job)))[0]

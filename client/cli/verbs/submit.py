@@ -110,6 +110,11 @@ def _snapshot_notes(snap: Snapshot) -> None:
 @click.option("--array", "array", multiple=True, metavar="KEY=V1,V2,...", help="Run one job per value, a task of "
               "one array: each gets KEY in capitals as a variable (LR=0.1) and --KEY=VALUE after its arguments; "
               "repeated: every combination (at most 1000). Prints the task ids. Slurm: one sbatch --array")  # fmt: skip
+@click.option("--checkpoints-to", "checkpoints_to", metavar="URL", help="Copy each checkpoint, once complete, to "
+              "object storage under URL (s3://BUCKET/PREFIX; gs://, az://), in a folder of the job's own, so that "
+              "`tfrun restart JOB --host OTHER` resumes it elsewhere. Credentials are the box's (~/.aws, AWS_*). "
+              "Default: the pool's [pools.NAME] checkpoints_to, else the box's [storage] checkpoints_to; "
+              "'none' for no copy.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the job's record as JSON instead of its id (with "
               "--array, a list of the tasks').")  # fmt: skip
 @click.option("-y", "--yes", is_flag=True, help="Send a large upload without asking: on a terminal, submit asks "
@@ -140,6 +145,7 @@ def submit(
     notify_files: tuple[str, ...],
     metric_patterns: tuple[str, ...],
     array: tuple[str, ...],
+    checkpoints_to: Optional[str],
     as_json: bool,
     yes: bool,
     dry_run: bool,
@@ -190,6 +196,8 @@ def submit(
       tfrun submit --host gpu --gpus 2 train.py        on the member of pool gpu that starts it soonest
       tfrun submit --host gpu --dry-run train.py       where it would go, and why
       tfrun submit --array lr=0.1,0.01,0.001 train.py  3 jobs: train.py --lr=0.1 (LR=0.1), ...
+      tfrun submit --checkpoints-to s3://ml/ckpt train.py
+                                                       checkpoints copied to S3 as they complete
       pass show slack | tfrun submit --env HF_TOKEN --notify-file - train.py
                                                        secrets from your env and stdin, not argv
     """
@@ -210,6 +218,7 @@ def submit(
     pool = hostoptions.pool()
     if dry_run and pool is None:
         raise click.UsageError("--dry-run goes with --host POOL")
+    checkpoints_to = _destination(checkpoints_to, pool[0] if pool else None)
     if pool is not None:
         from ...link.connection import Target
         from ..poolviews import place
@@ -235,6 +244,7 @@ def submit(
         partition=partition,
         time=time_limit,
         nodes=nodes,
+        checkpoints_to=checkpoints_to,
     )
 
     confirm = UploadQuestion(config.confirm_upload_bytes(config.load()), yes, where)
@@ -243,6 +253,11 @@ def submit(
     if done is None:
         done = cli.run(cli.client().send(ready, confirm))
     job = done.job
+    if job.checkpoints_to:  # where `pull`, `checkpoints` and `restart --host` find them with the box gone
+        from ...files import storedjobs
+
+        for made in done.tasks or [job]:
+            storedjobs.remember(cli.box_name(), made.id, made.name, made.checkpoints_to)
     click.echo(f"tfrun: uploaded {done.files_sent} of {done.files} files ({render.size(done.bytes_sent)})", err=True)
     # Named by address where the host was chosen for the user: placed on a pool's member, or by --after HOST:ID.
     host = f"{target.host.label}:" if target.host and (pool is not None or hostoptions.addressed()) else ""
@@ -273,6 +288,24 @@ def _sent_here(ready: Submission, confirm: Callable[[int, int], None]) -> Option
     return cli.guarded(
         lambda: cli.on_running_daemon(channel, where, lambda: submission.send_here(channel, where, ready, confirm))
     )
+
+
+def _destination(given: Optional[str], pool: Optional[str]) -> Optional[str]:
+    """--checkpoints-to as the request carries it: checked here (a mistake is one line before any upload), the
+    pool's default where none is given, "" for 'none' (no copy, whatever the box's default), None for the box's."""
+    if given is None and pool is not None:
+        settings = config.load().pools.get(pool)
+        given = settings.checkpoints_to if settings else None
+    if given is None:
+        return None
+    if given.strip().lower() in ("none", ""):
+        return ""
+    from tfrun.storage import place
+
+    try:
+        return place.parse(given).url
+    except place.PlaceError as exc:
+        raise click.BadParameter(str(exc), param_hint="--checkpoints-to") from None
 
 
 def _array(options: tuple[str, ...], env: dict[str, str]) -> list[tuple[str, list[str]]]:
