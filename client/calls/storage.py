@@ -16,6 +16,6 @@ def stored(job: str) -> Call[StoredReply, StoredReply]:
     return Call(ListStored(job=job), whole)
 
 
-def resume(place: str, name: Optional[str], env: dict[str, str], gpus: Optional[int]) -> Call[JobReply, Job]:
+def resume(place: str, env: dict[str, str], gpus: Optional[int], python: Optional[str]) -> Call[JobReply, Job]:
     """A new job on the box from the stored folder `place`, its newest checkpoint restored first."""
-    return Call(Resume(place=place, name=name, env=env, gpus=gpus), lambda reply: reply.job)
+    return Call(Resume(place=place, env=env, gpus=gpus, python=python), lambda reply: reply.job)

@@ -108,7 +108,8 @@ async def resume(daemon: Context, req: Resume, conn: Connection) -> None:
     name = req.name if req.name is not None else _text(record.get("name"))
     request = Submit(
         files=files, script=str(record.get("script", "")), args=[str(a) for a in record.get("args", [])],
-        name=name, env=dict(req.env), gpus=req.gpus if req.gpus is not None else _count(record.get("gpus")),
+        name=name, env=dict(req.env), python=req.python,
+        gpus=req.gpus if req.gpus is not None else _count(record.get("gpus")),
         max_restarts=_count(record.get("max_restarts")) or 0, source=_text(record.get("source")),
         git_commit=_text(record.get("git_commit")), checkpoints_to="",
         restart_on=[c for c in record.get("restart_on", []) if c in CAUSES] or None,

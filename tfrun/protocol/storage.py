@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Optional
 
 from tfrun.constants import MAX_NAME, MAX_STORAGE_URL
-from tfrun.protocol.fields import UTF8, JobRef, Limit, Offset, Text
+from tfrun.protocol.fields import UTF8, JobRef, Limit, Offset, OsText, Text
 from tfrun.protocol.jobs import JobReply
 from tfrun.protocol.wire import Message, Request, tagged
 
@@ -57,3 +57,4 @@ class Resume(Request[JobReply]):
     name: Optional[Annotated[Text, Limit(chars=MAX_NAME)]] = None
     env: dict[str, str] = field(default_factory=dict)
     gpus: Optional[Offset] = None
+    python: Optional[OsText] = None  # the interpreter of a .py script on this box (None: its job_python)

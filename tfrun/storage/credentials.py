@@ -37,7 +37,7 @@ class Settings:
 
     config: dict[str, str] = field(default_factory=dict)  # obstore's S3Config keys; holds the keys: never shown
     endpoint: Optional[str] = None  # None: the provider's own
-    source: str = "the library's own chain (a role)"  # where the keys came from, for messages
+    source: str = "no keys in AWS_* or ~/.aws, so the machine's role"  # where the keys came from, for messages
     secrets: tuple[str, ...] = ()  # texts to mask in any message (the key id and the secret)
 
 

@@ -205,9 +205,13 @@ def cancel(jobs: tuple[str, ...], every: bool, grace: float, as_json: bool) -> N
 )
 @click.option("--gpus", type=click.IntRange(min=0), metavar="N", help="On another box: GPUs of its own (default: "
               "what it had).")  # fmt: skip
+@click.option("--python", metavar="PATH", help="On another box: the interpreter of a .py script there (default: "
+              "that box's job_python).")  # fmt: skip
 @click.option("-f", "--follow", is_flag=True, help="Follow the new job's output and exit with its exit code.")
 @click.option("--json", "as_json", is_flag=True, help="Print the new job's record as JSON instead of its id.")
-def restart(job: str, env_pairs: tuple[str, ...], gpus: Optional[int], follow: bool, as_json: bool) -> None:
+def restart(
+    job: str, env_pairs: tuple[str, ...], gpus: Optional[int], python: Optional[str], follow: bool, as_json: bool
+) -> None:
     """Run an ended JOB again, as a new job: the same snapshot (not your files as they are now), command,
     environment, and the same checkpoint folder, so a job using tfrun.jobs resumes where it stopped.
 
@@ -227,10 +231,12 @@ def restart(job: str, env_pairs: tuple[str, ...], gpus: Optional[int], follow: b
     from ..logprint import follow_job
 
     client = cli.client()
-    if job.startswith(("s3://", "gs://", "az://")) or hostoptions.source() is not None:
-        record = _resume_elsewhere(job, cli.parse_env(env_pairs), gpus)
-    elif env_pairs or gpus is not None:
-        raise click.UsageError("--env and --gpus go with a restart on another box (JOB's address and --host)")
+    moved = job.startswith(("s3://", "gs://", "az://")) or hostoptions.source() is not None
+    if moved:
+        record = _resume_elsewhere(job, cli.parse_env(env_pairs), gpus, python)
+        client = cli.client()  # on the box chosen (a pool's member)
+    elif env_pairs or gpus is not None or python is not None:
+        raise click.UsageError("--env, --gpus and --python go with a restart on another box (JOB's address and --host)")
     else:
         pool = hostoptions.pool()
         if pool is not None:
@@ -243,11 +249,11 @@ def restart(job: str, env_pairs: tuple[str, ...], gpus: Optional[int], follow: b
     elif follow:
         click.echo(f"job {record.id} runs job {record.restart_of or job} again", err=True)
     else:
-        click.echo(hostoptions.address(record.id) if hostoptions.pool() is None else f"{cli.box_name()}:{record.id}")
+        click.echo(f"{cli.box_name()}:{record.id}" if moved and cli.target().host else hostoptions.address(record.id))
     sys.exit(cli.run(follow_job(client, str(record.id))) if follow else EXIT_OK)
 
 
-def _resume_elsewhere(job: str, env: dict[str, str], gpus: Optional[int]) -> Job:
+def _resume_elsewhere(job: str, env: dict[str, str], gpus: Optional[int], python: Optional[str]) -> Job:
     """The job made on --host (or the pool's member chosen) from JOB's stored folder: the folder asked of the
     box JOB ran on, else the one this machine remembers; the env of a box that answers carried over."""
     from ...calls import storage as storage_calls
@@ -278,7 +284,7 @@ def _resume_elsewhere(job: str, env: dict[str, str], gpus: Optional[int]) -> Job
         members = [host for host in pool[1] if host.name != source]
         chosen = place(pool[0], members, gpus, False)
         click.get_current_context().obj = Target(chosen, cli.target().accept_new_host_key)
-    new = cli.call(storage_calls.resume(where, None, env, gpus))
+    new = cli.call(storage_calls.resume(where, env, gpus, python))
     storedjobs.remember(cli.box_name(), new.id, new.name, new.checkpoints_to)
     click.echo(f"tfrun: job {new.id} on {cli.place()} resumes {where}", err=True)
     return new
