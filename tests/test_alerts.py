@@ -285,7 +285,7 @@ def test_a_job_silent_for_the_stall_time_alerts_once(tf: Tfrun, project: Path, r
     assert [a["rule"] for a in found] == ["stall"]
     quiet = found[0]["summary"].split("no output for ")[1]
     assert quiet.endswith(" s while it runs") and 2 <= int(quiet.split()[0]) <= 4  # 2 s, and a look or two late
-    assert tf.job(job)["alert_rules"] == ["oom", "spike=2", "stall=2s", "failed", "lost"]
+    assert tf.job(job)["alert_rules"] == ["oom", "spike=2", "stall=2s", "failed", "lost", "storage"]
 
 
 def test_a_job_lost_while_the_daemon_was_down_alerts_at_the_next_start(

@@ -12,7 +12,8 @@ name = "box2"                          # the box's name in alerts and `tfrun top
 executor = "local"                     # "slurm": submit jobs with sbatch ([slurm] below); restart to change
 
 [alerts]
-rules = ["oom", "spike=2", "stall=30m", "failed", "done", "lost", "gpu-memory=90%", "disk-full"]  # the default: all
+rules = ["oom", "spike=2", "stall=30m", "failed", "done", "lost", "gpu-memory=90%", "disk-full",
+         "storage"]  # the default: all
 cooldown = "15m"        # one message per job and rule in this long: one incident, one message
 expire = "24h"          # keep retrying a delivery this long, then give up (it stays in `tfrun alerts`)
 gpu_memory_for = "1m"   # gpu-memory fires when a GPU stays above its threshold this long
