@@ -274,3 +274,24 @@ def test_rm_keeps_stored_copies_unless_asked_and_a_folder_not_yet_stored(home: A
     prefix = place.removeprefix(f"s3://{bucket}/")
     assert s3.objects(bucket, prefix + "/") == {}
     assert not Path(tf.job_dir(int(second))).exists()
+
+
+def test_a_pull_from_storage_lands_as_a_pull_does_never_through_a_link(home: Any, s3: S3Server, tmp_path: Path) -> None:
+    tf, bucket, project = home
+    job = str(
+        tf.submit("--workdir", str(project), "--checkpoints-to", f"s3://{bucket}/p", str(project / "job.py"), "1")
+    )
+    tf.ok("wait", job)
+    place = _stored(tf, job, 1)["place"]
+    dest, elsewhere = tmp_path / "dest", tmp_path / "elsewhere"
+    dest.mkdir()
+    elsewhere.mkdir()
+    (dest / "checkpoints").symlink_to(elsewhere)
+    refused = tf.run("pull", place, "--to", str(dest))
+    assert refused.returncode == 1 and f"{dest / 'checkpoints'} is a symbolic link" in refused.stderr
+    assert list(elsewhere.iterdir()) == []
+    (dest / "checkpoints").unlink()
+    pulled = tf.run("pull", place, "--to", str(dest))
+    assert pulled.returncode == 0, pulled.stderr
+    box = Path(tf.job(job)["checkpoint_dir"]) / "state-1.json"
+    assert (dest / "checkpoints" / "state-1.json").read_bytes() == box.read_bytes()

@@ -116,10 +116,13 @@ def restore(remote: Remote, manifest: Manifest, folder: Path) -> int:
             raise
     if manifest.kind == TENSORFLOW:
         prefix = Path(manifest.name)
-        state = folder / prefix.parent / TF_STATE
-        text = f'model_checkpoint_path: "{prefix.name}"\nall_model_checkpoint_paths: "{prefix.name}"\n'
-        state.write_text(text)
+        (folder / prefix.parent / TF_STATE).write_text(tf_state_text(prefix.name))
     return manifest.size
+
+
+def tf_state_text(prefix: str) -> str:
+    """TensorFlow's state file naming checkpoint `prefix` (a name in the same folder) as the newest and only."""
+    return f'model_checkpoint_path: "{prefix}"\nall_model_checkpoint_paths: "{prefix}"\n'
 
 
 def _make_parents(folder: Path, parent: Path) -> None:

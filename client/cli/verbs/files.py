@@ -132,14 +132,18 @@ def _pull_stored(where: str, asked: list[str], dest: Path) -> None:
     from tfrun.storage.remote import StorageError
 
     from ...files import fromstorage
+    from ...files.landing import NotHere
 
     if asked != ["checkpoints"]:
         cli.fail(f"only checkpoints are kept in {where}: pull {' '.join(asked)} from the box", EXIT_FAILURE)
     into = dest / "checkpoints"
+    dest.mkdir(parents=True, exist_ok=True)
     try:
-        files, total = fromstorage.pull(where, into)
+        files, total = fromstorage.pull(where, dest)
     except (PlaceError, StorageError, ValueError) as exc:
         cli.fail(str(exc), EXIT_FAILURE)
+    except NotHere as exc:
+        cli.fail(f"nothing pulled there: {exc}", EXIT_FAILURE)
     except OSError as exc:
         cli.fail(f"cannot write under {into}: {exc.strerror or exc}", EXIT_FAILURE)
     click.echo(f"pulled {files} file(s), {render.size(total)}, from {where} into {into}", err=True)
