@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from harness.home import Tfrun, write_script
 from harness.processes import alive, wait_for
+from harness.relay import Relay
 from harness.s3server import S3Server, s3_fixture  # noqa: F401 - the fixture s3
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
@@ -295,3 +296,30 @@ def test_a_pull_from_storage_lands_as_a_pull_does_never_through_a_link(home: Any
     assert pulled.returncode == 0, pulled.stderr
     box = Path(tf.job(job)["checkpoint_dir"]) / "state-1.json"
     assert (dest / "checkpoints" / "state-1.json").read_bytes() == box.read_bytes()
+
+
+def test_a_link_to_storage_that_freezes_is_given_up_and_the_upload_finishes_once_it_thaws(
+    home: Any, s3: S3Server, tmp_path: Path
+) -> None:
+    tf, bucket, project = home
+    relay = Relay(int(s3.endpoint.rsplit(":", 1)[1]))
+    try:
+        config = Path(tf.env["AWS_CONFIG_FILE"])
+        config.write_text(config.read_text().replace(s3.endpoint, f"http://127.0.0.1:{relay.port}"))
+        tf.env["TFRUN_STORAGE_TIMEOUT"] = "3s"
+        tf.ok("config", "set", "storage.max_bandwidth", "8MB")  # 40 MB take 5 s: the link freezes midway
+        write_script(project, "big.py", "import os\n"
+                     "with open(os.path.join(os.environ['TFRUN_CHECKPOINT_DIR'], 'model.bin'), 'wb') as f:\n"
+                     "    f.write(os.urandom(40 << 20))\n")  # fmt: skip
+        job = str(tf.submit("--workdir", str(project), "--checkpoints-to", f"s3://{bucket}/f", str(project / "big.py")))
+        tf.ok("wait", job)
+        wait_for(lambda: relay.links, timeout=60, what="the upload to connect")
+        time.sleep(1)
+        relay.freeze_all()
+        reply = wait_for(lambda: _states(tf, job)["problem"], timeout=60, what="the frozen link said")
+        assert f"http://127.0.0.1:{relay.port} did not answer in 3 s" in str(reply)
+        relay.resume()
+        manifests = _verified_in_bucket(s3, _stored(tf, job, 1, timeout=120)["place"])
+        assert manifests["model.bin"]["files"][0]["size"] == 40 << 20
+    finally:
+        relay.close()

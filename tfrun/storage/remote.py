@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from tfrun.duration import parse_duration
 from tfrun.shorten import shorten
 
 from .credentials import CredentialsError, Settings, settings_for
@@ -25,11 +26,13 @@ from .place import Place
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
 
+TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "TFRUN_STORAGE_TIMEOUT", 60.0
 PART_BYTES = 8 << 20  # a file larger than this goes up in parts of this size, several at once
 READ_BYTES = 1 << 20  # what is read, hashed and paced at a time
 _CODE = re.compile(r"<Code>([^<]{1,64})</Code>")  # S3's error code, in the body the library quotes
 _STATUS = re.compile(r"status code: (\d{3})([^:<\n]{0,40})")
 _REFUSED_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken"}
+_TIMED_OUT = re.compile(r"\bTimedOut\b|operation timed out|deadline has elapsed")  # the library's timeout
 _UNREACHABLE = re.compile(
     r"connection refused|timed out|dns error|connection reset|no route to host|error sending request", re.IGNORECASE
 )
@@ -38,6 +41,14 @@ _UNREACHABLE = re.compile(
 UNREACHABLE, REFUSED, NO_BUCKET, NOT_FOUND, CHANGED, FAILED = (
     "unreachable", "refused", "no-bucket", "not-found", "changed", "failed"
 )  # fmt: skip
+
+
+def request_timeout() -> float:
+    """Seconds one request to storage may take (a part of 8 MB, a listing) before it is given up and tried
+    again: TFRUN_STORAGE_TIMEOUT, else 60 (a link slower than 140 kB/s needs more). A link that froze without a
+    word (a sleeping laptop's, a NAT's that forgot the flow) costs this, not forever."""
+    value = parse_duration(os.environ.get(TIMEOUT_ENV, "").strip()) if os.environ.get(TIMEOUT_ENV) else None
+    return value if value else DEFAULT_TIMEOUT_S
 
 
 class StorageError(Exception):
@@ -95,7 +106,8 @@ class Remote:
     def _open(self, settings: Settings) -> ObjectStore:
         from obstore.store import from_url
 
-        client: dict[str, Any] = {"connect_timeout": "10s", "timeout": "120s"}
+        timeout = request_timeout()
+        client: dict[str, Any] = {"connect_timeout": f"{min(10.0, timeout):g}s", "timeout": f"{timeout:g}s"}
         if (settings.endpoint or "").startswith("http://"):
             client["allow_http"] = True
         retry: Any = {"max_retries": 2, "retry_timeout": timedelta(seconds=20)}
@@ -218,6 +230,8 @@ class Remote:
         if status:
             said = f"{code.group(1)}: " if code else ""
             return StorageError(FAILED, f"{where} answered {status.group(1)} ({said}{status.group(2).strip()})")
+        if _TIMED_OUT.search(text):
+            return StorageError(UNREACHABLE, f"{endpoint or where} did not answer in {request_timeout():g} s")
         reason = _UNREACHABLE.search(text)
         if reason:
             return StorageError(UNREACHABLE, f"cannot reach {endpoint or where} ({reason.group(0).lower()})")
