@@ -10,7 +10,7 @@ from typing import Optional
 
 from ..config import privatefiles
 
-FILE = "stored.json"
+STORED_JOBS_FILE = "stored.json"
 MAX_KEPT = 5000  # jobs remembered; the oldest are forgotten first
 
 
@@ -27,7 +27,7 @@ def remember(box: str, job_id: int, name: Optional[str], place: Optional[str]) -
         known.pop(key, None)
         known[key] = place
     data = json.dumps(dict(list(known.items())[-MAX_KEPT:]), indent=0).encode()
-    privatefiles.write(privatefiles.cache_dir() / FILE, data)
+    privatefiles.write(privatefiles.cache_dir() / STORED_JOBS_FILE, data)
 
 
 def recall(box: str, job: str) -> Optional[str]:
@@ -36,7 +36,7 @@ def recall(box: str, job: str) -> Optional[str]:
 
 
 def _read() -> dict[str, str]:
-    data = privatefiles.read(privatefiles.cache_dir() / FILE)
+    data = privatefiles.read(privatefiles.cache_dir() / STORED_JOBS_FILE)
     if not data:
         return {}
     try:

@@ -14,7 +14,9 @@ from typing import Any, Optional
 
 from .store import Store
 
-WAITING, STORED, GONE = "waiting", "stored", "gone"
+WAITING = "waiting"  # an upload's states: not stored yet (tried again at next_at)
+STORED = "stored"  # uploaded, verified, its manifest written
+GONE = "gone"  # deleted or saved again on the box before it was stored
 JOB_RECORD = "job"  # the kind of the row that stores the job's record and snapshot, for a restart elsewhere
 
 

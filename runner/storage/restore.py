@@ -13,7 +13,7 @@ from typing import Any, Optional
 from tfrun.content import ManifestError
 from tfrun.protocol.submit import FileEntry
 from tfrun.storage import stored
-from tfrun.storage.remote import FAILED, Remote, StorageError
+from tfrun.storage.remote import STORAGE_FAILED, Remote, StorageError
 
 from ..workdir.blobs import BlobStore
 from .complete import Checkpoint, FileStat
@@ -29,7 +29,7 @@ def fetch_job(remote: Remote, blobs: BlobStore) -> tuple[dict[str, Any], list[Fi
         files = [FileEntry(**entry) for entry in raw]
     except (ValueError, TypeError) as exc:
         raise StorageError(
-            FAILED, f"{remote.place.child(stored.SNAPSHOT)} is not a snapshot of tfrun's: {exc}"
+            STORAGE_FAILED, f"{remote.place.child(stored.SNAPSHOT)} is not a snapshot of tfrun's: {exc}"
         ) from None
     for entry in files:
         if entry.kind == "file" and entry.digest and not blobs.has(entry.digest):
@@ -54,7 +54,7 @@ def _fetch_blob(remote: Remote, blobs: BlobStore, digest: str, size: int) -> Non
         remote.get_into(f"{stored.BLOBS}{digest}", writer, size, digest)
         blobs.write_chunk(_HOLDER, digest, writer.offset, b"", True)
     except ManifestError as exc:
-        raise StorageError(FAILED, f"a content of the stored snapshot is damaged: {exc}") from None
+        raise StorageError(STORAGE_FAILED, f"a content of the stored snapshot is damaged: {exc}") from None
     finally:
         blobs.discard(_HOLDER)
 

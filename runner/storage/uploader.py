@@ -32,7 +32,7 @@ from typing import Callable, Optional, Protocol
 from tfrun.content import ManifestError
 from tfrun.storage import stored
 from tfrun.storage.place import parse
-from tfrun.storage.remote import CHANGED, NO_BUCKET, REFUSED, Pace, Remote, StorageError
+from tfrun.storage.remote import CHANGED, NO_BUCKET, REFUSED, STORAGE_FAILED, Pace, Remote, StorageError
 
 from ..alerts.outbox import Outbox
 from ..alerts.watch import Alerts
@@ -131,7 +131,7 @@ class Uploader:
                 failing.add(upload.place)
                 self._failed(upload, exc)
             except (OSError, ManifestError, ValueError) as exc:
-                self._failed(upload, StorageError("failed", f"{upload.name}: {exc}"))
+                self._failed(upload, StorageError(STORAGE_FAILED, f"{upload.name}: {exc}"))
 
     async def _send(self, upload: Upload) -> None:
         loop = asyncio.get_running_loop()

@@ -26,7 +26,8 @@ from .place import Place
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
 
-TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "TFRUN_STORAGE_TIMEOUT", 60.0
+STORAGE_TIMEOUT_ENV = "TFRUN_STORAGE_TIMEOUT"
+DEFAULT_STORAGE_TIMEOUT_S = 60.0
 PART_BYTES = 8 << 20  # a file larger than this goes up in parts of this size, several at once
 READ_BYTES = 1 << 20  # what is read, hashed and paced at a time
 _CODE = re.compile(r"<Code>([^<]{1,64})</Code>")  # S3's error code, in the body the library quotes
@@ -38,17 +39,22 @@ _UNREACHABLE = re.compile(
 )
 
 # What a failure is, for the one line and for what the daemon does next (retry, or wait for the user).
-UNREACHABLE, REFUSED, NO_BUCKET, NOT_FOUND, CHANGED, FAILED = (
-    "unreachable", "refused", "no-bucket", "not-found", "changed", "failed"
-)  # fmt: skip
+UNREACHABLE = "unreachable"
+REFUSED = "refused"
+NO_BUCKET = "no-bucket"
+NOT_FOUND = "not-found"
+CHANGED = "changed"
+STORAGE_FAILED = "failed"
 
 
 def request_timeout() -> float:
     """Seconds one request to storage may take (a part of 8 MB, a listing) before it is given up and tried
     again: TFRUN_STORAGE_TIMEOUT, else 60 (a link slower than 140 kB/s needs more). A link that froze without a
     word (a sleeping laptop's, a NAT's that forgot the flow) costs this, not forever."""
-    value = parse_duration(os.environ.get(TIMEOUT_ENV, "").strip()) if os.environ.get(TIMEOUT_ENV) else None
-    return value if value else DEFAULT_TIMEOUT_S
+    value = (
+        parse_duration(os.environ.get(STORAGE_TIMEOUT_ENV, "").strip()) if os.environ.get(STORAGE_TIMEOUT_ENV) else None
+    )
+    return value if value else DEFAULT_STORAGE_TIMEOUT_S
 
 
 class StorageError(Exception):
@@ -149,13 +155,13 @@ class Remote:
         unencrypted objects; any other ETag (encryption, another server's form): read back and compared."""
         meta = self._call(lambda o: o.head(self.store, key))
         if meta["size"] != sums.size:
-            raise StorageError(FAILED, f"{key} was stored with {meta['size']} bytes, not {sums.size}")
+            raise StorageError(STORAGE_FAILED, f"{key} was stored with {meta['size']} bytes, not {sums.size}")
         if (meta.get("e_tag") or "").strip('"') == sums.etag():
             return
         back = hashlib.sha256()
         self._stream(key, back.update)
         if back.hexdigest() != sums.sha256.hexdigest():
-            raise StorageError(FAILED, f"{key} read back differs from what was sent")
+            raise StorageError(STORAGE_FAILED, f"{key} read back differs from what was sent")
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self._call(lambda o: o.put(self.store, key, data, use_multipart=False))
@@ -176,7 +182,9 @@ class Remote:
         self._stream(key, take)
         n = counted[0]
         if n != size or got.hexdigest() != sha256:
-            raise StorageError(FAILED, f"{self.place.child(key)} came back unlike it was stored ({n} of {size} bytes)")
+            raise StorageError(
+                STORAGE_FAILED, f"{self.place.child(key)} came back unlike it was stored ({n} of {size} bytes)"
+            )
 
     def listing(self, prefix: str = "") -> dict[str, int]:
         """Every key under `prefix`, with its size."""
@@ -229,13 +237,13 @@ class Remote:
             return StorageError(NOT_FOUND, f"not found in {where}")
         if status:
             said = f"{code.group(1)}: " if code else ""
-            return StorageError(FAILED, f"{where} answered {status.group(1)} ({said}{status.group(2).strip()})")
+            return StorageError(STORAGE_FAILED, f"{where} answered {status.group(1)} ({said}{status.group(2).strip()})")
         if _TIMED_OUT.search(text):
             return StorageError(UNREACHABLE, f"{endpoint or where} did not answer in {request_timeout():g} s")
         reason = _UNREACHABLE.search(text)
         if reason:
             return StorageError(UNREACHABLE, f"cannot reach {endpoint or where} ({reason.group(0).lower()})")
-        return StorageError(FAILED, f"{where}: {_gist(text)}")
+        return StorageError(STORAGE_FAILED, f"{where}: {_gist(text)}")
 
 
 class _Sums:

@@ -22,14 +22,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .remote import FAILED, Remote, StorageError
+from .remote import STORAGE_FAILED, Remote, StorageError
 
 META = ".tfrun"
 CHECKPOINTS = f"{META}/checkpoints/"
 JOB = f"{META}/job.json"
 SNAPSHOT = f"{META}/snapshot.json"
 BLOBS = f"{META}/blobs/"
-TENSORFLOW, FILE = "tensorflow", "file"  # a checkpoint's kind: a TF prefix's files, or one file on its own
+TENSORFLOW = "tensorflow"  # a checkpoint's kind: a TF prefix's index and shards (else "file": one file on its own)
 TF_STATE = "checkpoint"  # the file TensorFlow's CheckpointManager names its checkpoints in
 
 
@@ -134,7 +134,7 @@ def _make_parents(folder: Path, parent: Path) -> None:
             current.mkdir(mode=0o700)
         except FileExistsError:
             if current.is_symlink() or not current.is_dir():
-                raise StorageError(FAILED, f"{current} is in the way of a restored checkpoint") from None
+                raise StorageError(STORAGE_FAILED, f"{current} is in the way of a restored checkpoint") from None
 
 
 def write_record(remote: Remote, key: str, record: dict[str, Any]) -> None:
@@ -144,5 +144,5 @@ def write_record(remote: Remote, key: str, record: dict[str, Any]) -> None:
 def read_record(remote: Remote, key: str) -> dict[str, Any]:
     data = json.loads(remote.get_bytes(key))
     if not isinstance(data, dict):
-        raise StorageError(FAILED, f"{remote.place.child(key)} is not a record of tfrun's")
+        raise StorageError(STORAGE_FAILED, f"{remote.place.child(key)} is not a record of tfrun's")
     return data
