@@ -245,15 +245,16 @@ def stop(timeout: float) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON list.")
 def doctor(python: Optional[str], as_json: bool) -> None:
     """Check this box for training: the job interpreter and its TensorFlow (CUDA build, GPUs, memory
-    growth), the NVIDIA driver, and the checkpoint root. Works with or without a running daemon;
-    exits 1 if any check fails (a warning is not a failure: a CPU-only box is allowed)."""
+    growth), the NVIDIA driver, the checkpoint root, and object storage where [storage] names it. Works with
+    or without a running daemon; exits 1 if any check fails (a warning is not a failure: a CPU-only box is
+    allowed)."""
     from .doctor import FAIL, job_python, run_checks
 
     try:
         config = Config.load(Layout.from_env())
     except ConfigError as exc:
         _fail(str(exc))
-    checks = run_checks(config.checkpoint_root, python or job_python(config.job_python))
+    checks = run_checks(config.checkpoint_root, python or job_python(config.job_python), config.checkpoints_to)
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(check) for check in checks], indent=2))
     else:

@@ -76,8 +76,8 @@ print(json.dumps({"prefix": sys.prefix, "tensorflow": found, "version": version}
 """
 
 
-def run_checks(checkpoint_root: Path, python: str) -> list[Check]:
-    """Every check, in the order a person would fix things."""
+def run_checks(checkpoint_root: Path, python: str, checkpoints_to: Optional[str] = None) -> list[Check]:
+    """Every check, in the order a person would fix things; the box's object storage where it has a default."""
     checks: list[Check] = []
     search = Search()
     interpreter = _interpreter(python, search)
@@ -88,11 +88,27 @@ def run_checks(checkpoint_root: Path, python: str) -> list[Check]:
         checks.extend(_tensorflow(interpreter[1], search, gpus_by_driver=smi[1]))
     checks.append(_growth_default())
     checks.append(_checkpoint_root(checkpoint_root))
+    if checkpoints_to:
+        checks.append(_storage(checkpoints_to))
     if search.skipped:
         checks.append(Check("interpreters not run", WARN, "; ".join(search.skipped),
                             "another user could have put or changed them: fix their owner or mode to have them "
                             "looked at"))  # fmt: skip
     return checks
+
+
+def _storage(where: str) -> Check:
+    """Whether [storage] checkpoints_to answers with this box's credentials: one listing of its prefix."""
+    from tfrun.storage.credentials import settings_for
+    from tfrun.storage.place import PlaceError, parse
+    from tfrun.storage.remote import Remote, StorageError
+
+    try:
+        remote = Remote(parse(where))
+        remote.listing(".tfrun/")
+    except (PlaceError, StorageError) as exc:
+        return Check("object storage", FAIL, str(exc), "checkpoints wait on the box until it answers: docs/storage.md")
+    return Check("object storage", OK, f"{where} answers (credentials: {settings_for(parse(where)).source})")
 
 
 def job_python(configured: Optional[str]) -> str:

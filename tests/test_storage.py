@@ -323,3 +323,15 @@ def test_a_link_to_storage_that_freezes_is_given_up_and_the_upload_finishes_once
         assert manifests["model.bin"]["files"][0]["size"] == 40 << 20
     finally:
         relay.close()
+
+
+def test_doctor_says_whether_the_boxs_storage_answers(home: Any, s3: S3Server) -> None:
+    tf, bucket, _ = home
+    tf.ok("config", "set", "storage.checkpoints_to", f"s3://{bucket}/d")
+    found = {c["name"]: c for c in json.loads(tf.run("doctor", "--json").stdout)}
+    assert found["object storage"]["status"] == "ok" and "profile default in" in found["object storage"]["detail"]
+    tf.ok("config", "set", "storage.checkpoints_to", "s3://no-such-bucket-here/d")
+    failed = tf.run("doctor", "--json")
+    found = {c["name"]: c for c in json.loads(failed.stdout)}
+    assert failed.returncode == 1 and found["object storage"]["status"] == "fail"
+    assert found["object storage"]["detail"].startswith("bucket no-such-bucket-here does not exist")

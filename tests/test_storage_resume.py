@@ -23,9 +23,9 @@ pytestmark = [pytest.mark.s3, pytest.mark.slow]
 DEAD_PORT = 9  # discard: nothing listens on it here, so a box named there cannot be reached
 
 
-def _boxes(tmp_path: Path, sshd: Sshd, s3: S3Server, box1_port: int) -> Tfrun:
-    """A client whose config names box1 and box2 (both pool `gpu`), two daemons behind the same sshd, each with
-    a home of its own and the server's credentials where AWS's tools look."""
+def _boxes(tmp_path: Path, sshd: Sshd, s3: S3Server, box1_port: int, bucket: str) -> Tfrun:
+    """A client whose config names box1 and box2 (both pool `gpu`, whose submits store to `bucket`), two daemons
+    behind the same sshd, each with a home of its own and the server's credentials where AWS's tools look."""
     client = Tfrun(tmp_path / "client-side", client_home=tmp_path / "client")
     ssh_dir = client.client_home / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
@@ -41,6 +41,7 @@ def _boxes(tmp_path: Path, sshd: Sshd, s3: S3Server, box1_port: int) -> Tfrun:
         text += (f'[hosts.{name}]\ndestination = "{getpass.getuser()}@127.0.0.1:{port}"\n'
                  f"tfrund = {json.dumps(tfrund)}\npools = [\"gpu\"]\n"
                  f"env = {{ {', '.join(f'{k} = {json.dumps(v)}' for k, v in env.items())} }}\n")  # fmt: skip
+    text += f'[pools.gpu]\ncheckpoints_to = "s3://{bucket}/m"\n'
     config = client.client_home / ".config" / "tfrun" / "config.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(text)
@@ -54,13 +55,17 @@ def test_a_job_resumes_on_another_box_and_with_its_box_gone(tmp_path: Path, sshd
     project = tmp_path / "project"
     project.mkdir()
     write_script(project, "job.py", JOB)
-    client = _boxes(tmp_path, sshd, s3, sshd.port)
+    client = _boxes(tmp_path, sshd, s3, sshd.port, bucket)
     homes = [tmp_path / "box1-home", tmp_path / "box2-home"]
     try:
-        first = client.ok("submit", "--host", "box1", "--workdir", str(project), "--env", "TOKEN=tok-1",
-                          "--checkpoints-to", f"s3://{bucket}/m", str(project / "job.py"), "2").strip()  # fmt: skip
+        # to the pool, whose [pools.gpu] checkpoints_to names the bucket: placed on box1 (both idle: by name)
+        address = client.ok("submit", "--host", "gpu", "--workdir", str(project), "--env", "TOKEN=tok-1",
+                            str(project / "job.py"), "2").strip()  # fmt: skip
+        assert address.startswith("box1:")
+        first = address.split(":")[1]
         client.ok("wait", f"box1:{first}")
         place = _stored(client, f"box1:{first}", 2)["place"]
+        assert place.startswith(f"s3://{bucket}/m/job-")
 
         # box1 answers: the job's stored folder and its env come from it
         moved = client.ok("restart", f"box1:{first}", "--host", "box2").strip()
@@ -78,7 +83,7 @@ def test_a_job_resumes_on_another_box_and_with_its_box_gone(tmp_path: Path, sshd
         }
 
         # box1 is gone: what this machine remembered of the job is enough
-        gone = _boxes(tmp_path, sshd, s3, DEAD_PORT)
+        gone = _boxes(tmp_path, sshd, s3, DEAD_PORT, bucket)
         gone.env.update(s3.write_aws_files(tmp_path / "client-aws"))  # this machine's own keys read the bucket
         shown = gone.run("checkpoints", f"box1:{first}")
         assert shown.returncode == 0, shown.stderr

@@ -108,6 +108,6 @@ async def doctor(daemon: Context, req: Doctor, conn: Connection) -> None:
     executor = daemon.executor
 
     def work() -> list[Check]:
-        return run_checks(daemon.config.checkpoint_root, python) + executor.checks()
+        return run_checks(daemon.config.checkpoint_root, python, daemon.config.checkpoints_to) + executor.checks()
 
     await conn.send(DoctorReport(await asyncio.get_running_loop().run_in_executor(None, work)))

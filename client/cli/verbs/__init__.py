@@ -46,7 +46,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
              "process outside tfrun), which keeps your jobs off it."),
     "doctor": ("admin", "doctor", "Check the box for training, as its daemon sees it: the job interpreter and its "
                "TensorFlow (built with CUDA, GPUs seen, memory growth), the NVIDIA driver and CUDA version from "
-               "nvidia-smi, and the checkpoint root (writable, free space)."),
+               "nvidia-smi, the checkpoint root (writable, free space), and the box's object storage ([storage] "
+               "checkpoints_to) where it names one."),
     "checkpoints": ("files", "checkpoints", "List JOB's checkpoints: each one's step, when it was saved, its size, "
                     "and whether it is in its folder on the box."),
     "pull": ("files", "pull", "Copy a job's checkpoints or files back to this machine (from object storage when the "

@@ -109,9 +109,10 @@ def _config_change(change: Call[ConfigReply, ConfigReply], as_json: bool, what: 
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON list.")
 def doctor(python: Optional[str], as_json: bool) -> None:
     """Check the box for training, as its daemon sees it: the job interpreter and its TensorFlow (built
-    with CUDA, GPUs seen, memory growth), the NVIDIA driver and CUDA version from nvidia-smi, and the
-    checkpoint root (writable, free space). Each line passes or says what to do; exits 1 if any fails.
-    A box without GPUs gets warnings, not failures."""
+    with CUDA, GPUs seen, memory growth), the NVIDIA driver and CUDA version from nvidia-smi, the
+    checkpoint root (writable, free space), and the box's object storage ([storage] checkpoints_to) where it
+    names one. Each line passes or says what to do; exits 1 if any fails. A box without GPUs gets warnings,
+    not failures."""
     host = cli.target().host
     checks = cli.call(admin.doctor(python or (host.python if host else None)))
     if as_json:
