@@ -335,3 +335,14 @@ def test_doctor_says_whether_the_boxs_storage_answers(home: Any, s3: S3Server) -
     found = {c["name"]: c for c in json.loads(failed.stdout)}
     assert failed.returncode == 1 and found["object storage"]["status"] == "fail"
     assert found["object storage"]["detail"].startswith("bucket no-such-bucket-here does not exist")
+
+
+def test_the_boxs_default_destination_applies_unless_a_submit_says_none(home: Any, s3: S3Server) -> None:
+    tf, bucket, project = home
+    tf.ok("config", "set", "storage.checkpoints_to", f"s3://{bucket}/default")
+    stored = tf.submit("--workdir", str(project), "--name", "bert", str(project / "job.py"), "1")
+    kept = tf.submit("--workdir", str(project), "--checkpoints-to", "none", str(project / "job.py"), "1")
+    assert tf.job(stored)["checkpoints_to"].startswith(f"s3://{bucket}/default/bert-")
+    assert tf.job(kept)["checkpoints_to"] is None
+    bad = tf.run("submit", "--checkpoints-to", "s3://Bad_Bucket/x", str(project / "job.py"))
+    assert bad.returncode == 2 and "'Bad_Bucket' is not a bucket name" in bad.stderr and "Traceback" not in bad.stderr
