@@ -37,7 +37,8 @@ def test_a_checkpoint_counts_only_once_unchanged_since_the_previous_look(tmp_pat
     looker = Looker(tmp_path)
     assert _names(looker) == []  # first look: nothing to compare with
     assert _names(looker) == ["model.keras"]
-    _write(tmp_path, "model.keras", b"y" * 200)  # saved again: it waits one more look
+    assert _names(looker) == []  # told once
+    _write(tmp_path, "model.keras", b"y" * 200)  # saved again: it waits one more look, then is new again
     assert _names(looker) == []
     assert _names(looker) == ["model.keras"]
 
@@ -89,8 +90,7 @@ def test_a_tensorflow_checkpoint_needs_every_shard_and_the_state_file_naming_it(
     looker.look()
     assert _names(looker) == []  # whole, but the state file does not name it yet
     _write(tmp_path, "checkpoint", b'model_checkpoint_path: "ckpt-5"\nall_model_checkpoint_paths: "ckpt-5"\n')
-    looker.look()
-    (found,) = looker.look()
+    (found,) = looker.look()  # its files settled long ago: complete once the state file names it
     assert (found.name, found.kind) == ("ckpt-5", "tensorflow")
     assert sorted(f.path for f in found.files) == [
         "ckpt-5.data-00000-of-00002", "ckpt-5.data-00001-of-00002", "ckpt-5.index"

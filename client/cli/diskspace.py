@@ -93,7 +93,10 @@ def _removal_line(removal: Removal, dry_run: bool) -> str:
     elif removal.checkpoints == "foreign":
         text += f"; {removal.checkpoint_dir} stays: tfrun did not make it for this job (an older tfrun's, or not yours)"
     elif removal.checkpoints == "waiting":
-        text += f"; its checkpoints stay in {removal.checkpoint_dir} until all are in object storage"
+        text += (
+            f"; its checkpoints stay in {removal.checkpoint_dir}: some are not in object storage yet (delete "
+            "the folder yourself once they are)"
+        )
     if removal.storage == "kept":
         text += f"; its stored copies stay in {removal.stored_at} (--storage removes them)"
     elif removal.storage == "shared":

@@ -57,12 +57,15 @@ class Checkpoint:
 
 
 class Looker:
-    """Looks at one checkpoint folder again and again; each look returns the checkpoints complete by then.
-    It keeps what the previous look saw, since "unchanged since the previous look" is half of the rule."""
+    """Looks at one checkpoint folder again and again; each look returns the checkpoints that became complete
+    since the previous one (a checkpoint saved again under its name is new again). It keeps what the previous
+    look saw, since "unchanged since the previous look" is half of the rule, and what it returned, so that /proc
+    is read only for checkpoints not yet told of."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self._before: dict[str, FileStat] = {}
+        self._told: set[tuple[str, tuple[FileStat, ...]]] = set()
 
     def look(self, now: Optional[float] = None) -> list[Checkpoint]:
         now = time.time() if now is None else now
@@ -72,11 +75,16 @@ class Looker:
             if self._before.get(path) == st and now - st.mtime_ns / 1e9 >= QUIET_S
         }  # fmt: skip
         self._before = files
-        candidates = [c for c in _group(self.folder, files) if all(f.path in settled for f in c.files)]
+        candidates = [
+            c for c in _group(self.folder, files)
+            if (c.name, c.files) not in self._told and all(f.path in settled for f in c.files)
+        ]  # fmt: skip
         if not candidates:
             return []
-        writing = _open_for_writing({(f.ino) for c in candidates for f in c.files}, self.folder)
-        return [c for c in candidates if not any(f.ino in writing for f in c.files)]
+        writing = _open_for_writing({f.ino for c in candidates for f in c.files}, self.folder)
+        complete = [c for c in candidates if not any(f.ino in writing for f in c.files)]
+        self._told.update((c.name, c.files) for c in complete)
+        return complete
 
 
 def on_box(folder: Path) -> list[Checkpoint]:

@@ -99,7 +99,7 @@ class Uploader:
         """Record the job's record once, and each checkpoint of its folder found complete since the last look."""
         place = row.spec.checkpoints_to
         assert place is not None
-        if not self.rows.known(_record_folder(place)):
+        if row.prepared and not self.rows.known(_record_folder(place)):  # its snapshot's manifest is written
             self.rows.add(row.id, _record_folder(place), place, stored.JOB, JOB_RECORD, [], row.created_at, now)
         looker = self._lookers.setdefault(row.checkpoint_dir, Looker(Path(row.checkpoint_dir)))
         if row.state == "queued" or not os.path.isdir(row.checkpoint_dir):
