@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -49,6 +50,7 @@ LOOK_S = 2.0  # how often each job's checkpoint folder is looked at
 ENDED_LOOK_S = 120.0  # an ended job's folder is still looked at this long (its last save, just before it exited)
 FIRST_RETRY_S, MAX_RETRY_S = 2.0, 300.0
 STORAGE_RULE = "storage"
+NICE = 10  # the uploads thread's niceness: below the training's, which runs at the daemon's
 STORED_LIST = ".tfrun-stored"  # in a checkpoint folder: the names stored, for tfrun.jobs.Checkpoints' `keep`
 
 
@@ -70,7 +72,7 @@ class Uploader:
         self._lookers: dict[str, Looker] = {}  # by checkpoint folder
         self._remotes: dict[str, Remote] = {}  # by the job's stored folder
         self._pace: Optional[Pace] = None
-        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfrund-storage")
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, "tfrund-storage", initializer=_yield_to_training)
         self.problems: dict[str, str] = {}  # stored folder -> why its uploads fail now (one line)
         self._alerted: set[str] = set()  # stored folders whose current outage was alerted
         self.box = socket.gethostname()
@@ -248,6 +250,15 @@ class Uploader:
 
     def waiting_in(self, folder: str) -> int:
         return sum(1 for u in self.rows.of_folder(folder) if u.state not in (STORED, GONE))
+
+
+def _yield_to_training() -> None:
+    """Run the uploads' reading and hashing at nice NICE: on a box whose CPUs the training keeps busy, they take
+    what it leaves (Linux schedules threads one by one, so this thread alone is lowered)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    except OSError as exc:
+        log.info("storage: uploads run at the daemon's priority (%s)", exc.strerror or exc)
 
 
 def _record_folder(place: str) -> str:

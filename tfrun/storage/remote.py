@@ -229,6 +229,13 @@ class Remote:
         source = self._settings.source if self._settings else "no credentials"
         code = _CODE.search(text)
         status = _STATUS.search(text)
+        no_keys = not (self._settings and self._settings.secrets)
+        if no_keys and ("169.254.169.254" in text or "credentials" in text.lower()):  # the role's, looked for
+            return StorageError(
+                REFUSED,
+                f"no credentials for {where} on this machine: set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws/credentials (docs/storage.md)",
+            )
         if (code and code.group(1) == "NoSuchBucket") or "bucket does not exist" in text.lower():
             return StorageError(NO_BUCKET, f"bucket {self.place.bucket} does not exist ({where}): make it, fix the URL")
         if (code and code.group(1) in _REFUSED_CODES) or (status and status.group(1) in ("401", "403")):
