@@ -253,6 +253,8 @@ def test_a_missing_bucket_or_refused_credentials_is_one_line_and_an_alert(home: 
         found = wait_for(alerts, timeout=30, what="the storage alert")
         assert "not-the-secret" not in json.dumps(found)
         assert "not-the-secret" not in (wrong.home / "tfrund.log").read_text()
+        s3.write_aws_files(tmp_path / "wrong-aws")  # the keys fixed: read again at the next try, no restart
+        assert _stored(wrong, other, 1, timeout=120)["problem"] is None
     finally:
         wrong.cleanup()
 

@@ -111,6 +111,12 @@ class Uploads:
             (retry_at, error, upload.failing_since or now, upload.id),
         )
 
+    def hold(self, place: str, until: float) -> None:
+        """Let no waiting upload to `place` be tried before `until` (its storage just failed)."""
+        self.store.db.execute(
+            "UPDATE uploads SET next_at=max(next_at, ?) WHERE place=? AND state=?", (until, place, WAITING)
+        )
+
     def retry_now(self, place: str, now: float) -> None:
         """Try every waiting upload to `place` at the next pass (its storage answered again)."""
         self.store.db.execute("UPDATE uploads SET next_at=? WHERE place=? AND state=?", (now, place, WAITING))

@@ -76,6 +76,7 @@ class Uploader:
         self.problems: dict[str, str] = {}  # stored folder -> why its uploads fail now (one line)
         self._alerted: set[str] = set()  # stored folders whose current outage was alerted
         self.box = socket.gethostname()
+        self.started = time.time()
 
     async def run(self) -> None:
         """Look and send, forever; a pass that fails is logged, and the next one tries again."""
@@ -95,7 +96,12 @@ class Uploader:
     def _jobs(self, now: float) -> list[JobRow]:
         """The jobs whose folders may gain checkpoints: those not ended, and those that ended a moment ago."""
         rows = self.store.list(include_final=False) + self.store.recent_final(50)
-        return [r for r in rows if r.spec.checkpoints_to and (not r.final or now - (r.finished_at or 0) < ENDED_LOOK_S)]
+        return [r for r in rows if r.spec.checkpoints_to and (not r.final or now - self._ended(r) < ENDED_LOOK_S)]
+
+    def _ended(self, row: JobRow) -> float:
+        """When the job ended as far as looking goes: a job that ended while no daemon ran is looked at for a
+        while after this one started, so the checkpoint it saved last is not missed."""
+        return max(row.finished_at or 0.0, self.started)
 
     async def _look(self, row: JobRow, now: float) -> None:
         """Record the job's record once, and each checkpoint of its folder found complete since the last look."""
@@ -186,6 +192,8 @@ class Uploader:
         now = time.time()
         wait = min(MAX_RETRY_S, FIRST_RETRY_S * 2 ** min(upload.attempts, 10))
         self.rows.failed(upload, now, now + wait, exc.message)
+        self.rows.hold(upload.place, now + wait)  # the others of its folder wait as long: one try a wait
+        self._remotes.pop(upload.place, None)  # opened again next time: credentials fixed meanwhile are read
         if self.problems.get(upload.place) != exc.message:
             log.warning("storage: %s: %s; trying again in %.0f s", upload.name, exc.message, wait)
         self.problems[upload.place] = exc.message
