@@ -50,6 +50,7 @@ the server share; nothing is tuned to pass.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -216,9 +217,12 @@ def child_env(endpoint: str, tmp: Path) -> dict[str, str]:
 def _tfrun(folder: Path, prefix: str, rate: int = 0, forever: bool = False) -> None:
     """As runner/storage/uploader.py sends a checkpoint: one Remote, its endpoint and keys from the environment,
     one Pace for every file; `forever`: again and again, saying `ready` once the bucket is opened, until killed."""
+    from tfrun.runner.storage.uploader import yield_to_training
     from tfrun.storage.place import parse
     from tfrun.storage.remote import Pace, Remote
 
+    yield_to_training()  # the daemon's uploads thread runs at nice 19: so does this one
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))  # on any CPU, as the daemon (the training's were pinned)
     remote, pace = Remote(parse(f"s3://{BUCKET}/{prefix}")), Pace(rate)
     remote.store  # noqa: B018 - opened now, as the daemon's is after its first upload
     if forever:
@@ -471,11 +475,31 @@ def training_block(model: Model, steps: int, uploader: Optional[list[str]], env:
     return times, read / seconds, cpu / seconds, server_cpu / seconds  # the uploader's counts its start: high
 
 
+def pin(server: int) -> str:
+    """Keep the S3 server on the last CPU and the training on the others, its BLAS threads as many: on a box the
+    server is another machine, and what the training shares its CPUs with is the uploader alone (which may run
+    anywhere). Says so, for the table's heading; "" where there is one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return ""
+    training_cpus, server_cpus = set(cpus[:-1]), {cpus[-1]}
+    for task in os.listdir(f"/proc/{server}/task"):  # each of its threads: affinity is a thread's
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(task), server_cpus)
+    os.sched_setaffinity(0, training_cpus)
+    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(len(training_cpus))
+    return (
+        f"the S3 server pinned to CPU {cpus[-1]} (standing for another machine), the training to CPU(s) "
+        f"{', '.join(map(str, sorted(training_cpus)))}, the uploader on any CPU"
+    )
+
+
 def training(args: argparse.Namespace, folder: Path, server: SeaweedFS, env: dict[str, str]) -> None:
     """Section 2: the step's median alone, with uploads and with paced uploads, blocks interleaved."""
     rate = int(args.pace_mb * 1e6)
     modes: dict[str, Optional[int]] = {"alone": None, "with uploads (no bound)": 0,
                                        f"with uploads (Pace {args.pace_mb:g} MB/s)": rate}  # fmt: skip
+    pinned = pin(server.proc.pid) if args.pin else ""
     model = Model()
     model.calibrate()
     steps: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -501,8 +525,9 @@ def training(args: argparse.Namespace, folder: Path, server: SeaweedFS, env: dic
             cpu[mode].append(share)
             server_cpu[mode].append(server_share)
     alone = statistics.median(steps["alone"])
-    print(f"\nTraining step with uploads against without: {os.cpu_count()} CPUs (os.cpu_count()), shared by the "
-          "training, the uploader and the S3 server; a NumPy MLP step of fixed work (repeat "
+    shared = pinned or "shared by the training, the uploader and the S3 server"
+    print(f"\nTraining step with uploads against without: {os.cpu_count()} CPUs (os.cpu_count()), {shared}; the "
+          "uploader's thread at nice 19, as the daemon's; a NumPy MLP step of fixed work (repeat "
           f"{model.repeat}), {args.steps} steps a block after {WARMUP_STEPS} not counted, {args.blocks} blocks of "
           "each mode, interleaved; the uploader is tfrun's Remote.put_file in its own process, sending the "
           "checkpoint above over and over\n")  # fmt: skip
@@ -528,6 +553,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="runs of each uploader in the table (default 3)")
     parser.add_argument("--quick", action="store_true", help="a smaller checkpoint (84 MB) and fewer blocks")
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="training: leave the S3 server on the "
+        "training's CPUs (by default it is pinned to the last CPU, standing for another machine)",
+    )
     parser.add_argument("--section", choices=["all", "table", "training"], default="all")
     parser.add_argument("--aws", default=shutil.which("aws") or str(Path(sys.executable).with_name("aws")),
                         help="the aws CLI of the baseline row (default: the one on PATH)")  # fmt: skip

@@ -50,7 +50,7 @@ LOOK_S = 2.0  # how often each job's checkpoint folder is looked at
 ENDED_LOOK_S = 120.0  # an ended job's folder is still looked at this long (its last save, just before it exited)
 FIRST_RETRY_S, MAX_RETRY_S = 2.0, 300.0
 STORAGE_RULE = "storage"
-NICE = 10  # the uploads thread's niceness: below the training's, which runs at the daemon's
+LOWEST_NICE = 19  # the uploads thread's niceness: the lowest
 STORED_LIST = ".tfrun-stored"  # in a checkpoint folder: the names stored, for tfrun.jobs.Checkpoints' `keep`
 
 
@@ -72,7 +72,7 @@ class Uploader:
         self._lookers: dict[str, Looker] = {}  # by checkpoint folder
         self._remotes: dict[str, Remote] = {}  # by the job's stored folder
         self._pace: Optional[Pace] = None
-        self._thread = concurrent.futures.ThreadPoolExecutor(1, "tfrund-storage", initializer=_yield_to_training)
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, "tfrund-storage", initializer=yield_to_training)
         self.problems: dict[str, str] = {}  # stored folder -> why its uploads fail now (one line)
         self._alerted: set[str] = set()  # stored folders whose current outage was alerted
         self.box = socket.gethostname()
@@ -260,11 +260,14 @@ class Uploader:
         return sum(1 for u in self.rows.of_folder(folder) if u.state not in (STORED, GONE))
 
 
-def _yield_to_training() -> None:
-    """Run the uploads' reading and hashing at nice NICE: on a box whose CPUs the training keeps busy, they take
-    what it leaves (Linux schedules threads one by one, so this thread alone is lowered)."""
+def yield_to_training() -> None:
+    """Run the calling thread (the uploads' reading and hashing) at the lowest priority, nice 19: where the
+    training keeps every CPU busy it gets about 1.5% of one (CFS's weights: 15 against the training's 1024),
+    so the training does not notice it and the uploads still go on. Not the idle class (SCHED_IDLE), under
+    which a training that saturates the box stopped them (3 MB/s, bench/storage.py). Linux schedules threads one
+    by one: this thread alone is lowered."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_NICE)
     except OSError as exc:
         log.info("storage: uploads run at the daemon's priority (%s)", exc.strerror or exc)
 

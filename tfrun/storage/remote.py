@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 STORAGE_TIMEOUT_ENV = "TFRUN_STORAGE_TIMEOUT"
 DEFAULT_STORAGE_TIMEOUT_S = 60.0
 PART_BYTES = 8 << 20  # a file larger than this goes up in parts of this size, several at once
-READ_BYTES = 1 << 20  # what is read, hashed and paced at a time
+READ_BYTES = 1 << 20  # what is read, hashed and paced at a time (a download's chunk too)
 _CODE = re.compile(r"<Code>([^<]{1,64})</Code>")  # S3's error code, in the body the library quotes
 _STATUS = re.compile(r"status code: (\d{3})([^:<\n]{0,40})")
 _REFUSED_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken"}
@@ -117,15 +117,20 @@ class Remote:
         if (settings.endpoint or "").startswith("http://"):
             client["allow_http"] = True
         retry: Any = {"max_retries": 2, "retry_timeout": timedelta(seconds=20)}
+        config: dict[str, str] = dict(settings.config)
+        if self.place.scheme == "s3":
+            config["checksum_algorithm"] = "sha256"  # each request's SHA-256 sent: the server refuses other bytes
         try:
-            store = from_url(self.place.url, config=settings.config or None, client_options=client, retry_config=retry)  # type: ignore[call-overload]
+            store = from_url(self.place.url, config=config or None, client_options=client, retry_config=retry)  # type: ignore[call-overload]
             return store  # type: ignore[no-any-return]
         except Exception as exc:  # the library's configuration errors: a bad endpoint, region, ...
             raise self._error(exc) from None
 
     def put_file(self, key: str, path: str, pace: Optional[Pace] = None) -> Uploaded:
-        """Upload the file at `path` as `key` and verify it (size, and the server's ETag against the MD5s of
-        what was sent, else by reading it back); StorageError(CHANGED) if the file changed while it was read."""
+        """Upload the file at `path` as `key`, verified: over S3, each request carries the SHA-256 of its bytes
+        (x-amz-checksum-sha256), which the server checks before it keeps them, and the object's size is checked
+        after; elsewhere the object is read back and compared. StorageError(CHANGED) if the file changed while
+        it was read (the SHA-256 that goes in the manifest is of what was sent)."""
         import obstore
 
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -133,8 +138,8 @@ class Remote:
             before = os.fstat(fd)
             if not stat.S_ISREG(before.st_mode):
                 raise StorageError(CHANGED, f"{path} is no longer a regular file")
-            sums = _Sums()
-            chunks = _read(f, sums, pace)
+            sent = _Sent()
+            chunks = _read(f, sent, pace)
             try:
                 if before.st_size <= PART_BYTES:
                     obstore.put(self.store, key, b"".join(chunks), use_multipart=False)
@@ -145,22 +150,22 @@ class Remote:
             except Exception as exc:
                 raise self._error(exc) from None
             after = os.fstat(fd)
-        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or sums.size != after.st_size:
+        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or sent.size != after.st_size:
             raise StorageError(CHANGED, f"{path} changed while it was uploaded")
-        self._verify(key, sums)
-        return Uploaded(sums.size, sums.sha256.hexdigest())
+        self._verify(key, sent)
+        return Uploaded(sent.size, sent.sha256.hexdigest())
 
-    def _verify(self, key: str, sums: _Sums) -> None:
-        """The object is what was sent: its size, and its ETag where the server's is the MD5 form S3 gives
-        unencrypted objects; any other ETag (encryption, another server's form): read back and compared."""
+    def _verify(self, key: str, sent: _Sent) -> None:
+        """The object is what was sent: its size; and, where no server checked each request's SHA-256 (Google
+        Cloud Storage, Azure: their own checks are not asked for here), its bytes read back and compared."""
         meta = self._call(lambda o: o.head(self.store, key))
-        if meta["size"] != sums.size:
-            raise StorageError(STORAGE_FAILED, f"{key} was stored with {meta['size']} bytes, not {sums.size}")
-        if (meta.get("e_tag") or "").strip('"') == sums.etag():
+        if meta["size"] != sent.size:
+            raise StorageError(STORAGE_FAILED, f"{key} was stored with {meta['size']} bytes, not {sent.size}")
+        if self.place.scheme == "s3":
             return
         back = hashlib.sha256()
         self._stream(key, back.update)
-        if back.hexdigest() != sums.sha256.hexdigest():
+        if back.hexdigest() != sent.sha256.hexdigest():
             raise StorageError(STORAGE_FAILED, f"{key} read back differs from what was sent")
 
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -253,42 +258,23 @@ class Remote:
         return StorageError(STORAGE_FAILED, f"{where}: {_gist(text)}")
 
 
-class _Sums:
-    """What is hashed as a file is read: its SHA-256, and the MD5 of each part, from which S3 makes the ETag
-    (the MD5 of the file for a single put; the MD5 of the parts' MD5s and their count for a multipart one)."""
+class _Sent:
+    """What was read of a file for its upload: its SHA-256 and size, for the checkpoint's manifest."""
 
     def __init__(self) -> None:
         self.sha256, self.size = hashlib.sha256(), 0
-        self._parts: list[bytes] = []
-        self._part = hashlib.md5(usedforsecurity=False)
-        self._in_part = 0
 
     def add(self, data: bytes) -> None:
         self.sha256.update(data)
         self.size += len(data)
-        view = memoryview(data)
-        while view:
-            take = view[: PART_BYTES - self._in_part]
-            self._part.update(take)
-            self._in_part += len(take)
-            view = view[len(take) :]
-            if self._in_part == PART_BYTES:
-                self._parts.append(self._part.digest())
-                self._part, self._in_part = hashlib.md5(usedforsecurity=False), 0
-
-    def etag(self) -> str:
-        if self.size <= PART_BYTES:
-            return self._parts[0].hex() if self._parts else self._part.hexdigest()
-        parts = self._parts + ([self._part.digest()] if self._in_part else [])
-        return f"{hashlib.md5(b''.join(parts), usedforsecurity=False).hexdigest()}-{len(parts)}"
 
 
-def _read(f: Any, sums: _Sums, pace: Optional[Pace]) -> Iterator[bytes]:
+def _read(f: Any, sent: _Sent, pace: Optional[Pace]) -> Iterator[bytes]:
     while True:
         data = f.read(READ_BYTES)
         if not data:
             return
-        sums.add(data)
+        sent.add(data)
         if pace is not None:
             pace.take(len(data))
         yield data
