@@ -488,10 +488,8 @@ def pin(server: int) -> str:
             os.sched_setaffinity(int(task), server_cpus)
     os.sched_setaffinity(0, training_cpus)
     os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(len(training_cpus))
-    return (
-        f"the S3 server pinned to CPU {cpus[-1]} (standing for another machine), the training to CPU(s) "
-        f"{', '.join(map(str, sorted(training_cpus)))}, the uploader on any CPU"
-    )
+    where = ", ".join(map(str, sorted(training_cpus)))
+    return f"the S3 server pinned to CPU {cpus[-1]} (another machine's stand-in), the training to {where}, uploads free"
 
 
 def training(args: argparse.Namespace, folder: Path, server: SeaweedFS, env: dict[str, str]) -> None:

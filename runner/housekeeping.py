@@ -48,8 +48,10 @@ from tfrun.protocol.housekeeping import DiskReport, FolderUsage, Prune, Removal,
 from tfrun.storage.remote import Remote, StorageError
 
 from .executors.slurm import arrays as slurm_arrays
+from .records import jobfiles
 from .records.job import JobRow
 from .shim import jobdir
+from .storage import complete
 from .storage.uploader import Uploader
 from .workdir.blobs import BlobStore, Collected, manifest_digests
 from .workdir.checkpoints import made_here
@@ -168,9 +170,11 @@ async def _remove_jobs(
     ids = {row.id for row in rows}
     kept = [row for row in daemon.store.list(include_final=True) if row.id not in ids]
     shared = {row.checkpoint_dir for row in kept}
-    waiting = {row.checkpoint_dir for row in rows if daemon.uploader.waiting_in(row.checkpoint_dir)}
+    stored = {
+        row.checkpoint_dir: daemon.uploader.stored_in(row.checkpoint_dir) for row in rows if row.spec.checkpoints_to
+    }
     loop = asyncio.get_running_loop()
-    measure = functools.partial(_measure, rows, checkpoints, shared, daemon.store.daemon_id, waiting)
+    measure = functools.partial(_measure, rows, checkpoints, shared, daemon.store.daemon_id, stored)
     removals = await loop.run_in_executor(None, measure)
     if not dry_run:
         needs = needed_by(daemon.store.list(include_final=True))  # again: a restart may have begun meanwhile
@@ -197,11 +201,12 @@ async def _end_alerts_stored(daemon: Context, ids: list[int]) -> None:
 
 
 def _measure(
-    rows: list[JobRow], checkpoints: bool, shared: set[str], daemon_id: str, waiting: set[str]
+    rows: list[JobRow], checkpoints: bool, shared: set[str], daemon_id: str, stored: dict[str, set[tuple[str, float]]]
 ) -> list[Removal]:
     """What removing each of `rows` frees, and what becomes of its checkpoint folder: only one this daemon
-    made may go (runner/workdir/checkpoints.py), never another home's or another user's on a shared root, nor
-    one whose checkpoints are not all in object storage yet (`waiting`)."""
+    made may go (runner/workdir/checkpoints.py), never another home's or another user's on a shared root, nor,
+    for a job with object storage, one holding a checkpoint not among those `stored` (being written, not found
+    complete yet, waiting for its upload)."""
     seen: set[tuple[int, int]] = set()
     counted: set[str] = set()  # checkpoint folders measured already: a restart chain removed whole shares one
     removals = []
@@ -214,7 +219,7 @@ def _measure(
                 fate = "shared"
             elif not made_here(folder, daemon_id):
                 fate = "foreign"
-            elif row.checkpoint_dir in waiting:
+            elif row.checkpoint_dir in stored and _unstored(folder, stored[row.checkpoint_dir]):
                 fate = "waiting"
             elif checkpoints or _empty(folder):
                 fate = "removed"
@@ -256,6 +261,14 @@ async def stored_folders(
             removal.storage = "removed" if done[place] == "removed" else "kept"
             if done[place] != "removed":
                 removal.message = f"its stored folder stays: {done[place]}"
+
+
+def _unstored(folder: Path, stored: set[tuple[str, float]]) -> bool:
+    """Whether `folder` holds a checkpoint that is not stored (or cannot be read to tell: then it stays)."""
+    try:
+        return any((found.name, found.saved_at) not in stored for found in complete.on_box(folder))
+    except (OSError, jobfiles.Refused):
+        return True
 
 
 def _delete_stored(remote: Remote) -> None:

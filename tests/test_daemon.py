@@ -271,14 +271,14 @@ def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_jobs(tf: Tfrun
             db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
         for trigger in ("job_updated", "job_deleted", "alerts_added", "alerts_updated", "alerts_deleted"):
             db.execute(f"DROP TRIGGER job_texts_{trigger}")
-        for table in ("job_alerts", "watches", "deliveries", "alerts", "daemon", "job_texts"):
+        for table in ("job_alerts", "watches", "deliveries", "alerts", "daemon", "job_texts", "uploads"):
             db.execute(f"DROP TABLE {table}")
         db.execute("PRAGMA user_version=1")
     db.close()
     assert tf.job(job)["state"] == "succeeded" and tf.log(job) == b"kept\n"
     assert tf.job(job)["restarted_as"] is None and tf.job(job)["cause"] is None
     db = sqlite3.connect(tf.home / "tfrun.db")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
     db.close()
 
 

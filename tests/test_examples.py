@@ -31,7 +31,7 @@ def test_the_demo_job_trains_and_checkpoints_through_tfrun(tf: Tfrun) -> None:
     record = tf.jobs()[0]
     assert record["state"] == "succeeded"
     listed = tf.ok("checkpoints", "--json", str(record["id"]))
-    steps = [point["step"] for point in json.loads(listed)]
+    steps = [point["step"] for point in json.loads(listed)["checkpoints"]]
     assert steps == [63, 126], "a checkpoint at the end of each epoch of 63 steps (4000 examples, 64 a batch)"
 
 
@@ -64,7 +64,7 @@ def test_the_model_fit_example_trains_a_small_cnn_and_checkpoints_each_epoch(tf:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.count("val_accuracy") == 2
-    points = json.loads(tf.ok("checkpoints", "--json", "1"))
+    points = json.loads(tf.ok("checkpoints", "--json", "1"))["checkpoints"]
     assert [point["step"] for point in points] == [29, 58], "one checkpoint per epoch of 29 steps"
 
 

@@ -146,6 +146,7 @@ ANSWERS = {
     "top": ["top_reply"], "start_service": ["service"], "check_service": ["service"], "get_daemon_key": ["daemon_key"],
     "wait": ["job"], "get_config": ["config"], "reload_config": ["config"], "set_config": ["config"],
     "remove": ["remove_reply"], "prune": ["remove_reply"], "disk_usage": ["disk_report"],
+    "list_stored": ["stored_reply"], "resume": ["job"],
 }  # fmt: skip
 # Every request but the one that stops the daemon.
 REQUESTS = sorted((cls for cls in _REGISTRY.values() if cls in HANDLERS and cls is not Shutdown), key=lambda c: c.TYPE)

@@ -348,3 +348,15 @@ def test_the_boxs_default_destination_applies_unless_a_submit_says_none(home: An
     assert tf.job(kept)["checkpoints_to"] is None
     bad = tf.run("submit", "--checkpoints-to", "s3://Bad_Bucket/x", str(project / "job.py"))
     assert bad.returncode == 2 and "'Bad_Bucket' is not a bucket name" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_rm_keeps_a_checkpoint_folder_whose_checkpoints_are_not_stored_yet(home: Any) -> None:
+    tf, _, project = home
+    job = str(tf.submit("--workdir", str(project), "--checkpoints-to", "s3://no-such-bucket-here/r",
+                        str(project / "job.py"), "1"))  # fmt: skip
+    tf.ok("wait", job)
+    wait_for(lambda: _states(tf, job)["problem"], timeout=60, what="the upload to fail")
+    folder = Path(tf.job(job)["checkpoint_dir"])
+    said = tf.ok("rm", "--checkpoints", job)
+    assert f"its checkpoints stay in {folder}: some are not in object storage yet" in said
+    assert (folder / "state-1.json").exists()

@@ -200,3 +200,12 @@ def test_a_manifest_naming_a_path_outside_the_folder_is_refused(path: str) -> No
             % path.encode())  # fmt: skip
     with pytest.raises(ValueError, match="not a path inside a checkpoint folder"):
         stored.Manifest.from_json(text)
+
+
+STEPS = [("ckpt-1200", 1200), ("sub/weights.03.h5", 3), ("epoch03.keras", 3), ("state-4.json", 4),
+         ("model.weights.h5", None), ("final", None)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "step"), STEPS)
+def test_a_checkpoints_step_is_the_number_its_name_ends_with_its_extensions_aside(name: str, step: object) -> None:
+    assert stored.step_of(name) == step

@@ -137,5 +137,5 @@ def test_steps_are_counted_right_when_keras_runs_several_per_call(tf: Tfrun, pro
     steps = [json.loads(line)["step"] for line in (tf.job_dir(job) / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(4, 41, 4)), "one record per call, counted in steps: 2 epochs x 20 steps"
     assert "iterations 40" in tf.log(job).decode()
-    saved = [point["step"] for point in json.loads(tf.ok("checkpoints", "--json", str(job)))]
+    saved = [point["step"] for point in json.loads(tf.ok("checkpoints", "--json", str(job)))["checkpoints"]]
     assert saved == [20, 32, 40], "saved at 12, 20, 32 and 40; the last 3 kept"

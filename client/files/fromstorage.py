@@ -19,7 +19,8 @@ from .landing import Landing, new_file
 def listing(where: str) -> StoredReply:
     """The checkpoints in the stored folder `where`, as the box would list them (none known to be on it)."""
     manifests = stored.stored_checkpoints(Remote(place.parse(where)))
-    states = [StoredState(m.name, m.kind, m.saved_at, m.size, False, "stored", m.stored_at) for m in manifests]
+    states = [StoredState(m.name, m.kind, m.saved_at, m.size, False, "stored", m.stored_at, step=m.step)
+              for m in manifests]  # fmt: skip
     return StoredReply(states, where)
 
 

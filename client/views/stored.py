@@ -3,8 +3,7 @@ upload came to; then where the job stores, and what keeps its uploads back, in o
 
 from __future__ import annotations
 
-import re
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from .render import Cell, print_table, when
 from .render import size as shown_size
@@ -37,15 +36,11 @@ def stored_table(reply: StoredReply, out: Output, box_known: bool = True) -> Non
 
 def _row(state: StoredState, box_known: bool) -> list[Cell]:
     on_box = ("yes" if state.on_box else "no") if box_known else "?"
-    row: list[Cell] = [state.name, _step(state.name), when(state.saved_at), shown_size(state.bytes), on_box]
+    step = "-" if state.step is None else str(state.step)
+    row: list[Cell] = [state.name, step, when(state.saved_at), shown_size(state.bytes), on_box]
     if state.storage:
         text = state.storage + (f" {when(state.stored_at)[11:]}" if state.stored_at else "")
         if state.error and state.storage != "stored":
             text += f": {state.error}"
         row.append(Styled(text, _STYLE.get(state.storage, "")))
     return row
-
-
-def _step(name: str) -> str:
-    found: Optional[list[str]] = re.findall(r"\d+", name.rsplit("/", 1)[-1])
-    return found[-1] if found else "-"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 from pathlib import Path
 from typing import Optional, Protocol
 
@@ -18,6 +17,7 @@ from tfrun.protocol.submit import Submit
 from tfrun.storage import place, stored
 from tfrun.storage.remote import StorageError
 
+from ..records import jobfiles
 from ..records.job import JobRow
 from ..records.uploads import GONE, STORED, Upload
 from ..storage import complete, restore
@@ -38,7 +38,12 @@ async def list_stored(daemon: Context, req: ListStored, conn: Connection) -> Non
     (some saved by another box, before a resume)."""
     row = find(daemon, req.job)
     loop = asyncio.get_running_loop()
-    on_box = await loop.run_in_executor(None, _on_box, Path(row.checkpoint_dir))
+    try:
+        on_box = await loop.run_in_executor(
+            None, _on_box, Path(row.checkpoint_dir), f"job {row.id}'s checkpoint folder"
+        )
+    except jobfiles.Refused as exc:
+        raise invalid(str(exc)) from None
     uploads = {u.name: u for u in daemon.uploader.state_of(row.checkpoint_dir)}  # the newest of each name
     states = {c.name: _state(c, uploads.get(c.name), row) for c in on_box}
     place_url, problem = row.spec.checkpoints_to, None
@@ -55,14 +60,19 @@ async def list_stored(daemon: Context, req: ListStored, conn: Connection) -> Non
         except asyncio.TimeoutError:
             problem = f"{place_url} did not answer in {LISTING_TIMEOUT_S:g} s"
         problem = daemon.uploader.problems.get(place_url) or problem
+    for state in states.values():
+        state.step = stored.step_of(state.name)
     failing = [u.failing_since for u in uploads.values() if u.failing_since]
     reply = StoredReply(sorted(states.values(), key=lambda s: (s.saved_at, s.name)), place_url, problem,
                         min(failing) if failing else None)  # fmt: skip
     await conn.send(reply)
 
 
-def _on_box(folder: Path) -> list[complete.Checkpoint]:
-    return complete.on_box(folder) if os.path.isdir(folder) else []
+def _on_box(folder: Path, what: str) -> list[complete.Checkpoint]:
+    try:
+        return complete.on_box(folder, what)
+    except FileNotFoundError:
+        return []
 
 
 def _state(found: complete.Checkpoint, upload: Optional[Upload], row: JobRow) -> StoredState:

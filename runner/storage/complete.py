@@ -28,10 +28,14 @@ from typing import Optional
 
 from tfrun.storage.stored import TF_STATE
 
+from ..records import jobfiles
+
 QUIET_S = 2.0  # a file last written more recently than this may still be written: it waits for the next look
 _UNFINISHED = re.compile(r"^\.|(\.tmp|\.temp|\.part|\.partial|~)$", re.IGNORECASE)
 _TEMP_FOLDER = re.compile(r"^\.|_temp$|_temp_|^tmp", re.IGNORECASE)
 _SHARD = re.compile(r"^(?P<prefix>.+)\.data-(?P<index>\d{5})-of-(?P<count>\d{5})$")
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _STATE_LINE = re.compile(r'^(?:model_checkpoint_path|all_model_checkpoint_paths):\s*"(?P<path>[^"]*)"\s*$')
 
 
@@ -69,56 +73,83 @@ class Looker:
 
     def look(self, now: Optional[float] = None) -> list[Checkpoint]:
         now = time.time() if now is None else now
-        files = _walk(self.folder)
+        walked = _walk(self.folder)
+        files = walked.files
         settled = {
             path for path, st in files.items()
             if self._before.get(path) == st and now - st.mtime_ns / 1e9 >= QUIET_S
         }  # fmt: skip
         self._before = files
         candidates = [
-            c for c in _group(self.folder, files)
+            c for c in _group(walked)
             if (c.name, c.files) not in self._told and all(f.path in settled for f in c.files)
         ]  # fmt: skip
         if not candidates:
             return []
-        writing = _open_for_writing({f.ino for c in candidates for f in c.files}, self.folder)
+        writing = _open_for_writing({f.ino for c in candidates for f in c.files}, walked.device)
         complete = [c for c in candidates if not any(f.ino in writing for f in c.files)]
         self._told.update((c.name, c.files) for c in complete)
         return complete
 
 
-def on_box(folder: Path) -> list[Checkpoint]:
-    """The checkpoints in `folder` now, complete or being written (what `tfrun checkpoints` lists)."""
-    return _group(folder, _walk(folder))
+def on_box(folder: Path, what: str = "the checkpoint folder") -> list[Checkpoint]:
+    """The checkpoints in `folder` now, complete or being written (what `tfrun checkpoints` lists); Refused for
+    a folder that is not this user's alone (runner/records/jobfiles.py)."""
+    return _group(_walk(folder, what), named_only=False)
 
 
-def _walk(folder: Path) -> dict[str, FileStat]:
-    """Every regular file under `folder` whose name does not say it is unfinished, by relative path; links
-    are not followed (a link in a job's folder leads anywhere the job likes)."""
-    found: dict[str, FileStat] = {}
-    pending = [("", str(folder))]
+@dataclass
+class _Walked:
+    """What one walk of a checkpoint folder found: its files by relative path, the text of each TensorFlow
+    state file by the folder it is in ("" the top, else "sub/"), and the folder's device."""
+
+    files: dict[str, FileStat]
+    states: dict[str, str]
+    device: int
+
+
+def _walk(folder: Path, what: str = "the checkpoint folder") -> _Walked:
+    """Every regular file under `folder` whose name does not say it is unfinished, by relative path, read
+    through descriptors: the folder itself only if it is this user's alone, and no link followed anywhere (a
+    link in a job's folder leads anywhere the job likes, and a folder swapped for one is refused)."""
+    top = jobfiles.open_own_folder(folder, what)
+    walked = _Walked({}, {}, os.fstat(top).st_dev)
+    pending = [("", top)]
     while pending:
-        rel, path = pending.pop()
+        rel, fd = pending.pop()
         try:
-            entries = list(os.scandir(path))
+            with os.scandir(fd) as listing:
+                entries = list(listing)
+            for entry in entries:
+                _take(walked, pending, rel, fd, entry)
         except OSError:
             continue
-        for entry in entries:
-            name = f"{rel}{entry.name}"
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                if not _TEMP_FOLDER.search(entry.name):
-                    pending.append((f"{name}/", entry.path))
-            elif stat.S_ISREG(st.st_mode) and not _UNFINISHED.search(entry.name):
-                found[name] = FileStat(name, st.st_size, st.st_mtime_ns, st.st_ino)
-    return found
+        finally:
+            os.close(fd)
+    return walked
 
 
-def _group(folder: Path, files: dict[str, FileStat]) -> list[Checkpoint]:
-    """The checkpoints the files make up, complete or not yet: TensorFlow's by prefix, the rest one a file."""
+def _take(walked: _Walked, pending: list[tuple[str, int]], rel: str, fd: int, entry: os.DirEntry[str]) -> None:
+    """One entry of a folder being walked: a folder to enter, a file found (a state file read too), or nothing."""
+    name = f"{rel}{entry.name}"
+    try:
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode) and not _TEMP_FOLDER.search(entry.name):
+            pending.append((f"{name}/", os.open(entry.name, _FOLDER, dir_fd=fd)))
+        elif stat.S_ISREG(st.st_mode) and not _UNFINISHED.search(entry.name):
+            walked.files[name] = FileStat(name, st.st_size, st.st_mtime_ns, st.st_ino)
+            if entry.name == TF_STATE:
+                state = os.open(entry.name, _FILE, dir_fd=fd)
+                with os.fdopen(state, "rb") as f:
+                    walked.states[rel] = f.read(1 << 20).decode(errors="replace")
+    except OSError:
+        return  # gone meanwhile, or swapped for a link: not taken
+
+
+def _group(walked: _Walked, named_only: bool = True) -> list[Checkpoint]:
+    """The checkpoints the files make up: TensorFlow's by prefix (with `named_only`, once whole and named in
+    their state file), the rest one a file."""
+    files = walked.files
     taken: set[str] = set()
     found = []
     for path in sorted(files):
@@ -128,9 +159,8 @@ def _group(folder: Path, files: dict[str, FileStat]) -> list[Checkpoint]:
         shards = [p for p in files if (m := _SHARD.match(p)) and m.group("prefix") == prefix]
         counts = {int(m.group("count")) for p in shards if (m := _SHARD.match(p))}
         taken.update([path, *shards])
-        if len(counts) != 1 or len(shards) != counts.pop():
-            continue  # a shard is missing: not yet complete
-        if not _named_in_state(folder, prefix, files):
+        whole = len(counts) == 1 and len(shards) == counts.pop()
+        if named_only and not (whole and _named_in_state(prefix, walked.states)):
             continue
         found.append(Checkpoint(prefix, "tensorflow", tuple(files[p] for p in sorted([path, *shards]))))
     for path, st in sorted(files.items()):
@@ -141,27 +171,20 @@ def _group(folder: Path, files: dict[str, FileStat]) -> list[Checkpoint]:
     return found
 
 
-def _named_in_state(folder: Path, prefix: str, files: dict[str, FileStat]) -> bool:
+def _named_in_state(prefix: str, states: dict[str, str]) -> bool:
     """Whether TensorFlow's state file beside `prefix` names it; True where there is no state file (a
     checkpoint written by tf.train.Checkpoint.write, which has none)."""
-    parent, _, base = prefix.rpartition("/")
-    state = f"{parent}/{TF_STATE}" if parent else TF_STATE
-    if state not in files:
+    parent, slash, base = prefix.rpartition("/")
+    text = states.get(f"{parent}{slash}")
+    if text is None:
         return True
-    try:
-        fd = os.open(folder / state, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            text = f.read(1 << 20).decode(errors="replace")
-    except OSError:
-        return False
     named = {m.group("path").rsplit("/", 1)[-1] for line in text.splitlines() if (m := _STATE_LINE.match(line))}
     return base in named
 
 
-def _open_for_writing(inodes: set[int], folder: Path) -> set[int]:
-    """Which of `inodes` (on `folder`'s file system) a process of this user has open for writing, read from
+def _open_for_writing(inodes: set[int], device: int) -> set[int]:
+    """Which of `inodes` (on file system `device`) a process of this user has open for writing, read from
     /proc: each process's open files, and the access mode of those that are among them."""
-    device = os.stat(folder).st_dev
     writing: set[int] = set()
     me = os.getuid()
     for pid in os.listdir("/proc"):

@@ -37,9 +37,10 @@ from tfrun.storage.remote import CHANGED, NO_BUCKET, REFUSED, STORAGE_FAILED, Pa
 
 from ..alerts.outbox import Outbox
 from ..alerts.watch import Alerts
+from ..records import jobfiles
 from ..records.job import JobRow
 from ..records.store import Store
-from ..records.uploads import GONE, JOB_RECORD, STORED, Upload, Uploads
+from ..records.uploads import JOB_RECORD, STORED, Upload, Uploads
 from ..shim import jobdir
 from ..workdir.blobs import BlobStore, read_manifest
 from .complete import Checkpoint, Looker
@@ -110,9 +111,15 @@ class Uploader:
         if row.prepared and not self.rows.known(_record_folder(place)):  # its snapshot's manifest is written
             self.rows.add(row.id, _record_folder(place), place, stored.JOB, JOB_RECORD, [], row.created_at, now)
         looker = self._lookers.setdefault(row.checkpoint_dir, Looker(Path(row.checkpoint_dir)))
-        if row.state == "queued" or not os.path.isdir(row.checkpoint_dir):
+        if row.state == "queued" or not os.path.lexists(row.checkpoint_dir):
             return
-        found = await asyncio.get_running_loop().run_in_executor(self._thread, looker.look)
+        try:
+            found = await asyncio.get_running_loop().run_in_executor(self._thread, looker.look)
+        except (jobfiles.Refused, OSError) as exc:  # a folder swapped, or opened to others: never read
+            if self.problems.get(place) != str(exc):
+                log.warning("storage: job %d: %s", row.id, exc)
+            self.problems[place] = str(exc)
+            return
         known = self.rows.known(row.checkpoint_dir)
         for checkpoint in found:
             if (checkpoint.name, checkpoint.saved_at) not in known:
@@ -256,8 +263,9 @@ class Uploader:
     def state_of(self, folder: str) -> list[Upload]:
         return [u for u in self.rows.of_folder(folder) if u.kind != JOB_RECORD]
 
-    def waiting_in(self, folder: str) -> int:
-        return sum(1 for u in self.rows.of_folder(folder) if u.state not in (STORED, GONE))
+    def stored_in(self, folder: str) -> set[tuple[str, float]]:
+        """(name, saved_at) of each checkpoint of `folder` stored: any other there is not (yet)."""
+        return {(u.name, u.saved_at) for u in self.rows.of_folder(folder) if u.state == STORED}
 
 
 def yield_to_training() -> None:

@@ -27,6 +27,7 @@ class StoredState:
     storage: str
     stored_at: Optional[float] = None
     error: Optional[str] = None
+    step: Optional[int] = None  # the step its name ends with (ckpt-1200, weights.03.h5), where it has one
 
 
 @tagged("stored_reply")

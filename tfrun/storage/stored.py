@@ -53,9 +53,7 @@ class Manifest:
 
     @property
     def step(self) -> Optional[int]:
-        """The last number in its name (ckpt-5: 5; epoch03.keras: 3), where there is one."""
-        found = re.findall(r"\d+", self.name.rsplit("/", 1)[-1])
-        return int(found[-1]) if found else None
+        return step_of(self.name)
 
     @property
     def size(self) -> int:
@@ -70,6 +68,16 @@ class Manifest:
         files = [StoredFile(safe_path(f["path"]), int(f["size"]), str(f["sha256"])) for f in raw["files"]]
         return cls(safe_path(raw["name"]), str(raw["kind"]), float(raw["saved_at"]), files,
                    float(raw.get("stored_at", 0)), str(raw.get("box", "")))  # fmt: skip
+
+
+def step_of(name: str) -> Optional[int]:
+    """The step a checkpoint's name ends with, its extensions aside: ckpt-5, weights.03.h5, epoch03.keras,
+    state-4.json; None for model.weights.h5 (the 5 is the extension's)."""
+    stem = name.rsplit("/", 1)[-1]
+    while (shorter := re.sub(r"\.[A-Za-z]\w*$", "", stem)) != stem:
+        stem = shorter
+    found = re.search(r"(\d+)$", stem)
+    return int(found.group(1)) if found else None
 
 
 def manifest_key(name: str) -> str:
