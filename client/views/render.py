@@ -265,6 +265,7 @@ def job_detail(job: Job, out: Output, address: Optional[str] = None) -> None:
         ("git", "-" if job.git_commit is None else job.git_commit + (" (dirty)" if job.git_dirty else "")),
         ("log", job.log_path),
         ("checkpoints", job.checkpoint_dir),
+        ("stored to", job.checkpoints_to or "-"),
         ("restart of", "-" if job.restart_of is None else f"job {job.restart_of}"),
         ("restarted as", restarted(job)),
         ("restarts left", str(job.restarts_left)),
