@@ -115,7 +115,7 @@ async def resume(daemon: Context, req: Resume, conn: Connection) -> None:
         record, files = await daemon.off_loop(lambda: restore.fetch_job(remote, daemon.blobs))
     except StorageError as exc:
         raise invalid(f"cannot resume from {where.url}: {exc.message}") from None
-    name = req.name if req.name is not None else _text(record.get("name"))
+    name = _text(record.get("name"))
     request = Submit(
         files=files, script=str(record.get("script", "")), args=[str(a) for a in record.get("args", [])],
         name=name, env=dict(req.env), python=req.python,

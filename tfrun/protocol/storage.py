@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Optional
 
-from tfrun.constants import MAX_NAME, MAX_STORAGE_URL
-from tfrun.protocol.fields import UTF8, JobRef, Limit, Offset, OsText, Text
+from tfrun.constants import MAX_STORAGE_URL
+from tfrun.protocol.fields import UTF8, JobRef, Limit, Offset, OsText
 from tfrun.protocol.jobs import JobReply
 from tfrun.protocol.wire import Message, Request, tagged
 
@@ -55,7 +55,6 @@ class Resume(Request[JobReply]):
     `env` gives the job's --env values again: storage keeps their names, never their values."""
 
     place: Annotated[str, UTF8, Limit(chars=MAX_STORAGE_URL)]
-    name: Optional[Annotated[Text, Limit(chars=MAX_NAME)]] = None
     env: dict[str, str] = field(default_factory=dict)
     gpus: Optional[Offset] = None
     python: Optional[OsText] = None  # the interpreter of a .py script on this box (None: its job_python)
