@@ -168,12 +168,10 @@ def test_a_daemon_killed_mid_upload_finishes_it_when_it_starts_again(home: Any, 
     job = str(tf.submit("--workdir", str(project), "--checkpoints-to", f"s3://{bucket}/k", str(project / "big.py")))
     tf.ok("wait", job)
     pid = tf.daemon_pid()
-
-    def uploading() -> bool:
-        return "storage: " not in (tf.home / "tfrund.log").read_text() and _sending(pid)
-
-    wait_for(uploading, timeout=60, what="the upload to begin")
-    time.sleep(1.5)
+    before = _read_by(pid)
+    # killed once it has read 16 of the 40 MB (2 s of the 5 the paced upload takes): mid-upload, not before it
+    wait_for(lambda: _read_by(pid) - before >= 16 << 20, timeout=60, what="the upload to be under way")
+    assert not _stored_yet(tf, job), "killed before the upload ended"
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not alive(pid), what="the daemon to die")
     reply = _stored(tf, job, 1, timeout=120)  # the next verb starts a daemon, which sends what was left
@@ -185,12 +183,16 @@ def test_a_daemon_killed_mid_upload_finishes_it_when_it_starts_again(home: Any, 
     assert manifests["model.bin"]["files"][0]["sha256"] == hashlib.sha256(data).hexdigest()
 
 
-def _sending(pid: int) -> bool:
-    """Whether the daemon has a TCP connection open (to the S3 server: it has no other)."""
-    try:
-        return any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:") for fd in os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return False
+def _read_by(pid: int) -> int:
+    """Bytes the process has read so far (/proc's rchar): the daemon reads a checkpoint as it uploads it."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _stored_yet(tf: Tfrun, job: str) -> bool:
+    return any(c["storage"] == "stored" for c in _states(tf, job)["checkpoints"])
 
 
 def test_a_file_still_being_written_is_never_uploaded_until_it_is_closed(home: Any, s3: S3Server) -> None:
