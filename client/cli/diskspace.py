@@ -82,27 +82,31 @@ def show_removals(reply: RemoveReply, as_json: bool, where: str, named: bool = T
     return EXIT_OK if all(r.ok for r in reply.results) else EXIT_FAILURE
 
 
+# What `rm` and `prune` say of a removed job's checkpoint folder ({} its path) and of its stored folder ({} its
+# URL), by the fate the daemon gave each (tfrun/protocol/housekeeping.py's Removal).
+_CHECKPOINT_FATES = {
+    "kept": "; its checkpoints stay in {} (--checkpoints removes them)",
+    "shared": "; its checkpoints stay in {}, which a kept job shares",
+    "foreign": "; {} stays: tfrun did not make it for this job (an older tfrun's, or not yours)",
+    "waiting": "; its checkpoints stay in {}: some are not in object storage yet (delete the folder yourself once "
+    "they are)",
+}
+_STORAGE_FATES = {
+    "kept": "; its stored copies stay in {} (--storage removes them)",
+    "shared": "; its stored copies stay in {}, where a kept job stores too",
+    "removed": "; {verb} its stored copies in {}",
+}
+
+
 def _removal_line(removal: Removal, dry_run: bool) -> str:
     if not removal.ok:
         return removal.message
     text = f"{'would remove' if dry_run else 'removed'} job {removal.id} ({render.size(removal.bytes)})"
-    if removal.checkpoints == "kept":
-        text += f"; its checkpoints stay in {removal.checkpoint_dir} (--checkpoints removes them)"
-    elif removal.checkpoints == "shared":
-        text += f"; its checkpoints stay in {removal.checkpoint_dir}, which a kept job shares"
-    elif removal.checkpoints == "foreign":
-        text += f"; {removal.checkpoint_dir} stays: tfrun did not make it for this job (an older tfrun's, or not yours)"
-    elif removal.checkpoints == "waiting":
-        text += (
-            f"; its checkpoints stay in {removal.checkpoint_dir}: some are not in object storage yet (delete "
-            "the folder yourself once they are)"
-        )
-    if removal.storage == "kept":
-        text += f"; its stored copies stay in {removal.stored_at} (--storage removes them)"
-    elif removal.storage == "shared":
-        text += f"; its stored copies stay in {removal.stored_at}, where a kept job stores too"
-    elif removal.storage == "removed":
-        text += f"; {'would remove' if dry_run else 'removed'} its stored copies in {removal.stored_at}"
+    if removal.checkpoints in _CHECKPOINT_FATES:
+        text += _CHECKPOINT_FATES[removal.checkpoints].format(removal.checkpoint_dir)
+    if removal.storage in _STORAGE_FATES:
+        verb = "would remove" if dry_run else "removed"
+        text += _STORAGE_FATES[removal.storage].format(removal.stored_at, verb=verb)
     if removal.message:
         text += f"; {removal.message}"
     return text

@@ -14,13 +14,13 @@ STORED_JOBS_FILE = "stored.json"
 MAX_KEPT = 5000  # jobs remembered; the oldest are forgotten first
 
 
-def remember(box: str, job_id: int, name: Optional[str], place: Optional[str]) -> None:
+def remember(box: str, job_id: Optional[int], name: Optional[str], place: Optional[str]) -> None:
     """Note that job `job_id` of `box` (a host's name, or "local") stores to `place`; by its name too (the
     newest job of a name wins, as on the box)."""
     if not place:
         return
     known = _read()
-    keys = [f"{box}:{job_id}"] + ([f"{box}:{name}"] if name else [])
+    keys = ([f"{box}:{job_id}"] if job_id is not None else []) + ([f"{box}:{name}"] if name else [])
     if all(known.get(key) == place for key in keys):
         return
     for key in keys:

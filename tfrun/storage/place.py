@@ -15,6 +15,11 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")  # S3's and GCS's rul
 _SEGMENT = re.compile(r"[A-Za-z0-9!_.*'()=,+@-]+")  # the characters S3 calls safe in a key (no spaces, no `/`)
 
 
+def is_url(text: str) -> bool:
+    """Whether `text` is written as a storage URL (s3://...), which verbs that take a job take in its place."""
+    return text.partition("://")[0] in SCHEMES and "://" in text
+
+
 class PlaceError(ValueError):
     """A destination that cannot be used, said in the user's words."""
 

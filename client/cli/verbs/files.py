@@ -9,6 +9,7 @@ import click
 
 from tfrun.constants import EXIT_DAEMON, EXIT_FAILURE
 from tfrun.protocol.fields import is_job_id
+from tfrun.storage.place import is_url
 
 from ...calls import storage as storage_calls
 from ...views import render
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
 @click.command()
 @hostoptions.host_options
 @click.argument("job", shell_complete=cli.complete_jobs)
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+@click.option("--json", "as_json", is_flag=True, help="Print the checkpoints, the stored folder and any problem as "
+              "JSON instead of a table.")  # fmt: skip
 def checkpoints(job: str, as_json: bool) -> None:
     """List JOB's checkpoints: each one's step, when it was saved, its size, and whether it is in its folder
     on the box. A restarted job shares its checkpoint folder with the job it runs again.
@@ -37,23 +39,19 @@ def checkpoints(job: str, as_json: bool) -> None:
     from ...files import storedjobs
     from ...views.stored import stored_table
 
-    if job.startswith(STORAGE_SCHEMES):
+    if is_url(job):
         reply, box_known = _from_storage(job), False
     else:
         asked, why = _ask_box(job)
         box_known = asked is not None
         reply = asked if asked is not None else _from_storage(_known_place(job, why))
         if asked is not None and asked.place:
-            storedjobs.remember(
-                cli.box_name(), int(job) if is_job_id(job) else -1, None if is_job_id(job) else job, reply.place
-            )
+            job_id, name = (int(job), None) if is_job_id(job) else (None, job)
+            storedjobs.remember(cli.box_name(), job_id, name, reply.place)
     if as_json:
         click.echo(render.to_json(reply))
     else:
         stored_table(reply, cli.output(), box_known)
-
-
-STORAGE_SCHEMES = ("s3://", "gs://", "az://")
 
 
 def _ask_box(job: str) -> tuple[Optional[StoredReply], str]:
@@ -114,7 +112,7 @@ def pull(job: str, paths: tuple[str, ...], dest: Path) -> None:
     from ...files.transfer import landed
 
     asked = list(paths) or ["checkpoints"]
-    if job.startswith(STORAGE_SCHEMES):
+    if is_url(job):
         _pull_stored(job, asked, dest)
         return
     dest.mkdir(parents=True, exist_ok=True)

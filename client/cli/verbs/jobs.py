@@ -231,7 +231,9 @@ def restart(
     from ..logprint import follow_job
 
     client = cli.client()
-    moved = job.startswith(("s3://", "gs://", "az://")) or hostoptions.source() is not None
+    from tfrun.storage.place import is_url
+
+    moved = is_url(job) or hostoptions.source() is not None
     if moved:
         record = _resume_elsewhere(job, cli.parse_env(env_pairs), gpus, python)
         client = cli.client()  # on the box chosen (a pool's member)
@@ -256,10 +258,12 @@ def restart(
 def _resume_elsewhere(job: str, env: dict[str, str], gpus: Optional[int], python: Optional[str]) -> Job:
     """The job made on --host (or the pool's member chosen) from JOB's stored folder: the folder asked of the
     box JOB ran on, else the one this machine remembers; the env of a box that answers carried over."""
+    from tfrun.storage.place import is_url
+
     from ...calls import storage as storage_calls
     from ...files import storedjobs
 
-    source, where = hostoptions.source(), job if "://" in job else None
+    source, where = hostoptions.source(), job if is_url(job) else None
     if where is None and source is not None:
         record = _source_record(source, job)
         if record is not None:
