@@ -168,7 +168,7 @@ def get_datasets(config: ml_collections.ConfigDict):
 def inject(model: CNN, global_step: int) -> None:
   if KIND == "nan" and global_step == INJECT_STEP:
     kernel = model.linear2.kernel  # the logits layer: NaN logits, a NaN loss
-    kernel.value = jnp.full_like(kernel.value, jnp.nan)
+    kernel[...] = jnp.full_like(kernel[...], jnp.nan)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict) -> None:
