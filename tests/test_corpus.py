@@ -214,9 +214,10 @@ def _alert_goal(result: Score, spec: dict[str, Any], reading: Reading, paired: l
     if inject is None:
         if reading.alerts:
             result.goal.append(f"alerts on a healthy run: {result.alerts}")
-    elif inject["kind"] == "nan":
+    elif inject["kind"] == "nan":  # the loss turned NaN, or Inf where the library cannot give NaN: alerted as it is
         first = reading.alerts[0] if reading.alerts else None
-        if first is None or first[1].kind != "nan" or not 0 <= first[0] - start <= 1:
+        kind = "inf" if math.isinf(float(spec["printed"][_injected_print(spec)]["loss"])) else "nan"
+        if first is None or first[1].kind != kind or not 0 <= first[0] - start <= 1:
             result.goal.append(f"NaN not alerted within one print: {result.alerts}")
     elif len(reading.alerts) != 1 or reading.alerts[0][0] < start:
         result.goal.append(f"divergence not alerted once after it began: {result.alerts}")
@@ -308,6 +309,38 @@ def test_steps_never_go_back_nor_give_a_metric_twice(scores: dict[str, Score]) -
     value: each repeat would count towards the spike rule's losses in a row; nor does a line an epoch with no
     step after one that said a step (tf_walkthrough's `Epoch 000:` went to the step of `Step: 1`)."""
     assert not {run: (s.behind, s.repeated) for run, s in scores.items() if s.behind or s.repeated}
+
+
+def evaluation_misses(run: str, seed: int = 0) -> tuple[int, list[str]]:
+    """Issue 49's and 51's goal for evaluation figures (the truth's `evaluations`, where a log prints them): each
+    read under its own name, at the step (or epoch) the log states, kept apart from training's; (rows, misses)."""
+    spec = json.loads((REAL / f"{run}.truth.json").read_text())
+    rows = spec.get("evaluations", [])
+    samples = chunked((REAL / f"{run}.log").read_bytes(), seed)
+    tolerance, rtol = spec.get("tolerance", 0.0), spec.get("rtol", 0.0)
+    misses = []
+    for row in rows:
+        want = Expected(float(row["value"]), row.get("tolerance", tolerance), row.get("rtol", rtol))
+        if not row["name"].startswith(EVALUATION_PREFIXES):
+            misses.append(f"{row}: not named as an evaluation's")
+        elif not any(
+            row["name"] in sample.values and want.met_by(sample.values[row["name"]]) and _at_its_step(sample, row)
+            for sample in samples
+        ):
+            misses.append(f"{row}: not read at its step")
+    return len(rows), misses
+
+
+@pytest.mark.parametrize("run", [run for run in runs() if "evaluations" in (REAL / f"{run}.truth.json").read_text()])
+def test_evaluation_figures_are_read_apart_at_their_steps(run: str) -> None:
+    """LightGBM's `valid_1's l1`, a line's `Val: 0.285` beside its training `Loss:`, a table's `valid_loss`
+    column: each an evaluation's metric, at the step its line states; none of them the training loss followed."""
+    count, misses = evaluation_misses(run)
+    assert count and not misses, misses[:5]
+    followed = TrainingLoss()
+    for sample in chunked((REAL / f"{run}.log").read_bytes(), 0):
+        followed.of(sample.values)
+    assert followed.name is not None and not followed.name.startswith(EVALUATION_PREFIXES)
 
 
 def table(scores: list[Score]) -> str:

@@ -55,7 +55,10 @@ def test_a_print_after_an_evaluation_takes_the_step_of_the_bar_drawn_after_it() 
     metrics.feed(b"\r 99%|#########9| 300/303 [00:02<00:00, 130.79it/s]")
     summary = TRAINER_END.index(b"'epoch': '3'}\n", TRAINER_END.index(b"train_loss")) + 14
     samples = metrics.feed(TRAINER_END[:summary])
-    assert metrics.why == "a print with no step: placed at step 303, where training got to"
+    assert metrics.why == (
+        "a print with no step: placed at step 303, where training got to; its training loss: train_loss"
+        " (the training dataset's loss)"
+    )
     samples += metrics.feed(TRAINER_END[summary:])
     assert [(s.step, sorted(s.values)) for s in samples] == [
         (303, ["grad_norm", "loss"]),
@@ -135,7 +138,10 @@ def test_prints_with_no_step_are_counted_only_where_no_step_is_known() -> None:
     assert metrics.why == "a print with no step, its metrics at step 3 already: step 4, counted on"
     counted = LogMetrics()
     assert [s.step for s in counted.feed(b"Epoch 1, Avg Loss: 0.9\n")] == [1]
-    assert counted.why == "a print with no step, and none before it gave one: step 1, its count of prints"
+    assert counted.why == (
+        "a print with no step, and none before it gave one: step 1, its count of prints; its training loss:"
+        " avg_loss (the first name ending in loss that is no evaluation's)"
+    )
     assert [s.step for s in counted.feed(b"Epoch 1, val loss 0.8\nEpoch 2, Avg Loss: 0.7\n")] == [1, 2]
 
 

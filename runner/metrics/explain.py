@@ -51,8 +51,8 @@ def explain(path: Path, patterns: Sequence[str], limit: int) -> tuple[list[LineR
         segment = found.group()
         samples = metrics.feed(segment)
         text = plain(display(segment[:-1])).strip()
-        if not _DIGIT.search(text):  # a line with no number holds no metric
-            continue
+        if not samples and not _DIGIT.search(text):  # a line with no number holds no metric, but a box's rule
+            continue  # gives the box's
         shape = _SPACES.sub(" ", _NUMBERS.sub("#", _BAR_GRAPHIC.sub("|", text)))[:MAX_SHOWN_CHARS]
         known = shapes.get(shape)
         if known is not None:

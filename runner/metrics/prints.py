@@ -1,31 +1,19 @@
-"""Plain prints (`step 100 loss=1.23`, `Train Epoch: 1 [22400/60000 (37%)]\tLoss: 0.23`, dicts, JSON lines) and
-tables (fastai's), with the step each says, made global over epochs, or counted where it says none."""
+"""Plain prints (`step 100 loss=1.23`, `Train Epoch: 1 [22400/60000 (37%)]\tLoss: 0.23`, dicts, JSON lines, a
+boosting round's `[10]\ttraining's l1: 0.34\tvalid_1's l1: 0.33`), with the step each says, made global over
+epochs, or counted where it says none; and a table's header (its rows: runner/metrics/tables.py)."""
 
 from __future__ import annotations
 
 import re
 from typing import Optional
 
-from tfrun.losses import EVALUATION_PREFIXES
+from tfrun.losses import EVALUATION_PREFIXES, loss_rule
 from tfrun.numerals import is_digits
 
 from .state import MAX_COUNTER_DIGITS, Reading, Sample
-from .text import (
-    NUM,
-    NUMBER,
-    PRINT_PAIR,
-    WRAPPED,
-    WRAPPERS,
-    eval_kind,
-    json_float,
-    metric_name,
-    parse_float,
-)
+from .tables import table_columns
+from .text import WRAPPED, WRAPPERS, eval_kind, json_float, metric_name, pairs_in
 
-# A table's header (fastai's `epoch     train_loss  valid_loss  accuracy  time`): names only, one a loss; the
-# rows under it are its values, aligned (`0         1.024860    0.693555    0.512500  00:00`).
-_TABLE_HEADER = re.compile(r"\s*(?:[A-Za-z_][\w@/.]*\s+)+[A-Za-z_][\w@/.]*\s*")
-_TABLE_CELL = re.compile(rf"{NUM}|\d+(?::\d\d)+|#na#")  # a number, a time (`00:01`), fastai's no-value
 # `step 100`, `Epoch [2/10]`, `'epoch': 3`, `'train/global_step': 100`; not `ms/batch 45.12` (a rate) nor
 # `'epoch': 0.05` (a fraction).
 _COUNTER = re.compile(
@@ -39,7 +27,8 @@ _SEEN = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\(\s*\d+(?:\.\d*)?%\)\s*\]")  # Py
 # `Iter(train) [ 100/1000]`, the run's iteration.
 _MM_EPOCH = re.compile(r"\bEpoch\(train\)\s*\[\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 _MM_ITER = re.compile(r"\bIter\(train\)\s*\[\s*(\d+)\s*/\s*\d+\s*\]")
-# A boosting round at the line's start, as XGBoost and LightGBM print each: `[3]\ttrain-logloss:0.30000`.
+# A boosting round at the line's start, as XGBoost and LightGBM print each: `[3]\ttrain-logloss:0.30000`,
+# `[10]\ttraining's l1: 0.342535\tvalid_1's l1: 0.329053`: its figures are metrics whatever their names.
 _ROUND = re.compile(r"\[(\d+)\]\t")
 
 
@@ -52,14 +41,12 @@ class Prints:
     def print_line(self, segment: str) -> Optional[Sample]:
         if any(wrapper in segment for wrapper in WRAPPERS):  # a few byte searches, not a regex a line
             segment = WRAPPED.sub(r"\1", segment)
-        pairs = [
-            (qualifier.lower(), name.lower(), parse_float(value))
-            for qualifier, name, value in PRINT_PAIR.findall(segment)
-        ]
+        boosting = _ROUND.match(segment)
+        pairs = pairs_in(segment, boosting is not None)
         kind = eval_kind(segment, pairs)
         values: dict[str, float] = {}
-        for qualifier, name, value in pairs:
-            values.setdefault(metric_name(qualifier, name, kind), value)
+        for pair in pairs:
+            values.setdefault(metric_name(pair.qualifier, pair.name, kind), pair.value)
         counters = self.reading.counters
         step: Optional[int] = None
         printed: Optional[int] = None
@@ -72,10 +59,11 @@ class Prints:
                 epoch = epoch if epoch is not None else int(counter.group(2))
             elif printed is None:
                 printed, total = int(counter.group(2)), counter.group(3)
-        if not any("loss" in name for name in values):
+        if not (boosting and values) and not any("loss" in name for name in values):
             self.reading.why = "no name with `loss` and a number after it"
-            if not values and _TABLE_HEADER.fullmatch(segment) and "loss" in segment.lower():
-                self.reading.counters.table = segment.split()
+            columns = table_columns(segment) if not values and "loss" in segment.lower() else None
+            if columns is not None:  # fastai's `epoch  train_loss  valid_loss  accuracy  time`, and others'
+                self.reading.counters.table = columns
                 self.reading.why = "a table's header: the rows under it are its values"
                 return None
             if epoch is not None and printed is None:  # `Start of epoch 3`: the epoch of the prints that follow
@@ -90,12 +78,11 @@ class Prints:
         for counted in (_SEEN.search(segment), _COUNTED.search(segment)) if printed is None else ():
             if printed is None and counted and len(counted.group(1)) <= MAX_COUNTER_DIGITS:
                 printed, total = int(counted.group(1)), counted.group(2)
-        boosting = _ROUND.match(segment) if printed is None else None
-        if boosting is not None and len(boosting.group(1)) <= MAX_COUNTER_DIGITS:
+        if boosting is not None and printed is None and len(boosting.group(1)) <= MAX_COUNTER_DIGITS:
             printed = int(boosting.group(1))
         if printed is not None:
             last_epoch = counters.print_epoch
-            step = self._print_step(printed, total, epoch)
+            step = self.print_step(printed, total, epoch)
             self.reading.why = f"a print: step {step}, from its counter {printed}" + (
                 f" after {step - printed} of earlier epochs" if step != printed else ""
             )
@@ -108,39 +95,24 @@ class Prints:
             )
             return None
         if step is None:
-            step = self._placed_step(values)
+            step = self.placed_step(values)
         counters.print_epoch = epoch if epoch is not None else counters.print_epoch
+        self.reading.why += loss_rule(values)
         return Sample(step, values, epoch, "print", printed)
 
-    def table_row(self, segment: str) -> Optional[Sample]:
-        """A row under a table's header, as a sample: its `epoch` column the epoch, its step counted."""
-        columns, cells = self.reading.counters.table or [], segment.split()
-        if len(cells) != len(columns) or not all(_TABLE_CELL.fullmatch(cell) for cell in cells):
-            return None
-        values: dict[str, float] = {}
-        epoch: Optional[int] = None
-        for name, cell in zip(columns, cells):
-            if name.lower() == "epoch" and is_digits(cell):
-                epoch = int(cell)
-            elif NUMBER.fullmatch(cell):
-                values[metric_name("", name.lower(), "")] = parse_float(cell)
-        self.reading.counters.prints += 1
-        self.reading.why = (
-            f"a row of the table {' '.join(columns)}: step {self.reading.counters.prints}, its count of rows"
-        )
-        return Sample(self.reading.counters.prints, values, epoch, "print") if values else None
-
-    def _print_step(self, printed: int, total: Optional[str], epoch: Optional[int]) -> int:
+    def print_step(self, printed: int, total: Optional[str], epoch: Optional[int]) -> int:
         """A printed step made global: one that goes back (or repeats in a new epoch) restarted with an epoch."""
         counters = self.reading.counters
         last = counters.print_last
         new_epoch = epoch is not None and epoch != counters.print_epoch
         if last is not None and (printed < last or (printed == last and new_epoch)):
-            counters.print_offset += int(total) if total else last + 1
+            # a counter that starts again at 1 (`Step 1` after `Step 3`) counts from 1: the new epoch's first step
+            # is the one after `last`; one that starts again at 0 counts from 0
+            counters.print_offset += int(total) if total else last + (printed == 0)
         counters.print_last = printed
         return counters.print_offset + printed
 
-    def _placed_step(self, values: dict[str, float]) -> int:
+    def placed_step(self, values: dict[str, float]) -> int:
         """The step of a training print that says none (`Epoch 3, Avg Loss: 0.23`, ignite's `Training Results -
         Epoch: 1 ... Avg loss: 2.29`, Trainer's last `{'train_loss': ...}`): the step training got to, as
         whatever gave steps before it says. Where nothing did, or where that step has this print's metric
@@ -181,7 +153,7 @@ class Prints:
             return []
         values = {name: float(value) for name, value in waiting["values"].items()}
         self.reading.counters.bar_quiet = step is None
-        step = self._placed_step(values) if step is None else max(step, self.reading.reached())
+        step = self.placed_step(values) if step is None else max(step, self.reading.reached())
         return [Sample(step, values, waiting["epoch"], "print")]
 
 

@@ -23,14 +23,20 @@ from .bars import (
 )
 from .prints import Prints
 from .state import Counters, Keras, PatternError, Reading, Sample, plausible
+from .tables import Tables, is_box_rule
 from .text import NUMBER, json_float, parse_float
 
 MAX_SEGMENT = 1 << 16  # longer segments are not metrics: skipped, and never buffered whole
 MAX_GIVEN = 64  # metric names remembered at the last step (Counters.given), kept in the state a restart restores
+# Lines that are no row a table may have between two rows (a library's warning on stderr, its two lines): more,
+# and the table is over, its rows no longer looked for in every segment.
+MAX_TABLE_STRAYS = 4
 MAX_RICH_TEXT = 4096  # what a rich bar's metric lines may add up to, kept in the state a restart restores
-# loss, Loss, LOSS, epoch, Epoch, EPOCH: every format has one; and a tqdm bar's rate, whose count is the step of
-# the prints written over it
-_MARKERS = (b"oss", b"OSS", b"poch", b"POCH", b"it/s", b"s/it")
+# loss, Loss, LOSS, epoch, Epoch, EPOCH: most formats have one; a tqdm bar's rate, whose count is the step of
+# the prints written over it; a boosting round (`[10]\t`); and the rule that opens a box of metrics (`-----`)
+_MARKERS = (b"oss", b"OSS", b"poch", b"POCH", b"it/s", b"s/it", b"]\t", b"-----")
+_TEXT_MARKERS = tuple(marker.decode() for marker in _MARKERS)
+_GLUED = ("oss", "OSS")  # after a tqdm bar's redraw on its line: a print's loss glued to it
 _FLAT = bytes.maketrans(b"\r\b", b"\n\n")
 _NEWLINE = re.compile(b"\n")
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -47,7 +53,8 @@ class LogMetrics:
         self.skipping = False  # inside a segment longer than MAX_SEGMENT, until its end
         self.reading = Reading()  # where reading stands, shared by its two parts
         self.bars = ProgressBars(self.reading)  # Keras's, tqdm's and rich's bars
-        self.prints = Prints(self.reading)  # printed lines and tables
+        self.prints = Prints(self.reading)  # printed lines
+        self.tables = Tables(self.reading, self.prints.print_step, self.prints.placed_step)  # column tables and boxes
 
     @property
     def why(self) -> str:
@@ -72,7 +79,7 @@ class LogMetrics:
     def _scan(self, block: bytes) -> list[Sample]:
         text = _ANSI.sub(b"", block) if b"\x1b" in block else block
         self.reading.why = "not looked at: no `loss` or `epoch` in it, and no --metric pattern matches"
-        table = self.reading.counters.table is not None  # its rows hold no marker: every segment is looked at
+        table = self._in_table()  # its rows hold no marker: every segment is looked at
         if not self.patterns and not table and not any(marker in text for marker in _MARKERS):
             return []
         flat = text.translate(_FLAT)  # every segment a line: one search per segment, ^ and $ at its ends
@@ -83,7 +90,7 @@ class LogMetrics:
             end = segments[start]
             if end - start > MAX_SEGMENT:
                 continue
-            ended = table and self.reading.counters.table is None and start not in matched
+            ended = table and not self._in_table() and start not in matched
             if ended and not any(marker in flat[start:end] for marker in _MARKERS):
                 continue  # the table ended in this block: the segments after it are looked at as in any other
             try:
@@ -99,11 +106,37 @@ class LogMetrics:
                         samples.append(new)
             except (ValueError, OverflowError):  # a count of 4,300+ digits: no training printed that
                 self.reading.why = "a number too long to be a metric or a count"
-            if (
-                not table and self.reading.counters.table is not None
-            ):  # a table's header: its rows may follow in this block
-                return samples + self._scan(text[end + 1 :])
+            rest = text[end + 1 :]
+            if not table and self._in_table() and rest:  # a table's header or a box's rule: its rows may follow
+                return samples + self._scan(rest)
         return samples
+
+    def _table_line(self, segment: str, line_end: bool) -> tuple[bool, list[Sample]]:
+        """A segment while a box or a table is open: (whether it was the box's or the table's, its samples). A
+        line that is neither ends them, and is read as any other."""
+        if self.reading.counters.box is not None:
+            boxed, closed = self.tables.box_line(segment)
+            if boxed:
+                return True, [] if closed is None else [closed]
+        if self.reading.counters.table is not None:
+            row = self.tables.table_row(segment)
+            if row is not None:
+                self.reading.counters.table_strays = 0
+                return True, [row]
+            if self.tables.table_line(segment):
+                return True, []
+            if line_end and segment.strip():  # a line that is no row: after a few, the table is over
+                counters = self.reading.counters
+                counters.table_strays += 1
+                if counters.table_strays > MAX_TABLE_STRAYS:
+                    counters.table, counters.table_strays = None, 0
+            if not any(marker in segment for marker in _TEXT_MARKERS):
+                return True, []  # looked at only as a row: out of a table, it would not be
+        return False, []
+
+    def _in_table(self) -> bool:
+        """Whether a table or a box is being printed: its rows hold no marker, so every segment is looked at."""
+        return self.reading.counters.table is not None or self.reading.counters.box is not None
 
     def _new_values(self, sample: Sample) -> Optional[Sample]:
         """The sample less the values its step has given already (a bar redrawn where it was after tqdm.write,
@@ -163,13 +196,11 @@ class LogMetrics:
         """The samples of one segment, in order; a generator, so that each is kept (_new_values) before the
         segment is read on: a print released by the next segment, or a rich bar taken when a line not its own
         comes, is the step a print in that segment may be placed at."""
-        if self.reading.counters.table is not None:
-            row = self.prints.table_row(segment)
-            if row is not None:
-                yield row
+        if self._in_table():
+            taken, rows = self._table_line(segment, line_end)
+            yield from rows
+            if taken:
                 return
-            if line_end and segment.strip():
-                self.reading.counters.table = None  # a line that is no row: the table is over
         # Each bar's regex only where the characters it cannot match without are in the segment: a plain print
         # (most metric lines) skips all three, a third of its parse.
         rich = RICH.match(segment) if any(char in segment for char in RICH_CHARS) else None
@@ -204,16 +235,29 @@ class LogMetrics:
                 return
         tqdm = TQDM.match(segment) if slash and "[" in segment else None
         if tqdm:
+            # A print glued to the redraw (the bar on stderr, a print on stdout: `...?it/s]training loss: 5.56`):
+            # the line's end is the print's, and the bar is still drawn.
+            glued = segment[tqdm.end() :] if any(marker in segment[tqdm.end() :] for marker in _GLUED) else ""
+            bar_end = line_end and not glued
             count = self.bars.bar_count(int(tqdm.group("n")), tqdm.group("total"))
-            self.reading.counters.bar_live, self.reading.counters.bar_quiet = not line_end, False
+            self.reading.counters.bar_live, self.reading.counters.bar_quiet = not bar_end, False
             released = self.prints.release(count)
-            samples = self.bars.tqdm_bar(tqdm, line_end)
+            samples = self.bars.tqdm_bar(tqdm, bar_end)
             if released:
                 self.reading.why += f"; the print written over it (tqdm.write) is at step {released[0].step}, its count"
             # the steps this redraw closes come before the print written over it, at the count it shows
             yield from sorted([*released, *samples], key=lambda sample: sample.step) if released else samples
+            if glued:
+                why = self.reading.why
+                sample = self.prints.print_line(glued)
+                self.reading.why = f"{why}; then a print glued to it: {self.reading.why}"
+                if sample is not None:
+                    yield sample
             return
         yield from self.prints.release(None)  # not the bar: the waiting print is placed as one with no bar
+        if "-----" in segment and is_box_rule(segment):
+            self.tables.open_box()
+            return
         sample = self.prints.print_line(segment)
         if sample is not None:
             yield sample

@@ -82,6 +82,10 @@ class Counters:
     # until a bar is drawn.
     bar_quiet: bool = False
     table: Optional[list[str]] = None  # the columns of the table being printed, until a line that is no row
+    table_strays: int = 0  # lines since its last row that are none (a warning on stderr): a few do not end it
+    # A box of `| name | value |` rows being printed (runner/metrics/tables.py), as JSON: its section, values
+    # and counters so far, and its rows; read when its closing rule comes.
+    box: Optional[dict[str, Any]] = None
     # The last redraw of a rich bar, as JSON (step, values, epoch, batch, source, desc), its metrics growing with
     # the lines under it: taken when the bar is redrawn at another step, or a line that is not its own comes.
     rich_held: Optional[dict[str, Any]] = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from tfrun.losses import EVALUATION_PREFIXES
 
@@ -38,29 +38,81 @@ _PLAIN_QUALIFIERS = frozenset({"avg", "average", "mean", "total", "running"})  #
 # `name: value`, `name=value`, `name value`, `'name': value` (dict reprs, JSON), `name │ value` (rich tables),
 # and `name (anything) at step N: value` (keras-io's custom-loop guide); the qualifier joined by a space or, as
 # XGBoost names its evaluation sets' metrics, a hyphen (`train-logloss:0.48018`).
-PRINT_PAIR = re.compile(
-    r"(?i)(?<![\w./])(?:([a-z]+)[ -])?"
+_NAMED = (
+    r"(?:([a-z]+)[ -])?"
     r"((?:[a-z_]+/)*[a-z_]*(?:loss|accuracy|acc)(?:_\w*)?|lr|learning_rate|[a-z_]*grad_norm\w*)['\"]?"
     r"(?:\s*\([^()]*\))?(?:\s+at\s+(?:step|iteration|iter|batch|epoch)\s+\d+)?"
-    rf"\s*(?:[:=\u2502|]\s*|\s)['\"]?({NUM}){PRINT_END}"
+    rf"\s*(?:[:=\u2502|]\s*|\s)['\"]?({NUM})"
 )
+PRINT_PAIR = re.compile(rf"(?i)(?<![\w./]){_NAMED}{PRINT_END}")
+# A dataset's figure, whatever its metric: LightGBM's `training's l1: 0.34` and `valid_1's auc: 0.8`; a name a
+# dataset begins (`valid_auc: 0.69`, `Val: 0.2850`, `eval/f1=0.7`), with `:` or `=` only (not `Validation 100%`).
+_DATASETS = "train|training|val|valid|validation|test|eval"
+_POSSESSIVE = rf"([a-z]\w*)'s\s+([a-z][\w@.]*)\s*:\s*({NUM})"
+_DATASET_NAMED = rf"((?:{_DATASETS})(?:[_/][a-z0-9@]+)*)['\"]?\s*[:=]\s*['\"]?({NUM})"
+PAIR = re.compile(rf"(?i)(?<![\w./])(?:{_POSSESSIVE}|{_DATASET_NAMED}|{_NAMED}){PRINT_END}")
+# After a boosting round (`[3]\t`), XGBoost's `dataset-metric:value`, whatever the metric (`eval-rmse:0.5`,
+# `validation_0-cox-nloglik:2.1`): the qualifier is the dataset, up to its first hyphen.
+# A dataset's count or timing, which no metric is: `train/global_step`, Hugging Face's `eval_runtime` and
+# `train_samples_per_second`.
+_COUNT_NAME = re.compile(r"(?i)[_/](?:global_step|steps?|epochs?|iter|iterations?|batch(?:es)?|runtime|per_second)$")
+ROUND_PAIR = re.compile(rf"(?<![\w./-])([A-Za-z_]\w*)-([A-Za-z][\w@.-]*):({NUM}){PRINT_END}")
 
 
-def eval_kind(segment: str, pairs: list[tuple[str, str, float]]) -> str:
-    """`val`, `test` or `eval` when the line is an evaluation's and its names do not say so themselves
-    (`Test set: Average loss: 0.2475`, `Validation loss: 0.31`); "" for a training line, or one whose names
-    tell training and evaluation apart already (`loss=0.25 val_loss=0.31`, `train loss 2.1, val loss 2.2`)."""
-    if any(qualifier in _EVAL_KINDS or name.startswith(EVALUATION_PREFIXES) for qualifier, name, _ in pairs):
-        return ""
-    found = _EVAL_WORD.search(segment)
-    return _EVAL_KINDS[found.group(1).lower()] if found else ""
+class Pair(NamedTuple):
+    """A figure of a print: where it is in the line, its qualifier (`train`, `valid_1`, `Average`, ''), its
+    name and its value."""
+
+    start: int
+    end: int
+    qualifier: str
+    name: str
+    value: float
+
+
+def pairs_in(segment: str, boosting: bool = False) -> list[Pair]:
+    """The figures of a print, in order; `boosting`: the line is a boosting round's (`[3]\t...`), whose
+    `dataset-metric:value` figures are read whatever their metric."""
+    found = []
+    for match in PAIR.finditer(segment):
+        groups = match.groups()
+        if groups[0] is not None:  # `training's l1: 0.34`
+            qualifier, name, value = groups[0], groups[1], groups[2]
+        elif groups[3] is not None:  # `valid_auc: 0.69`; not a count or a timing (`'train/global_step': 100`)
+            if _COUNT_NAME.search(groups[3]):
+                continue
+            qualifier, name, value = "", groups[3], groups[4]
+        else:
+            qualifier, name, value = groups[5] or "", groups[6], groups[7]
+        found.append(Pair(match.start(), match.end(), qualifier.lower(), name.lower(), parse_float(value)))
+    if boosting:
+        taken = [(pair.start, pair.end) for pair in found]
+        for match in ROUND_PAIR.finditer(segment):
+            if not any(start < match.end() and match.start() < end for start, end in taken):
+                qualifier, name, value = match.groups()
+                found.append(Pair(match.start(), match.end(), qualifier.lower(), name.lower(), parse_float(value)))
+        found.sort()
+    return found
+
+
+def eval_kind(segment: str, pairs: list[Pair]) -> str:
+    """`val`, `test` or `eval` when a word of the line says the line is an evaluation's and is no figure's own
+    name or qualifier (`Test set: Average loss: 0.2475`, `Validation | loss: 0.31`); "" when none does. A word
+    that names a figure (`Val: 0.285`, `val_loss=0.31`, `valid_1's l1`) qualifies that figure only: a line with a
+    training loss and evaluation figures (`Epoch: 001, Loss: 2.0, Train: 0.31, Val: 0.28`) stays training's."""
+    for found in _EVAL_WORD.finditer(segment):
+        if not any(pair.start <= found.start() < pair.end for pair in pairs):
+            return _EVAL_KINDS[found.group(1).lower()]
+    return ""
 
 
 def metric_name(qualifier: str, name: str, kind: str) -> str:
-    """A printed name as a metric's: `Training loss` is `training_loss`, `Validation loss` `val_loss`, and on
-    an evaluation's line (`kind`) `Average loss` is `test_loss`, so that training_loss() never takes it."""
+    """A printed name as a metric's: `Training loss` is `training_loss`, `Validation loss` `val_loss`,
+    `valid_1's l1` `valid_1_l1`, and on an evaluation's line (`kind`) `Average loss` is `test_loss`, so that
+    training_loss() never takes it; a figure its own name or qualifier says is an evaluation's keeps its name."""
     qualifier = "" if qualifier in _JOINING_WORDS else _EVAL_KINDS.get(qualifier, qualifier)
-    if kind:
+    evaluation = qualifier.startswith(EVALUATION_PREFIXES) or name.startswith(EVALUATION_PREFIXES)
+    if kind and not evaluation:
         qualifier = kind if not qualifier or qualifier in _PLAIN_QUALIFIERS else f"{kind}_{qualifier}"
     return f"{qualifier}_{name}" if qualifier else name
 
