@@ -12,7 +12,7 @@ from tfrun.numerals import is_digits
 
 from .state import MAX_COUNTER_DIGITS, Reading, Sample
 from .tables import table_columns
-from .text import WRAPPED, WRAPPERS, eval_kind, json_float, metric_name, pairs_in
+from .text import WRAPPED, WRAPPERS, figures, json_float, metric_name
 
 # `step 100`, `Epoch [2/10]`, `'epoch': 3`, `'train/global_step': 100`; not `ms/batch 45.12` (a rate) nor
 # `'epoch': 0.05` (a fraction).
@@ -41,9 +41,8 @@ class Prints:
     def print_line(self, segment: str) -> Optional[Sample]:
         if any(wrapper in segment for wrapper in WRAPPERS):  # a few byte searches, not a regex a line
             segment = WRAPPED.sub(r"\1", segment)
-        boosting = _ROUND.match(segment)
-        pairs = pairs_in(segment, boosting is not None)
-        kind = eval_kind(segment, pairs)
+        boosting = _ROUND.match(segment) if "]\t" in segment else None
+        pairs, kind = figures(segment, boosting is not None)
         values: dict[str, float] = {}
         for pair in pairs:
             values.setdefault(metric_name(pair.qualifier, pair.name, kind), pair.value)
@@ -97,7 +96,8 @@ class Prints:
         if step is None:
             step = self.placed_step(values)
         counters.print_epoch = epoch if epoch is not None else counters.print_epoch
-        self.reading.why += loss_rule(values)
+        if "loss" not in values:  # which is the training loss, where no name is `loss` itself
+            self.reading.why += loss_rule(values)
         return Sample(step, values, epoch, "print", printed)
 
     def print_step(self, printed: int, total: Optional[str], epoch: Optional[int]) -> int:

@@ -78,6 +78,7 @@ class LogMetrics:
 
     def _scan(self, block: bytes) -> list[Sample]:
         text = _ANSI.sub(b"", block) if b"\x1b" in block else block
+        counters = self.reading.counters
         self.reading.why = "not looked at: no `loss` or `epoch` in it, and no --metric pattern matches"
         table = self._in_table()  # its rows hold no marker: every segment is looked at
         if not self.patterns and not table and not any(marker in text for marker in _MARKERS):
@@ -106,9 +107,8 @@ class LogMetrics:
                         samples.append(new)
             except (ValueError, OverflowError):  # a count of 4,300+ digits: no training printed that
                 self.reading.why = "a number too long to be a metric or a count"
-            rest = text[end + 1 :]
-            if not table and self._in_table() and rest:  # a table's header or a box's rule: its rows may follow
-                return samples + self._scan(rest)
+            if not table and (counters.table is not None or counters.box is not None) and end + 1 < len(text):
+                return samples + self._scan(text[end + 1 :])  # a table's header or a box's rule: its rows may follow
         return samples
 
     def _table_line(self, segment: str, line_end: bool) -> tuple[bool, list[Sample]]:
@@ -196,7 +196,8 @@ class LogMetrics:
         """The samples of one segment, in order; a generator, so that each is kept (_new_values) before the
         segment is read on: a print released by the next segment, or a rich bar taken when a line not its own
         comes, is the step a print in that segment may be placed at."""
-        if self._in_table():
+        counters = self.reading.counters
+        if counters.table is not None or counters.box is not None:
             taken, rows = self._table_line(segment, line_end)
             yield from rows
             if taken:

@@ -45,18 +45,19 @@ _NAMED = (
     rf"\s*(?:[:=\u2502|]\s*|\s)['\"]?({NUM})"
 )
 PRINT_PAIR = re.compile(rf"(?i)(?<![\w./]){_NAMED}{PRINT_END}")
-# A dataset's figure, whatever its metric: LightGBM's `training's l1: 0.34` and `valid_1's auc: 0.8`; a name a
-# dataset begins (`valid_auc: 0.69`, `Val: 0.2850`, `eval/f1=0.7`), with `:` or `=` only (not `Validation 100%`).
-_DATASETS = "train|training|val|valid|validation|test|eval"
-_POSSESSIVE = rf"([a-z]\w*)'s\s+([a-z][\w@.]*)\s*:\s*({NUM})"
-_DATASET_NAMED = rf"((?:{_DATASETS})(?:[_/][a-z0-9@]+)*)['\"]?\s*[:=]\s*['\"]?({NUM})"
-PAIR = re.compile(rf"(?i)(?<![\w./])(?:{_POSSESSIVE}|{_DATASET_NAMED}|{_NAMED}){PRINT_END}")
+# A dataset's figure, whatever its metric: a name a dataset begins (`valid_auc: 0.69`, `Val: 0.2850`,
+# `eval/f1=0.7`), with `:` or `=` only (not `Validation 100%`); and on a boosting round's line, LightGBM's
+# `training's l1: 0.34` and `valid_1's auc: 0.8`.
+_DATASET_NAMED = rf"((?:train|training|val|valid|validation|test|eval)(?:[_/][a-z0-9@]+)*)['\"]?\s*[:=]\s*['\"]?({NUM})"
+DATASET_PAIR = re.compile(rf"(?i)(?<![\w./])(?:{_DATASET_NAMED}|{_NAMED}){PRINT_END}")
+_DATASET_WORDS = ("train", "val", "test", "eval")  # in every name _DATASET_NAMED and _EVAL_WORD match
+_POSSESSIVE = re.compile(rf"(?i)(?<![\w./])([a-z]\w*)'s\s+([a-z][\w@.]*)\s*:\s*({NUM}){PRINT_END}")
 # After a boosting round (`[3]\t`), XGBoost's `dataset-metric:value`, whatever the metric (`eval-rmse:0.5`,
 # `validation_0-cox-nloglik:2.1`): the qualifier is the dataset, up to its first hyphen.
+_ROUND_PAIR = re.compile(rf"(?<![\w./-])([A-Za-z_]\w*)-([A-Za-z][\w@.-]*):({NUM}){PRINT_END}")
 # A dataset's count or timing, which no metric is: `train/global_step`, Hugging Face's `eval_runtime` and
 # `train_samples_per_second`.
 _COUNT_NAME = re.compile(r"(?i)[_/](?:global_step|steps?|epochs?|iter|iterations?|batch(?:es)?|runtime|per_second)$")
-ROUND_PAIR = re.compile(rf"(?<![\w./-])([A-Za-z_]\w*)-([A-Za-z][\w@.-]*):({NUM}){PRINT_END}")
 
 
 class Pair(NamedTuple):
@@ -70,29 +71,32 @@ class Pair(NamedTuple):
     value: float
 
 
-def pairs_in(segment: str, boosting: bool = False) -> list[Pair]:
-    """The figures of a print, in order; `boosting`: the line is a boosting round's (`[3]\t...`), whose
-    `dataset-metric:value` figures are read whatever their metric."""
-    found = []
-    for match in PAIR.finditer(segment):
-        groups = match.groups()
-        if groups[0] is not None:  # `training's l1: 0.34`
-            qualifier, name, value = groups[0], groups[1], groups[2]
-        elif groups[3] is not None:  # `valid_auc: 0.69`; not a count or a timing (`'train/global_step': 100`)
-            if _COUNT_NAME.search(groups[3]):
-                continue
-            qualifier, name, value = "", groups[3], groups[4]
+def figures(segment: str, boosting: bool = False) -> tuple[list[Pair], str]:
+    """The figures of a print, in order, and the kind of evaluation the line is (eval_kind). `boosting`: the
+    line is a boosting round's (`[3]\t...`), whose `dataset's metric:` and `dataset-metric:` figures are read
+    whatever their metric. A line with no dataset's word (most metric lines: `step 100 loss=0.23`) has neither a
+    dataset's figure nor a word of evaluation: one search of the loss-like names reads it, as fast as ever."""
+    low = segment.lower()
+    if not boosting and not any(word in low for word in _DATASET_WORDS):
+        found = PRINT_PAIR.finditer(segment)
+        return [Pair(m.start(), m.end(), (m[1] or "").lower(), m[2].lower(), parse_float(m[3])) for m in found], ""
+    pairs = []
+    for match in DATASET_PAIR.finditer(segment):
+        if match[1] is not None:  # `valid_auc: 0.69`; not a count or a timing (`'train/global_step': 100`)
+            if not _COUNT_NAME.search(match[1]):
+                pairs.append(Pair(match.start(), match.end(), "", match[1].lower(), parse_float(match[2])))
         else:
-            qualifier, name, value = groups[5] or "", groups[6], groups[7]
-        found.append(Pair(match.start(), match.end(), qualifier.lower(), name.lower(), parse_float(value)))
+            qualifier, name, value = match[3] or "", match[4], match[5]
+            pairs.append(Pair(match.start(), match.end(), qualifier.lower(), name.lower(), parse_float(value)))
     if boosting:
-        taken = [(pair.start, pair.end) for pair in found]
-        for match in ROUND_PAIR.finditer(segment):
-            if not any(start < match.end() and match.start() < end for start, end in taken):
-                qualifier, name, value = match.groups()
-                found.append(Pair(match.start(), match.end(), qualifier.lower(), name.lower(), parse_float(value)))
-        found.sort()
-    return found
+        for extra in (_POSSESSIVE, _ROUND_PAIR):
+            taken = [(pair.start, pair.end) for pair in pairs]
+            for match in extra.finditer(segment):
+                if not any(start < match.end() and match.start() < end for start, end in taken):
+                    qualifier, name, value = match.groups()
+                    pairs.append(Pair(match.start(), match.end(), qualifier.lower(), name.lower(), parse_float(value)))
+        pairs.sort()
+    return pairs, eval_kind(segment, pairs)
 
 
 def eval_kind(segment: str, pairs: list[Pair]) -> str:
