@@ -220,3 +220,18 @@ def test_explain_shows_each_shape_and_which_figure_is_the_training_loss(tmp_path
     assert "a row of the table Iter | Train Loss | Remaining Time: step 76, its step column 1" in row.why
     mixed = next(reading for reading in readings if reading.line.startswith("Epoch: 001"))
     assert mixed.values == {"loss": 2.0, "train": 0.31, "val": 0.285} and "evaluation" not in mixed.why
+
+
+def test_a_job_s_output_cannot_make_a_table_or_a_box_without_bounds() -> None:
+    """The reader's state is saved with every look: a box of endless rows, a header of thousands of names or a
+    name of a megabyte is no table's, and is not kept."""
+    endless = b"-" * 40 + b"\n" + b"".join(b"| name%d | %d |\n" % (i, i) for i in range(5000)) + b"-" * 40 + b"\n"
+    metrics = LogMetrics()
+    assert metrics.feed(endless + b"step 1 loss=0.5\n") == samples_of(b"step 1 loss=0.5\n")
+    assert len(json.dumps(metrics.state())) < 20_000
+    wide = b" ".join(b"loss%d" % i for i in range(5000)) + b"\n" + b" ".join(b"1" for _ in range(5000)) + b"\n"
+    long_name = b"loss " + b"x" * 1_000 + b"\n1 2\n"
+    for header in (wide, long_name):
+        metrics = LogMetrics()
+        assert metrics.feed(header) == []
+        assert metrics.reading.counters.table is None

@@ -65,6 +65,8 @@ _BOX_STEPS = (
 )
 _BOX_EPOCHS = frozenset({"epochs", "epoch"})
 MAX_BOX_ROWS = 256  # a box longer is no metrics box: it is dropped, and kept no more in the state
+MAX_COLUMNS = 64  # a header of more names is no table's: the reader's state holds its columns
+MAX_NAME_CHARS = 100  # a column's or a row's name longer is no metric's (a job's output is input like any other)
 PrintStep = Callable[[int, Optional[str], Optional[int]], int]  # a printed counter made global (Prints.print_step)
 PlacedStep = Callable[[dict[str, float]], int]  # the step of metrics that say none (Prints.placed_step)
 
@@ -72,10 +74,13 @@ PlacedStep = Callable[[dict[str, float]], int]  # the step of metrics that say n
 def table_columns(segment: str) -> Optional[list[str]]:
     """The columns a header names, or None for a line that is no header: names only; apart by two spaces or
     more where the line has such gaps (`Iter       Train Loss   Remaining Time`), else by one."""
-    if not _HEADER.fullmatch(segment):
+    if len(segment) > MAX_COLUMNS * MAX_NAME_CHARS or not _HEADER.fullmatch(segment):
         return None
     columns = _COLUMNS_APART.split(segment.strip())
-    return columns if len(columns) > 1 else segment.split()
+    columns = columns if len(columns) > 1 else segment.split()
+    if len(columns) > MAX_COLUMNS or any(len(column) > MAX_NAME_CHARS for column in columns):
+        return None
+    return columns
 
 
 def column_metric(column: str) -> str:
@@ -144,8 +149,8 @@ class Tables:
         if is_box_rule(segment):
             counters.box = None
             return True, self._box_sample(box) if box["values"] or box["counters"] else None
-        row = _BOX_ROW.fullmatch(segment)
-        if row is None or box["rows"] >= MAX_BOX_ROWS:
+        row = _BOX_ROW.fullmatch(segment) if len(segment) <= 2 * MAX_NAME_CHARS else None
+        if row is None or box["rows"] >= MAX_BOX_ROWS or len(row.group(1)) > MAX_NAME_CHARS:
             counters.box = None
             return False, None
         box["rows"] += 1

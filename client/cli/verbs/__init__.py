@@ -39,7 +39,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
                     "notify URL of the daemon's config; say for each whether it was sent or why not."),
     "metrics": ("watching", "metrics", "JOB's metrics by step: exact per-step values when the script uses tfrun.jobs "
                 "(its callback or Progress), else what the daemon read from its output: Keras and tqdm/Lightning "
-                "progress bars, prints such as `step 100 loss=1.23`, `iter 5: loss 2.1`, dicts and JSON lines, and "
+                "progress bars, prints such as `step 100 loss=1.23`, `iter 5: loss 2.1`, dicts and JSON lines, "
+                "boosting rounds (`[10] training's l1: 0.34`), column tables, boxes of `| name | value |` rows, and "
                 "--metric patterns."),
     "gpus": ("watching", "gpus", "The box's GPUs: memory in use, utilisation, and the job each is given to (`submit "
              "--gpus N` gives a job N GPUs of its own), or who holds it outside your daemon (another user's job, a "

@@ -181,9 +181,12 @@ def metrics(
 ) -> None:
     """JOB's metrics by step: exact per-step values when the script uses tfrun.jobs (its callback or
     Progress), else what the daemon read from its output: Keras and tqdm/Lightning progress bars, prints
-    such as `step 100 loss=1.23`, `iter 5: loss 2.1`, dicts and JSON lines, and --metric patterns. Keras
-    prints a running mean of each epoch; the values here are the means over the steps between two of its
-    prints, worked back from them. A line's step is the one it prints; --explain shows which, line by line."""
+    such as `step 100 loss=1.23`, `iter 5: loss 2.1`, dicts and JSON lines, boosting rounds
+    (`[10] training's l1: 0.34`), column tables, boxes of `| name | value |` rows, and --metric patterns.
+    Evaluation figures (val, valid, test, eval) are kept apart from training's. Keras prints a running mean of
+    each epoch; the values here are the means over the steps between two of its prints, worked back from them.
+    A line's step is the one it prints; --explain shows which, line by line, and which figure is the training
+    loss where none is named `loss`."""
 
     if explain:
         if plot or png is not None or names:
