@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from harness import Receiver, Tfrun, local_and_ssh, wait_for, write_script
 from harness.alerting import PYTORCH_OOM, configure, printing, settled
-from harness.paths import DATA
+from harness.paths import DATA, REAL
 
 from tfrun.runner.alerts.watch import KEEP_EVERY_S
 
@@ -200,3 +200,31 @@ def test_metrics_show_every_line_read_though_the_files_take_them_every_few_secon
     assert [s["step"] for s in json.loads(tf.ok("metrics", "--json", str(job)))] == [1, 2, 3]
     done.touch()
     tf.ok("wait", str(job))
+
+
+@pytest.mark.parametrize(
+    ("run", "summary", "rule"),
+    [
+        (
+            "sb3_dqn.nan",
+            "loss is nan at step 4022",
+            "its training loss: train/loss (the training dataset's loss)",
+        ),
+        ("lightgbm_plot.nan", "loss is inf at step 62", "its training loss: training_l1 (no name says loss"),
+    ],
+)
+def test_a_library_s_own_output_alerts_at_the_step_it_states(
+    tf: Tfrun, project: Path, receiver: Receiver, run: str, summary: str, rule: str
+) -> None:
+    """Issues 49 and 51, through a real daemon: a job that prints what stable-baselines3 and LightGBM printed (the
+    corpus's NaN and Inf runs) is alerted at the box's timesteps and the boosting round (SB3's NaN was "at step 73"
+    of a run at timestep 4022, LightGBM's Inf only a `done`), and `--explain` says which figure is the loss."""
+    configure(tf, receiver.url)
+    log = REAL / f"{run}.log"
+    write_script(project, "replay.py", f"import sys\nsys.stdout.buffer.write(open({str(log)!r}, 'rb').read())\n")
+    job = tf.submit("--python", sys.executable, str(project / "replay.py"))
+    found = settled(tf, job, 2)
+    assert [a["rule"] for a in found] == ["spike", "done"]
+    assert summary in found[0]["summary"], found[0]["summary"]
+    readings = json.loads(tf.ok("metrics", "--explain", "--json", str(job)))
+    assert any(rule in reading["why"] for reading in readings), [r["why"] for r in readings]

@@ -4,7 +4,8 @@ loss is missed (and what `--metric` pattern would catch it) or why it lands at t
 The log is read again from its start with a fresh reader (runner/metrics/), one segment (a line, or one redraw
 of a progress bar) at a time, and each segment's reading is kept with the reader's own account of it. A log has
 thousands of lines of a few shapes, so one line of each shape (its digits, spacing and a bar's graphic aside) is
-shown, with how many lines have that shape. When there are more shapes than the limit, those that gave a metric
+shown, with how many lines have that shape: the first that gave a metric, or the first that gave a training loss
+where an earlier one gave none. When there are more shapes than the limit, those that gave a metric
 are chosen first, then those with a metric's word that gave none (the misses), then the rest; the chosen ones are
 shown in the order the log first shows them.
 """
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfrun.losses import training_loss_name
 from tfrun.protocol.watching import LineReading
 from tfrun.shorten import shorten
 
@@ -57,7 +59,7 @@ def explain(path: Path, patterns: Sequence[str], limit: int) -> tuple[list[LineR
         known = shapes.get(shape)
         if known is not None:
             known.reading.lines += 1
-            if samples and not known.reading.values:  # a shape that gave a metric: show a line that did
+            if samples and _shows_more(known.reading, samples[-1]):
                 known.reading = _reading(text, samples, metrics.why, known.reading.lines)
             continue
         if len(shapes) < MAX_SHAPES:
@@ -65,6 +67,14 @@ def explain(path: Path, patterns: Sequence[str], limit: int) -> tuple[list[LineR
     ordered = sorted(shapes.values(), key=lambda s: (not s.reading.values, not s.has_metric_word, s.first))
     chosen = sorted(ordered[:limit], key=lambda s: s.first)
     return [shape.reading for shape in chosen], cut
+
+
+def _shows_more(shown: LineReading, sample: Sample) -> bool:
+    """Whether a line of a shape shows more than the one shown: a metric where it showed none, or the training
+    loss where it showed none (a box of stable-baselines3's before its learning starts has no loss)."""
+    if not shown.values:
+        return True
+    return training_loss_name(shown.values) is None and training_loss_name(sample.values) is not None
 
 
 def _reading(text: str, samples: list[Sample], why: str, lines: int) -> LineReading:
