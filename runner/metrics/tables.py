@@ -128,7 +128,7 @@ class Tables:
             self.reading.why = f"a row of the table {shown}: step {step}, its step column {printed}"
         else:  # a print that says no step: placed where training got to, or counted
             step = self.placed_step(values)
-            self.reading.why = f"a row of the table {shown}, {self.reading.why}"
+            self.reading.why = f"a row of the table {shown}, with no step column; as {self.reading.why}"
         self.reading.why += loss_rule(values)
         return Sample(step, values, epoch, "print", printed) if values else None
 
@@ -185,6 +185,6 @@ class Tables:
             self.reading.why = f"a box of metrics: step {step}, its `{key}`"
         else:
             step = self.placed_step(values)
-            self.reading.why = f"a box of metrics with no counter, {self.reading.why}"
+            self.reading.why = f"a box of metrics with no counter; as {self.reading.why}"
         self.reading.why += loss_rule(values)
         return Sample(step, values, epoch, "print", found.get(key) if key else None)
