@@ -8,12 +8,14 @@ from tfrun.constants import EXIT_DAEMON, EXIT_FAILURE, EXIT_NO_SUCH_JOB, EXIT_US
 
 
 def error_line(message: str) -> str:
-    """`tfrun: error: MESSAGE`: the one form of an error on stderr (docs/exit-codes.md), also for a verb that
+    """`tfrun: error: MESSAGE`: the one form of an error on stderr (docs/reference/exit-codes.md), also for a verb that
     reports a failure per job (rm, cancel) and goes on to the next one."""
     return f"tfrun: error: {message}"
 
 
 class TfrunError(Exception):
+    """A failure said in one line (bad input, no daemon to reach), with the exit code the CLI gives it."""
+
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.message = message
@@ -29,7 +31,7 @@ def cannot_start(where: Optional[str], reason: str) -> TfrunError:
 
 
 def remote_exit(code: str) -> int:
-    """The exit code of a verb that the daemon answered with an Error of `code` (docs/exit-codes.md). A daemon
+    """The exit code of a verb that the daemon answered with an Error of `code` (docs/reference/exit-codes.md). A daemon
     that answered was reached: a failure of its own (the box's disk full, a bug) is the verb's failure, 1, never
     the 125 of a daemon that cannot be reached, which a version mismatch, a daemon that cannot start and a code
     this client does not know (a daemon of another version's) stay."""

@@ -53,10 +53,12 @@ class MetricWriter:
             self._flushed = now
 
     def flush(self):
+        """Write out the lines still buffered (the daemon reads them from the file)."""
         if self._file is not None:
             self._file.flush()
 
     def close(self):
+        """Close the metrics file; later writes do nothing."""
         if self._file is not None:
             self._file.close()
             self._file = None

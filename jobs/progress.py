@@ -62,6 +62,8 @@ class Progress:
         return True
 
     def save(self):
+        """A checkpoint now, of the step and epoch reached (`Checkpoints.save`): its path, or None without
+        checkpoints."""
         if self.checkpoints is not None:
             return self.checkpoints.save(step=self.step, epoch=self.epoch, epoch_step=self._epoch_started_at)
         return None

@@ -82,7 +82,7 @@ def tighten_home(layout: Layout) -> None:
                     "looks again at its next start if this file is removed.\n")  # fmt: skip
 
 
-_TREE_DONE = ".private"  # in the home: its whole tree was made private once (see tighten_home)
+_TREE_DONE = ".private"  # a mark in the home: its whole tree was made private once, not walked again at each start
 # Folders whose contents keep the user's modes on purpose: a job's snapshot (work/) and its spare (tree/), the
 # copies of tfrun.jobs and of the shim (pythonpath/, shimpath/: public code, made anew at each start), a
 # checkpoint folder's files (the job's umask).

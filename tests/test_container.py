@@ -106,7 +106,7 @@ def connected(box: tuple[Box, Client]) -> tuple[Box, Client]:
     assert transport in lines, check.stdout + check.stderr
     assert all(line.startswith("ok ") for line in lines[: lines.index(transport)]), check.stdout
     # The doctor's checks follow, in the job python: the chroot's python3 lacks the image's TensorFlow, and
-    # hosts check says so (a box whose jobs cannot import TensorFlow is not ready: 1, docs/exit-codes.md), and
+    # hosts check says so (a box whose jobs cannot import TensorFlow is not ready: 1, docs/reference/exit-codes.md), and
     # only that fails.
     assert check.returncode == 1, check.stdout + check.stderr
     failed = [line for line in lines if line.startswith("FAIL")]

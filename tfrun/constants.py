@@ -11,14 +11,24 @@ SAFE_PATH: tuple[str, ...] = ("-P",) if sys.version_info >= (3, 11) else ()
 
 # Exit codes of the `tfrun` and `tfrund` commands. A verb that follows a job (`wait`, `logs -f`,
 # `submit --follow`) exits with the job's own code instead; these are for tfrun's own outcomes.
-EXIT_OK = 0
-EXIT_FAILURE = 1  # the verb ran but what it was asked did not happen (e.g. `tfrund status`: not running)
-EXIT_USAGE = 2  # bad options or bad input (click uses 2 for usage errors too)
-EXIT_NO_SUCH_JOB = 3
-EXIT_DAEMON = 125  # the daemon cannot be reached or started, or speaks another protocol (like docker's 125)
-EXIT_LOST = 255  # the job was lost: its shim vanished without recording an exit status
+EXIT_OK = 0  # success
+# the verb ran but what it was asked did not happen: `cancel` of a job that had ended already, `rm` of a job that
+# has not ended, `tfrund status` when no daemon runs, `hosts check` and `doctor` of a box whose daemon answers but
+# is not ready for jobs (no TensorFlow in the job python, another tfrund version, a check that failed), `submit
+# --host POOL` when the members that answered cannot run the job
+EXIT_FAILURE = 1
+# bad options or bad input: a missing script, an unreadable work dir, a bad `--env`, an invalid name (click uses 2
+# for usage errors too)
+EXIT_USAGE = 2
+EXIT_NO_SUCH_JOB = 3  # no job of that id or name
+# the daemon cannot be reached or started (connection refused, ssh authentication failed, host key unknown or
+# changed, tfrund missing on the box), or speaks another protocol version (like docker's 125); for `hosts check`,
+# a step on the way to the daemon failed; for `submit --host POOL`, no member answered
+EXIT_DAEMON = 125
+# the job was lost: its shim vanished without recording an exit status (the machine rebooted, the shim was killed)
+EXIT_LOST = 255
 SPARE_EXIT_BYTES = 4096  # reserved per job outside its folder for its exit record (runner/shim/jobdir.py)
-SIGNAL_EXIT_BASE = 128  # a job killed by signal N exits as 128+N, as a shell reports it
+SIGNAL_EXIT_BASE = 128  # a job killed by signal N exits as 128+N, as a shell reports it (137: SIGKILL, 143: SIGTERM)
 
 # Cancellation: SIGTERM to the job's process group, then SIGKILL after this many seconds.
 DEFAULT_GRACE_S = 10.0

@@ -76,6 +76,8 @@ class Layout:
 
     @property
     def database(self) -> Path:
+        """The job store (SQLite, with its -wal and -shm files): every job's record and events, the alerts and
+        their deliveries, the checkpoint uploads."""
         return self.home / "tfrun.db"
 
     @property
@@ -96,10 +98,12 @@ class Layout:
 
     @property
     def daemon_log(self) -> Path:
+        """The output of a daemon started in the background (by `tfrund start`, or a client on demand)."""
         return self.home / "tfrund.log"
 
     @property
     def jobs_dir(self) -> Path:
+        """The job folders, one per job (`job_dir`)."""
         return self.home / "jobs"
 
     @property
@@ -114,10 +118,12 @@ class Layout:
 
     @property
     def config_file(self) -> Path:
+        """The daemon's settings (runner/config/settings.py), which `tfrun config` shows and changes."""
         return self.home / CONFIG_FILE
 
     @property
     def default_checkpoint_root(self) -> Path:
+        """Where each job's checkpoint folder is made, unless checkpoint_root in config.toml says elsewhere."""
         return self.home / "checkpoints"
 
     @property
@@ -132,4 +138,5 @@ class Layout:
         return self.home / "shimpath"
 
     def job_dir(self, job_id: int) -> Path:
+        """One job's folder: its snapshot, output and records (runner/shim/jobdir.py lists them)."""
         return self.jobs_dir / str(job_id)

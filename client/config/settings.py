@@ -1,8 +1,9 @@
 """The client's configuration: the boxes it knows, in TOML at $XDG_CONFIG_HOME/tfrun/config.toml.
 
-default_host = "box"
+default_host = "box"                   # the host of a verb given no --host nor TFRUN_HOST (--host local: here)
 reconnect_timeout = "10m"              # how long wait and logs -f keep trying to reach a daemon (default 5m)
 confirm_upload_bytes = "1GB"           # on a terminal, submit asks before sending more than this (0: never)
+pool_timeout = "5s"                    # how long a pool verb waits for each box (default 5s)
 
 [hosts.box]
 destination = "alice@gpu-box:2222"     # anything ssh accepts; ~/.ssh/config applies
@@ -13,8 +14,6 @@ python = "/usr/bin/python3"            # the job interpreter there (default: the
 accept_new_host_key = false            # like StrictHostKeyChecking=accept-new
 env = { TFRUN_HOME = "/data/tfrun" }   # for the daemon: several can share a box
 pools = ["gpu"]                        # `--host gpu` means every host of pool gpu (client/pools/members.py)
-
-pool_timeout = "5s"                    # (top level) how long a pool verb waits for each box (default 5s)
 
 [pools.gpu]
 checkpoints_to = "s3://bucket/ckpt"    # a submit to pool gpu copies checkpoints there (unless --checkpoints-to)

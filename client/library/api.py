@@ -59,6 +59,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        """Close the client's event loop (`with` closes it at the end of its block)."""
         self._loop.close()
 
     def _run(self, coro: Awaitable[T]) -> T:
@@ -153,9 +154,11 @@ class JobHandle:
 
     @property
     def id(self) -> int:
+        """The job's id."""
         return self.record.id
 
     def status(self) -> Job:
+        """Its record as it is now, kept in `record`."""
         self.record = self.client.status(self.id)
         return self.record
 
@@ -165,14 +168,18 @@ class JobHandle:
         return self.record
 
     def logs(self, follow: bool = False, query: Optional[LogQuery] = None) -> Iterator[str]:
+        """Its output as lines (`Client.logs`); with `follow`, until it ends."""
         return self.client.logs(self.id, follow, query)
 
     def metrics(self, last: Optional[int] = None) -> list[MetricSample]:
+        """Its metrics by step, oldest first (`Client.metrics`)."""
         return self.client.metrics(self.id, last)
 
     def cancel(self, grace: Optional[float] = None) -> CancelResult:
+        """Stop it: SIGTERM, SIGKILL after `grace` seconds (`Client.cancel`); what was done."""
         (result,) = self.client.cancel([self.id], grace)
         return result
 
     def restart(self) -> JobHandle:
+        """Run it again, once it has ended, as a new job (`Client.restart`): a handle on that one."""
         return self.client.restart(self.id)

@@ -20,7 +20,7 @@ Report = Callable[[Union[bool, str], str], None]
 
 
 async def check(host: Host, accept_new: bool, report: Report) -> int:
-    """`tfrun hosts check`: each step reported as it passes or fails; the exit code (docs/exit-codes.md):
+    """`tfrun hosts check`: each step reported as it passes or fails; the exit code (docs/reference/exit-codes.md):
     125 where a step on the way to the daemon failed (ssh, tfrund, the daemon), as any verb exits that
     cannot reach it; 1 where the daemon answered but the box is not ready for jobs (another tfrund version,
     a doctor's check failed: no TensorFlow in the job python, say), as `tfrun doctor` exits; else 0."""

@@ -9,8 +9,11 @@ VALUE is its *setting*:
     failed           the job ended with a non-zero code or a signal
     done             the job succeeded
     lost             the job's supervisor vanished (the machine rebooted, the shim was killed)
-    gpu-memory[=P%]  a GPU's memory above P% (default 90) for a minute; the box's rule, not a job's
+    gpu-memory[=P%]  a GPU's memory above P% (default 90) for [alerts] gpu_memory_for (default 1m); the box's
+                     rule, not a job's
     disk-full        the disk of the daemon's home (its database, every job's log) is full; the box's rule too
+    storage          copying the job's checkpoints to object storage has failed for [storage] alert_after
+                     (default 10m), or at once where the credentials are refused or the bucket is missing
 
 All are on unless the daemon's config says otherwise; a job adds or tunes rules with `--alert` and drops them
 with `--no-alert` (`--no-alert all` for none).

@@ -2,7 +2,9 @@
 
 checkpoint_root = "/mnt/checkpoints"   # TFRUN_CHECKPOINT_ROOT; each job gets a folder under it
 job_python = "/usr/bin/python3"        # TFRUN_JOB_PYTHON; runs .py scripts unless --python says
-notify = ["mailto://user:pass@smtp.example.com?to=me@example.com", "slack://T0/B0/XXX"]  # TFRUN_NOTIFY
+                                       # (default: python3 on tfrund's PATH, else tfrund's own Python)
+notify = ["mailto://user:pass@smtp.example.com?to=me@example.com",
+          "slack://T0/B0/XXX"]         # TFRUN_NOTIFY (URLs apart by spaces); where every alert goes: apprise URLs
 gpus = ["0", "1"]                      # TFRUN_GPUS=0,1; the devices jobs get (default: those NVML sees)
 default_gpus = 1                       # GPUs a job gets without --gpus (default: 1 where there are GPUs, else 0)
 max_cpu_jobs = 4                       # CPU-only jobs running at once (default: no cap)
@@ -13,7 +15,7 @@ executor = "local"                     # "slurm": submit jobs with sbatch ([slur
 
 [alerts]
 rules = ["oom", "spike=2", "stall=30m", "failed", "done", "lost", "gpu-memory=90%", "disk-full",
-         "storage"]  # the default: all
+         "storage"]  # the rules every job is watched by, and the box's (default: all)
 cooldown = "15m"        # one message per job and rule in this long: one incident, one message
 expire = "24h"          # keep retrying a delivery this long, then give up (it stays in `tfrun alerts`)
 gpu_memory_for = "1m"   # gpu-memory fires when a GPU stays above its threshold this long
@@ -25,7 +27,7 @@ account = "ml"          # sbatch --account
 time = "4:00:00"        # the default time limit (Slurm's form, or 2h); never unlimited
 sbatch_options = ["--qos=normal"]   # added to every sbatch; tfrun's own options are refused
 
-[storage]               # checkpoints copied to object storage (runner/storage/, docs/storage.md)
+[storage]               # checkpoints copied to object storage (runner/storage/, docs/how-to/checkpoints.md)
 checkpoints_to = "s3://bucket/prefix"  # TFRUN_CHECKPOINTS_TO; every job's, unless submit --checkpoints-to says
 max_bandwidth = "100MB"                # bytes a second for all uploads together (default: no bound)
 alert_after = "10m"                    # the storage alert once uploads have failed this long

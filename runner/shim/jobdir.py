@@ -17,6 +17,8 @@ Standard library only, and no typing at run time: the shim imports this.
     metrics.jsonl per-step metrics the job writes through tfrun.jobs (TFRUN_METRICS_FILE)
     logmetrics.jsonl  metrics the daemon read from the log, for jobs that write no metrics.jsonl
     gpus.jsonl    the memory and load of the GPUs the job holds, sampled by the daemon (runner/gpus/history.py)
+    tensorboard/  TFRUN_TENSORBOARD_DIR: the job's own TensorBoard runs, and printed/, the metrics the daemon
+                  read from its log as TensorBoard scalars (runner/metrics/eventfile.py)
 
 Every JSON file is written to a temporary name and renamed, so a reader sees all of it or nothing. The
 records' keys are defined once, by the TypedDicts below (mypy checks each use); what a reader gets is a

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tfrund")
 
-ARRAYS = "slurm-arrays"  # under TFRUN_HOME
+ARRAYS = "slurm-arrays"  # in TFRUN_HOME: a folder per job array on Slurm, named by its first task's id (see above)
 ARRAY_RECORD = "array.json"
 ARRAY_LINK = "slurm-array.json"  # in a task's folder: its array folder
 _OWN = ("--job-name=", "--output=", "--chdir=")  # sbatch_args' per-job options, set here per array

@@ -9,7 +9,9 @@ CUDA_VISIBLE_DEVICES. `max_cpu_jobs` and tfrun's GPU bookkeeping do not apply.
 
 In the job's folder: `slurm.sh` (the batch script), `slurm.json` (runner/executors/slurm/record.py: the Slurm id,
 written atomically before launch returns; or why sbatch refused the job), `slurm-ID.out` (the batch script's own
-output, named by tfrun's id: Slurm's ids restart when its state is wiped).
+output, named by tfrun's id: Slurm's ids restart when its state is wiped); with `--nodes N`, `task-I.log` (the
+output of task I > 0: task 0's is the job's log) and `task-I.json` (how task I's command ended), written by
+runner/shim/slurmtask.py.
 
 What a job did is learnt from its folder (shim.json: it runs; exit.json: how it ended, exactly) and from Slurm (one
 `squeue` for all jobs, at most every watcher.POLL_INTERVAL_S, less often for a long answer, backing off when it is
