@@ -14,7 +14,9 @@ mkdocs-click or mkdocstrings: the pages stay plain Markdown that MkDocs, Zensica
     metric-formats.md  runner/metrics/__init__.py's docstring: the list of what the reader recognises
     files.md           tfrun/paths.py's Layout (the daemon's home) and runner/shim/jobdir.py (a job's folder)
 
-tests/test_docs_reference.py checks that the committed pages are what this writes now. A key, verb, rule or
+The Python blocks are as `ruff format` leaves them (ruff formats Markdown's Python blocks too, and
+tests/test_codebase.py holds the tree to it). tests/test_docs_reference.py checks that the committed pages are
+what this writes now. A key, verb, rule or
 file the code declares without the words this needs (a docstring, a comment) stops it with a message that
 says where to add them.
 """
