@@ -107,7 +107,8 @@ def _storage(where: str) -> Check:
         remote = Remote(parse(where))
         remote.listing(".tfrun/")
     except (PlaceError, StorageError) as exc:
-        return Check("object storage", FAIL, str(exc), "checkpoints wait on the box until it answers: docs/storage.md")
+        advice = "checkpoints wait on the box until it answers: docs/how-to/checkpoints.md"
+        return Check("object storage", FAIL, str(exc), advice)
     return Check("object storage", OK, f"{where} answers (credentials: {settings_for(parse(where)).source})")
 
 

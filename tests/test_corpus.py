@@ -13,7 +13,8 @@ training loss followed as the alert watch follows it (tfrun/losses.py TrainingLo
   an evaluation's may change there, the last the log shows); on the entries issue 29 added, no metric twice at a
   step and 99 % of the printed training losses within 2 steps of the truth.
 
-`python tests/test_corpus.py [NAME ...]` prints the table kept in docs/alerts.md (and what each miss was, with -v).
+`python tests/test_corpus.py [NAME ...]` prints the table kept in docs/explanation/metrics.md (and what each miss was,
+with -v).
 """
 
 from __future__ import annotations
@@ -344,7 +345,8 @@ def test_evaluation_figures_are_read_apart_at_their_steps(run: str) -> None:
 
 
 def table(scores: list[Score]) -> str:
-    """docs/alerts.md's table: a row a log of healthy training, with its NaN and divergence runs beside it."""
+    """docs/explanation/metrics.md's table: a row a log of healthy training, with its NaN and divergence runs beside
+    it."""
     rows = [
         "| output | printed losses | recovered at their step | max step error | behind / twice at a step "
         "| alerts: healthy / NaN / x1000 LR |",

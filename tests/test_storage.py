@@ -1,5 +1,5 @@
-"""Checkpoints in object storage end to end (issue 48, docs/storage.md): real daemons, real jobs, a real S3 server
-(SeaweedFS, tests/harness/s3server.py) on 127.0.0.1. What the daemon stored is read back from the bucket as any
+"""Checkpoints in object storage end to end (issue 48, docs/how-to/checkpoints.md): real daemons, real jobs, a real S3
+server (SeaweedFS, tests/harness/s3server.py) on 127.0.0.1. What the daemon stored is read back from the bucket as any
 S3 client reads it; a checkpoint counts as stored only with its manifest, whose SHA-256s the bytes must match."""
 
 from __future__ import annotations

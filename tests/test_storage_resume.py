@@ -1,4 +1,4 @@
-"""A job resumed on another box from its checkpoints in object storage (issue 48, docs/storage.md): two boxes
+"""A job resumed on another box from its checkpoints in object storage (issue 48, docs/how-to/checkpoints.md): two boxes
 behind the tests' real sshd (two daemons, two TFRUN_HOMEs), a real S3 server, and then the first box gone;
 and a Keras job of tfrun.jobs resumed exactly, weights and counters, by a daemon that never ran it."""
 

@@ -1,5 +1,5 @@
-"""When a checkpoint is complete (runner/storage/complete.py, the rule docs/storage.md states), where storage is
-(tfrun/storage/place.py), whose credentials are believed (tfrun/storage/credentials.py) and what a manifest read
+"""When a checkpoint is complete (runner/storage/complete.py, the rule docs/how-to/checkpoints.md states), where storage
+is (tfrun/storage/place.py), whose credentials are believed (tfrun/storage/credentials.py) and what a manifest read
 from a bucket may name (tfrun/storage/stored.py): the parts of issue 48 that need no S3 server. Real files, real
 processes holding them open, real modes and owners."""
 

@@ -60,7 +60,7 @@ go back: a printed counter, a Keras `Epoch k/N` or a bar that starts over (a sec
 goes on from the steps before it, and `tfrun metrics --explain` says that the log starts over.
 
 tests/data/real/ holds the output of 27 training scripts, 25 of them published, and what each computed;
-tests/test_corpus.py checks this reader on all of it (docs/alerts.md has the table).
+tests/test_corpus.py checks this reader on all of it (docs/explanation/metrics.md has the table).
 
 Keras prints the running mean of each metric since the start of the epoch. An alert needs what the model does
 now, so each redraw gives the mean over the batches since the previous redraw, decoded from two running means

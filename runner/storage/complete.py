@@ -1,4 +1,5 @@
-"""When a checkpoint is complete: the rule that decides what the daemon uploads (docs/storage.md says it to users).
+"""When a checkpoint is complete: the rule that decides what the daemon uploads (docs/how-to/checkpoints.md says it to
+users).
 
 A job writes its checkpoints however its library does; the daemon never asks it. It looks at the job's
 checkpoint folder every few seconds and takes as a checkpoint:

@@ -1,4 +1,4 @@
-"""Checkpoints in object storage, as the daemon and the client both see them (docs/storage.md).
+"""Checkpoints in object storage, as the daemon and the client both see them (docs/how-to/checkpoints.md).
 
 1. place.py: where a job's checkpoints are stored (`s3://bucket/prefix`), checked as the user typed it
 2. credentials.py: the credentials and endpoint, from where AWS's own tools look for them

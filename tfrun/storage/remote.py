@@ -239,7 +239,7 @@ class Remote:
             return StorageError(
                 REFUSED,
                 f"no credentials for {where} on this machine: set AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws/credentials (docs/storage.md)",
+                "AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws/credentials (docs/how-to/checkpoints.md)",
             )
         if (code and code.group(1) == "NoSuchBucket") or "bucket does not exist" in text.lower():
             return StorageError(NO_BUCKET, f"bucket {self.place.bucket} does not exist ({where}): make it, fix the URL")
