@@ -305,7 +305,7 @@ def _bare_ssh_cases(tree: ast.Module) -> list[int]:
 
 def test_every_test_module_says_what_it_needs() -> None:
     """A test module that starts an sshd, the Slurm cluster or needs root carries the marker, so that a slice
-    such as `-m "not root and not slurm"` (docs/testing.md) leaves out what this machine cannot do."""
+    such as `-m "not root and not slurm"` (docs/explanation/testing.md) leaves out what this machine cannot do."""
     missing = []
     for path in sorted((REPO / "tests").glob("test_*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))

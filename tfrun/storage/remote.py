@@ -1,5 +1,5 @@
 """One bucket, through obstore (the Python face of Rust's object_store, chosen by measurement: bench/storage.py
-and docs/performance.md): put a file and verify it, get one and verify it, list, delete. No S3 signing here.
+and docs/explanation/performance.md): put a file and verify it, get one and verify it, list, delete. No S3 signing here.
 
 Every failure leaves as a `StorageError`: one line in the user's words (the bucket is missing, the keys were
 refused, the server cannot be reached), with the keys masked, whatever the library said.
