@@ -39,7 +39,7 @@ def test_the_docs_build_as_a_site_with_no_broken_link(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (tmp_path / "site" / "slurm" / "index.html").exists()
+    assert (tmp_path / "site" / "how-to" / "slurm" / "index.html").exists()
 
 
 def test_the_docs_build_with_zensical_too(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 A pool is a name that hosts carry (`tfrun hosts add NAME DEST --pool gpu`; `all` is every host). A verb that
 takes a pool (`ps`, `submit`, `pools`) asks every member concurrently through the same `AsyncClient` and
 keepers as a single-host verb, but waits at most `member_wait()` seconds for each (TFRUN_POOL_TIMEOUT, else the
-client config's fleet_timeout, else 5 s): one dead box (a stopped sshd, a refused port, no route) must cost a
+client config's pool_timeout, else 5 s): one dead box (a stopped sshd, a refused port, no route) must cost a
 few seconds and one line on stderr, never the whole verb. A job on one box of many is named by its address,
 `HOST:ID` (or `HOST:NAME`), which `split_address` reads.
 """

@@ -22,8 +22,8 @@ from .. import poolviews
 @click.option("--json", "as_json", is_flag=True, help="Print each pool's members and their figures as JSON.")
 def pools(as_json: bool) -> None:
     """List each pool with its members: whether each answers, its free and total GPUs, its running and
-    queued jobs. Every member is asked at once, each for at most TFRUN_FLEET_TIMEOUT (default 5s, or
-    fleet_timeout in the client config); one that does not answer is marked so and named on stderr.
+    queued jobs. Every member is asked at once, each for at most TFRUN_POOL_TIMEOUT (default 5s, or
+    pool_timeout in the client config); one that does not answer is marked so and named on stderr.
 
     \b
     Examples:
