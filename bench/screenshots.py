@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
+from PIL import Image, ImageChops
 
 from tests.harness import Sshd, Tfrun, remote_client, wait_for, write_script
 from tests.harness.browser import chromium, start_ui
@@ -98,9 +98,17 @@ def shoot(browser: Any, url: str, ready: str, out: Path) -> int:
     browser.get(url)
     wait_for(lambda: browser.execute_script(f"return Boolean({ready})"), timeout=60, what=f"{out.name} drawn")
     time.sleep(1.5)  # the live updates of a second and the charts' last draw
-    shot = Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("RGB")
+    shot = trimmed(Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("RGB"))
     shot.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(out, optimize=True)
     return out.stat().st_size
+
+
+def trimmed(shot: Any, margin: int = 16) -> Any:
+    """The screenshot less the empty rows under the page's content (a jobs page of a few rows is otherwise mostly
+    background in a doc), keeping `margin` pixels of it: the background is the bottom-left pixel's colour."""
+    background = Image.new(shot.mode, shot.size, shot.getpixel((0, shot.height - 1)))
+    box = ImageChops.difference(shot, background).getbbox()
+    return shot if box is None else shot.crop((0, 0, shot.width, min(shot.height, box[3] + margin)))
 
 
 def main() -> None:
