@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -180,6 +181,21 @@ def test_keepalives_are_on_unless_the_users_ssh_config_says_otherwise(tmp_path: 
     }
     # Another host's settings are not this one's.
     assert _link_options(tmp_path / "c", "Host elsewhere\n  ServerAliveInterval 0\n")["keepalive_interval"] == 5.0
+
+
+def test_the_keepalives_of_tfruns_own_ssh_config_block_are_not_the_links(tmp_path: Path) -> None:
+    """`tfrun ssh-config 127.0.0.1 --write` writes 30 s x 4 for VS Code and ssh: a frozen link was noticed by
+    tfrun after 150 s through such a block, and after 15 s without. A value edited into the block is the user's."""
+    (tmp_path / "d").mkdir()
+    env = {**os.environ, "HOME": str(tmp_path / "d")}
+    subprocess.run([sys.executable, "-m", "tfrun.client", "ssh-config", "127.0.0.1", "gpu:2222", "--write"], env=env,
+                   check=True, capture_output=True)  # fmt: skip
+    block = (tmp_path / "d" / ".ssh" / "config").read_text()
+    assert "ServerAliveInterval 30" in block
+    ours = {"keepalive_interval": 5.0, "keepalive_count_max": 2, "connect_timeout": 15.0}
+    assert _link_options(tmp_path / "d", None) == ours
+    edited = block.replace("ServerAliveInterval 30", "ServerAliveInterval 60")
+    assert _link_options(tmp_path / "d", edited)["keepalive_interval"] == 60
 
 
 def _fetch(url: str) -> Optional[bytes]:

@@ -309,3 +309,29 @@ def test_jump_hosts_become_proxyjump_and_come_from_the_tfrun_host(tf: Tfrun, tmp
     assert resolved(printed, "box")["proxyjump"] == "me@bastion:2200,gate"
     bad = tf.run("ssh-config", "box", "gpu-host", "--jump", "me@")
     assert bad.returncode == 2 and "jump host" in one_line(bad.stderr)
+
+
+@pytest.mark.ssh
+@pytest.mark.tensorflow
+def test_a_block_for_a_host_of_your_own_keeps_what_your_block_says(tf: Tfrun, sshd: Sshd) -> None:
+    """`tfrun ssh-config box --write` for tfrun's host box at `gpu`, a Host of the user's own: the block said
+    `HostName gpu` and lost gpu's HostName, Port, User and key (ssh does not read the config again for a
+    HostName), so box no longer reached the box. It now holds what gpu's block says, as OpenSSH reads it."""
+    key, options = _keyless_client(tf, sshd)
+    user = getpass.getuser()
+    ssh_config(tf).write_text(
+        f"Host gpu\n    HostName 127.0.0.1\n    Port {sshd.port}\n    User {user}\n    IdentityFile {key}\n"
+    )
+    tf.ok("hosts", "add", "box", "gpu", *options)
+    tf.ok("ssh-config", "box", "--write")
+    seen = resolved(ssh_config(tf), "box")
+    assert (seen["hostname"], seen["port"], seen["user"], seen["identityfile"]) == (
+        "127.0.0.1",
+        str(sshd.port),
+        user,
+        str(key),
+    )
+    result = tf.run("ps", "--host", "box", "--json")  # tfrun now reaches the box through the block
+    assert result.returncode == 0 and json.loads(result.stdout) == [], result.stderr
+    # --port still wins over what the user's block says
+    assert "    Port 2200\n" in tf.ok("ssh-config", "other", "gpu", "--port", "2200")

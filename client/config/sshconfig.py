@@ -204,15 +204,68 @@ def make_entry(
     except TfrunError as exc:
         raise TfrunError(exc.message, EXIT_USAGE) from None
     _check_value("host", hostname)
+    alias = _configured(hostname)  # `gpu-box`, a Host of the user's own: what it says, or the block loses it
+    if alias:
+        hostname = alias.get("hostname", hostname)
+        dest_user = dest_user if dest_user is not None else alias.get("user")
+        dest_port = dest_port if dest_port is not None else _port(alias.get("port"))
+        identity_file = identity_file if identity_file is not None else alias.get("identityfile")
+        jump = jump if jump is not None else alias.get("proxyjump")
     user = user if user is not None else dest_user
     if user is not None:
         _check_value("user", user)
-    if identity_file is not None:
+    if identity_file is not None and not (alias and identity_file == alias.get("identityfile")):
         _check_value("identity file", identity_file, spaces=True)
         identity_file = config.identity_path(identity_file)
     if jump is not None:
         _check_value("jump host", config.check_jump(jump))
     return Entry(name, hostname, port if port is not None else dest_port, user, identity_file, jump)
+
+
+_ALIAS_OPTIONS = ("hostname", "port", "user", "identityfile", "proxyjump")
+
+
+def _configured(hostname: str) -> dict[str, str]:
+    """What the user's ssh config says of `hostname` where a Host block of theirs names it (`Host gpu-box` with
+    its HostName, Port, User, IdentityFile, ProxyJump): OpenSSH's own reading (`ssh -G`, which connects to
+    nothing), less what it would use for a name no block names. A block that says `HostName gpu-box` would
+    otherwise lose the rest: ssh does not read the config again for a HostName. {} where the config says
+    nothing of it, or there is no ssh to ask (then the block is written as given)."""
+    path = config_path()
+    if not path.is_file():
+        return {}
+    said, plain = _ssh_reading(hostname, str(path)), _ssh_reading(hostname, os.devnull)
+    if said is None or plain is None:
+        return {}
+    return {key: value for key, value in said.items() if value != plain.get(key)}
+
+
+def _ssh_reading(hostname: str, config_file: str) -> Optional[dict[str, str]]:
+    """`ssh -G -F FILE HOST`'s first value of each of _ALIAS_OPTIONS (a later `identityfile` is a default's)."""
+    import subprocess  # only where a destination is read: `tfrun ssh-config --help` starts without it
+
+    try:
+        done = subprocess.run(
+            ["ssh", "-G", "-F", config_file, "--", hostname],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    found: dict[str, str] = {}
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key.lower() in _ALIAS_OPTIONS and value and value != "none":
+            found.setdefault(key.lower(), value)
+    return found
+
+
+def _port(text: Optional[str]) -> Optional[int]:
+    return int(text) if text is not None and is_digits(text) and len(text) <= 5 else None
 
 
 def config_path() -> Path:

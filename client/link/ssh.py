@@ -35,6 +35,7 @@ from tfrun.protocol.fields import ErrorCode
 from tfrun.protocol.proof import KEY_BYTES, new_challenge
 from tfrun.protocol.wire import Hello, ProtocolError, decode_header, encode, read_header, read_message, write_message
 
+from ..config import sshconfig
 from ..config.settings import Host, parse_destination
 from ..errors import TfrunError, cannot_start
 from . import knownhosts
@@ -134,7 +135,8 @@ def _link_options(address: str, options: dict[str, Any]) -> dict[str, Any]:
     without closing (a laptop asleep, a Wi-Fi change) is then noticed after 15 s of silence, and a connect to
     a box behind a dead link fails after 15 s, instead of waiting forever as OpenSSH's defaults (and
     asyncssh's) do. What the user's config says for the host (ServerAliveInterval, ServerAliveCountMax,
-    ConnectTimeout) wins, as it does for ssh: asyncssh reads the same file for the same host."""
+    ConnectTimeout) wins, as it does for ssh: asyncssh reads the same file for the same host; but not the values
+    `tfrun ssh-config` wrote into its own block, unchanged (see below)."""
     config = Path.home() / ".ssh" / "config"
     paths = [str(config)] if os.access(config, os.R_OK) else []
     where = {key: options[key] for key in ("port", "username") if key in options}
@@ -147,7 +149,13 @@ def _link_options(address: str, options: dict[str, Any]) -> dict[str, Any]:
         "ServerAliveCountMax": ("keepalive_count_max", SSH_ALIVE_COUNT_MAX),
         "ConnectTimeout": ("connect_timeout", SSH_CONNECT_TIMEOUT_S),
     }
-    return {option: said.get(name, default) for name, (option, default) in ours.items()}
+    # The keepalives `tfrun ssh-config --write` put in its own block are for VS Code and plain ssh (a dead link
+    # noticed after two minutes): no word of the user's, so tfrun, which heals its link, keeps its own 15 s.
+    written = dict(sshconfig.KEEPALIVE) if sshconfig.read_entry(address) is not None else {}
+    return {
+        option: default if str(said.get(name)) == written.get(name) else said.get(name, default)
+        for name, (option, default) in ours.items()
+    }
 
 
 def _auth_message(what: str, identity_file: bool) -> str:
