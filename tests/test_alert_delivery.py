@@ -122,6 +122,8 @@ def test_bad_alert_options_are_one_line_errors(tf: Tfrun, project: Path) -> None
         (["--alert", "bogus"], "unknown alert rule 'bogus'"),
         (["--alert", "stall=soon"], "stall takes a duration"),
         (["--no-alert", "nope"], "unknown alert rule 'nope'"),
+        (["--alert", "gpu-memory=80%"], "--alert gpu-memory=80%: gpu-memory is the box's rule, not a job's"),
+        (["--no-alert", "disk-full"], "--no-alert disk-full: disk-full is the box's rule, not a job's"),
         (["--notify", "nosuchservice://x"], "--notify: no service called nosuchservice://"),
         (["--metric", "loss=(?P<loss>[0-9.]+"], "--metric"),
     ):

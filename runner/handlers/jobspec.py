@@ -165,6 +165,12 @@ def alert_rules(daemon: Context, req: Submit) -> dict[str, Optional[float]]:
         chosen = rules.combine(daemon.config.rules, req.alerts, req.no_alerts)
     except rules.RuleError as exc:
         raise invalid(str(exc)) from None
+    for option, texts in (("--alert", req.alerts), ("--no-alert", req.no_alerts)):
+        boxed = next((text for text in texts if text.partition("=")[0].strip() in rules.BOX_RULES), None)
+        if boxed is not None:  # taken, then dropped without a word: the box's rules are not a job's to set
+            name = boxed.partition("=")[0].strip()
+            raise invalid(f"{option} {boxed}: {name} is the box's rule, not a job's: set it in the box's config "
+                          "(tfrun config set alerts.rules ...)")  # fmt: skip
     try:
         LogMetrics(req.metric_patterns)
     except MetricPatternError as exc:

@@ -95,8 +95,9 @@ def _snapshot_notes(snap: Snapshot) -> None:
               "job (sbatch --nodes), one task each with --gpus N of its own and a TF_CONFIG naming them all, for "
               "MultiWorkerMirroredStrategy (tfrun.jobs.setup_gpus).")  # fmt: skip
 @click.option("--alert", "alerts", multiple=True, metavar="RULE[=VALUE][,...]", help="Turn on or tune alert rules "
-              "for this job: oom, spike[=FACTOR], stall[=TIME], failed, done, lost (e.g. --alert stall=10m); all "
-              "are on unless the daemon's config says otherwise.")  # fmt: skip
+              "for this job: oom, spike[=FACTOR], stall[=TIME], failed, done, lost, storage (e.g. --alert "
+              "stall=10m); all are on unless the daemon's config says otherwise (its gpu-memory and disk-full are "
+              "the box's).")  # fmt: skip
 @click.option("--no-alert", "no_alerts", multiple=True, metavar="RULE[,...]", help="Turn alert rules off for this "
               "job (`all` for every one), e.g. --no-alert done.")  # fmt: skip
 @click.option("--notify", multiple=True, metavar="URL", help="Also send this job's alerts to URL (any apprise URL: "
