@@ -49,7 +49,7 @@ PRINT_PAIR = re.compile(rf"(?i)(?<![\w./]){_NAMED}{PRINT_END}")
 # `eval/f1=0.7`), with `:` or `=` only (not `Validation 100%`); and on a boosting round's line, LightGBM's
 # `training's l1: 0.34` and `valid_1's auc: 0.8`.
 _DATASET_NAMED = rf"((?:train|training|val|valid|validation|test|eval)(?:[_/][a-z0-9@]+)*)['\"]?\s*[:=]\s*['\"]?({NUM})"
-DATASET_PAIR = re.compile(rf"(?i)(?<![\w./])(?:{_DATASET_NAMED}|{_NAMED}){PRINT_END}")
+_DATASET_PAIR = re.compile(rf"(?i)(?<![\w./])(?:{_DATASET_NAMED}|{_NAMED}){PRINT_END}")
 _DATASET_WORDS = ("train", "val", "test", "eval")  # in every name _DATASET_NAMED and _EVAL_WORD match
 _POSSESSIVE = re.compile(rf"(?i)(?<![\w./])([a-z]\w*)'s\s+([a-z][\w@.]*)\s*:\s*({NUM}){PRINT_END}")
 # After a boosting round (`[3]\t`), XGBoost's `dataset-metric:value`, whatever the metric (`eval-rmse:0.5`,
@@ -81,7 +81,7 @@ def figures(segment: str, boosting: bool = False) -> tuple[list[Pair], str]:
         found = PRINT_PAIR.finditer(segment)
         return [Pair(m.start(), m.end(), (m[1] or "").lower(), m[2].lower(), parse_float(m[3])) for m in found], ""
     pairs = []
-    for match in DATASET_PAIR.finditer(segment):
+    for match in _DATASET_PAIR.finditer(segment):
         if match[1] is not None:  # `valid_auc: 0.69`; not a count or a timing (`'train/global_step': 100`)
             if not _COUNT_NAME.search(match[1]):
                 pairs.append(Pair(match.start(), match.end(), "", match[1].lower(), parse_float(match[2])))
