@@ -184,11 +184,13 @@ def _copy_checkout(to: Path) -> None:
 def _installed_packages(folder: Path) -> Path:
     """A folder that shows this venv's packages, tfrun's own left out: a PYTHONPATH on which `pip install -e
     .[demo]` finds every dependency satisfied and installs tfrun alone."""
-    site = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()))
     folder.mkdir()
-    for entry in site.iterdir():
-        if "tfrun" not in entry.name.lower():
-            (folder / entry.name).symlink_to(entry)
+    # Every site-packages on the path, the first one's entry winning: a venv may see more than its own (a .pth
+    # file that adds another's, --system-site-packages).
+    for site in (Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()):
+        for entry in site.iterdir():
+            if "tfrun" not in entry.name.lower() and not (folder / entry.name).exists():
+                (folder / entry.name).symlink_to(entry)
     return folder
 
 
