@@ -26,6 +26,7 @@ import random
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +70,11 @@ def stand_in_gpus(path: Path, age: float) -> None:
     os.replace(path.with_suffix(".tmp"), path)
 
 
-def moving(path: Path, stop: threading.Event) -> None:
-    """The stand-in's figures moved every half second until `stop`."""
+def moving(path: Path, stop: threading.Event, figures: Callable[[Path, float], None] = stand_in_gpus) -> None:
+    """The stand-in's `figures` (stand_in_gpus, or bench/termshots.py's) moved every half second until `stop`."""
     started = time.monotonic()
     while not stop.wait(0.5):
-        stand_in_gpus(path, time.monotonic() - started)
+        figures(path, time.monotonic() - started)
 
 
 def jobs(local: Tfrun, box: Tfrun, project: Path) -> dict[str, Any]:

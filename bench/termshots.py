@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.screenshots import GB, TRAIN, shoot
+from bench.screenshots import GB, TRAIN, moving, shoot
 from tests.harness import Tfrun, wait_for, write_script
 from tests.harness.browser import chromium
 
@@ -248,13 +248,6 @@ def stand_in_gpus(path: Path, age: float) -> None:
     os.replace(path.with_suffix(".tmp"), path)
 
 
-def moving(path: Path, stop: threading.Event) -> None:
-    """The stand-in's figures moved every half second until `stop`."""
-    started = time.monotonic()
-    while not stop.wait(0.5):
-        stand_in_gpus(path, time.monotonic() - started)
-
-
 def viewport(browser: Any, width: int, height: int) -> None:
     """Chromium's viewport set to `width` x `height` CSS pixels, one device pixel each."""
     screen = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
@@ -267,7 +260,7 @@ def terminal_shots(out: Path) -> None:
     local.env["TFRUN_GPU_STANDIN"] = str(work / "nvml.json")
     stand_in_gpus(work / "nvml.json", 0.0)  # there before the daemon starts: it counts its GPUs then
     stop = threading.Event()
-    threading.Thread(target=moving, args=(work / "nvml.json", stop), daemon=True).start()
+    threading.Thread(target=moving, args=(work / "nvml.json", stop, stand_in_gpus), daemon=True).start()
     project = work / "project"
     project.mkdir()
     write_script(project, "train.py", TRAIN)
