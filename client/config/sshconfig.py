@@ -211,11 +211,13 @@ def make_entry(
         dest_port = dest_port if dest_port is not None else _port(alias.get("port"))
         identity_file = identity_file if identity_file is not None else alias.get("identityfile")
         jump = jump if jump is not None else alias.get("proxyjump")
+        _check_value("host", hostname)  # what the user's block says is written into ours as one argument too
     user = user if user is not None else dest_user
     if user is not None:
         _check_value("user", user)
-    if identity_file is not None and not (alias and identity_file == alias.get("identityfile")):
+    if identity_file is not None:
         _check_value("identity file", identity_file, spaces=True)
+    if identity_file is not None and not (alias and identity_file == alias.get("identityfile")):
         identity_file = config.identity_path(identity_file)
     if jump is not None:
         _check_value("jump host", config.check_jump(jump))
